@@ -1,0 +1,40 @@
+"""``hf-dpmerge``: the verbs that mergekit does not have (merge is an alias of ``mergekit-yaml``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
+VERBS: dict[str, str] = {
+    "merge": "hf_dpmerge.cli.merge_command",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-dpmerge", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    for verb, module_name in VERBS.items():
+        module = importlib.import_module(module_name)
+        verb_parser = sub.add_parser(verb, help=module.__doc__.strip().splitlines()[0])
+        module.add_arguments(verb_parser)
+        verb_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    if extra and not getattr(args, "accepts_extra", False):
+        print(f"hf-dpmerge {args.verb}: unrecognised arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
+    args.extra = extra
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError, PermissionError, KeyError) as err:
+        print(f"hf-dpmerge {args.verb}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

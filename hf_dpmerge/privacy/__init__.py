@@ -1,0 +1,1 @@
+"""The released privacy record and the base-weights fingerprint it carries."""

@@ -1,0 +1,79 @@
+"""Fingerprint of the base weights an adapter was trained on, checkable from a saved base directory.
+
+The fingerprint covers the base tensors the adapter modifies (the ``base_layer`` weights under each LoRA
+layer and the original copies of ``modules_to_save``), named as in a plain ``save_pretrained`` of the base
+model, so a merge can recompute it from the base checkpoint and refuse adapters trained on another base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, shape, float32 bytes) of the tensors, in sorted name order."""
+    digest = hashlib.sha256()
+    for name in sorted(named_tensors):
+        tensor = named_tensors[name].detach().to("cpu", torch.float32).contiguous()
+        digest.update(name.encode())
+        digest.update(json.dumps(list(tensor.shape)).encode())
+        digest.update(tensor.numpy().tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def _canonical(module_name: str) -> str:
+    return module_name[len(_PEFT_PREFIX):] if module_name.startswith(_PEFT_PREFIX) else module_name
+
+
+def peft_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Base tensors under a peft model's LoRA layers and ``modules_to_save`` wrappers, canonically named."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            tensors[_canonical(name) + ".weight"] = module.get_base_layer().weight
+        elif isinstance(module, ModulesToSaveWrapper):
+            for pname, param in module.original_module.named_parameters():
+                tensors[f"{_canonical(name)}.{pname}"] = param
+    return tensors
+
+
+def _safetensors_index(base_dir: Path) -> dict[str, Path]:
+    index_file = base_dir / "model.safetensors.index.json"
+    if index_file.exists():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+        return {name: base_dir / shard for name, shard in weight_map.items()}
+    single = base_dir / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{base_dir}: no model.safetensors or model.safetensors.index.json")
+    from safetensors import safe_open
+
+    with safe_open(single, "pt") as handle:
+        return {name: single for name in handle.keys()}
+
+
+def directory_base_tensors(base_dir: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Load the named tensors from a saved base model directory (safetensors, single or sharded)."""
+    from safetensors import safe_open
+
+    base_dir = Path(base_dir)
+    index = _safetensors_index(base_dir)
+    names = list(names)
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise KeyError(f"{base_dir}: base model lacks tensors {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in names:
+        with safe_open(index[name], "pt") as handle:
+            tensors[name] = handle.get_tensor(name)
+    return tensors

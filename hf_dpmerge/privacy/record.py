@@ -1,0 +1,152 @@
+"""The machine-readable privacy record released beside every adapter (``dp_privacy.json``).
+
+The record is the contract between training, merging and release: the DP-aware merge reads the noise
+left in each task vector from it (``noise_multiplier``, ``max_grad_norm``, ``expected_batch_size``,
+``sum_lr_squared``, ``optimizer``), the merge checks ``base_model_hash`` against its base, and model
+cards quote ``epsilon``/``delta``/``accountant``/``num_samples``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+PRIVACY_RECORD_NAME = "dp_privacy.json"
+SCHEMA_VERSION = 1
+
+
+class PrivacyRecordError(ValueError):
+    """A privacy record is missing, unreadable, from a newer schema, or inconsistent."""
+
+
+@dataclass
+class PrivacyRecord:
+    """What a released adapter's training spent and how, enough to re-run its accountant.
+
+    ``noise_multiplier`` is σ per privatised query; ``effective_noise_multiplier`` is the σ of the single
+    subsampled Gaussian step that one iteration amounts to (σ/√2 for ``two_query``, σ otherwise).
+    ``sum_lr_squared`` is Σ_t η_t² over the optimizer steps taken. ``dp`` is False for non-private
+    baselines, whose ``epsilon`` is ``inf``. ``base_model_hash`` is :func:`~hf_dpmerge.privacy.fingerprint.
+    base_fingerprint` of the base tensors named in ``base_model_hash_tensors`` (those the adapter modifies).
+    """
+
+    epsilon: float
+    delta: float
+    accountant: str
+    noise_multiplier: float
+    effective_noise_multiplier: float
+    sample_rate: float
+    steps: int
+    max_grad_norm: float
+    expected_batch_size: int
+    num_samples: int
+    sam_mode: str
+    sam_rho: float
+    align_lambda: float
+    optimizer: dict[str, Any]
+    sum_lr_squared: float
+    base_model: str | None
+    base_model_hash: str | None
+    versions: dict[str, str]
+    base_model_hash_tensors: list[str] = field(default_factory=list)
+    dp: bool = True
+    queries_per_step: int = 1
+    task: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`PrivacyRecordError` when a field is out of its domain."""
+        if not self.dp:
+            return
+        checks = {
+            "epsilon": math.isfinite(self.epsilon) and self.epsilon > 0,
+            "delta": 0 < self.delta < 1,
+            "noise_multiplier": math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0,
+            "effective_noise_multiplier": math.isfinite(self.effective_noise_multiplier)
+            and self.effective_noise_multiplier >= 0,
+            "sample_rate": 0 < self.sample_rate <= 1,
+            "steps": self.steps >= 0,
+            "max_grad_norm": math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0,
+            "expected_batch_size": self.expected_batch_size > 0,
+            "num_samples": self.num_samples > 0,
+            "sum_lr_squared": math.isfinite(self.sum_lr_squared) and self.sum_lr_squared >= 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in bad)
+            raise PrivacyRecordError(f"privacy record has invalid values: {values}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> PrivacyRecord:
+        if not isinstance(data, dict):
+            raise PrivacyRecordError(f"{source}: a privacy record must be a JSON object")
+        version = data.get("schema_version")
+        if not isinstance(version, int):
+            raise PrivacyRecordError(f"{source}: privacy record has no integer 'schema_version'")
+        if version > SCHEMA_VERSION:
+            raise PrivacyRecordError(
+                f"{source}: privacy record schema {version} is newer than this hf_dpmerge understands "
+                f"({SCHEMA_VERSION}); upgrade hf_dpmerge"
+            )
+        known = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(n for n in required if n not in data)
+        if missing:
+            raise PrivacyRecordError(f"{source}: privacy record lacks keys {missing}")
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PrivacyRecordError(f"{source}: privacy record has unknown keys {unknown}")
+        try:
+            return cls(**data)
+        except PrivacyRecordError as err:
+            raise PrivacyRecordError(f"{source}: {err}") from None
+        except TypeError as err:
+            raise PrivacyRecordError(f"{source}: malformed privacy record ({err})") from None
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``dp_privacy.json`` into ``directory`` atomically (temporary file, then rename)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / PRIVACY_RECORD_NAME
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=True) + "\n"
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dp_privacy.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> PrivacyRecord:
+        """Read ``directory/dp_privacy.json`` (or the file itself), with errors naming the problem."""
+        path = Path(directory)
+        if path.is_dir():
+            path = path / PRIVACY_RECORD_NAME
+        if not path.exists():
+            raise PrivacyRecordError(f"no privacy record at {path}: train the adapter with DPSAMTrainer")
+        try:
+            data = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise PrivacyRecordError(f"{path}: corrupt privacy record ({err})") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def find_privacy_record(directory: str | os.PathLike) -> PrivacyRecord | None:
+    """The record in ``directory`` if one is there, else None (corrupt records still raise)."""
+    path = Path(directory) / PRIVACY_RECORD_NAME
+    return PrivacyRecord.load(path) if path.exists() else None

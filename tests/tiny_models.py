@@ -1,0 +1,81 @@
+"""Tiny random models built from configs, with a tokenizer trained in-process: no downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
+
+CORPUS = [
+    "the film was a delight from start to finish",
+    "a dull and lifeless script with wooden acting",
+    "markets rallied as oil prices fell sharply",
+    "the central bank kept interest rates unchanged",
+    "an inspired cast lifts this quiet comedy",
+    "shares of the company dropped after weak earnings",
+    "i would not watch this again",
+    "exports grew faster than analysts expected",
+]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0) -> BertForSequenceClassification:
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tiny_tokenizer()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        num_labels=num_labels,
+    )
+    return BertForSequenceClassification(config)
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tiny_tokenizer()),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def save_tiny_bert(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
+    """Save a tiny BERT sequence classifier and its tokenizer, loadable with from_pretrained."""
+    model = tiny_bert(num_labels=num_labels, seed=seed)
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
