@@ -1,0 +1,55 @@
+"""The privacy statement quoted by merged-model READMEs and Hub model cards.
+
+Releases trained on disjoint datasets compose in parallel: the set {w_t} is (max_t ε_t, δ)-DP with respect
+to any one individual's data (each record lives in one dataset), and merging released weights is
+post-processing (DP-Merging paper, §3.1), so the merged model inherits that guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from hf_dpmerge.privacy.record import PrivacyRecord
+
+
+def _format_epsilon(record: PrivacyRecord) -> str:
+    return "∞ (not private)" if not record.dp or not math.isfinite(record.epsilon) else f"{record.epsilon:.3g}"
+
+
+def privacy_table(records: Mapping[str, PrivacyRecord]) -> str:
+    """A markdown table: one row per input with (ε, δ, accountant, N, steps, σ, sam mode)."""
+    lines = [
+        "| input | ε | δ | accountant | N | steps | σ (effective) | SAM mode |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rec in records.items():
+        delta = f"{rec.delta:.3g}" if rec.dp else "–"
+        lines.append(
+            f"| {name} | {_format_epsilon(rec)} | {delta} | {rec.accountant if rec.dp else '–'} | "
+            f"{rec.num_samples} | {rec.steps} | {rec.effective_noise_multiplier:.4g} | {rec.sam_mode} |"
+        )
+    return "\n".join(lines)
+
+
+def privacy_statement(records: Mapping[str, PrivacyRecord]) -> str:
+    """Markdown: the table plus the composed guarantee of the merged model."""
+    if not records:
+        raise ValueError("no privacy records to state a guarantee from")
+    table = privacy_table(records)
+    if not all(r.dp and math.isfinite(r.epsilon) for r in records.values()):
+        claim = (
+            "At least one input was trained **without differential privacy**: the merged model carries "
+            "**no** differential-privacy guarantee."
+        )
+    else:
+        eps = max(r.epsilon for r in records.values())
+        delta = max(r.delta for r in records.values())
+        claim = (
+            f"Each input was trained with DP-SGD on its own dataset. If the datasets are disjoint (each "
+            f"individual's data lies in one of them), releasing all inputs is **({eps:.3g}, {delta:.3g})-DP** "
+            f"by parallel composition (max ε_t, max δ_t), and the merge is post-processing of released "
+            f"weights, so the merged model is ({eps:.3g}, {delta:.3g})-DP as well. If one individual "
+            f"contributes to several datasets, the ε of those datasets add up for that individual."
+        )
+    return f"{table}\n\n{claim}\n"
