@@ -1,8 +1,9 @@
 """Fingerprint of the base weights an adapter was trained on, checkable from a saved base directory.
 
-The fingerprint covers the base tensors the adapter modifies (the ``base_layer`` weights under each LoRA
-layer and the original copies of ``modules_to_save``), named as in a plain ``save_pretrained`` of the base
-model, so a merge can recompute it from the base checkpoint and refuse adapters trained on another base.
+The fingerprint covers the base tensors the adapter's LoRA layers modify (each ``base_layer`` weight), named
+as in a plain ``save_pretrained`` of the base model, so a merge can recompute it from the base checkpoint and
+refuse adapters trained on another base. Task heads (``modules_to_save``) are left out: each task may start
+from its own freshly initialised head, and heads are never merged.
 """
 
 from __future__ import annotations
@@ -34,18 +35,14 @@ def _canonical(module_name: str) -> str:
 
 
 def peft_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Base tensors under a peft model's LoRA layers and ``modules_to_save`` wrappers, canonically named."""
+    """Base weights under a peft model's LoRA layers, named as in the base checkpoint."""
     from peft.tuners.lora import LoraLayer
-    from peft.utils import ModulesToSaveWrapper
 
-    tensors: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer):
-            tensors[_canonical(name) + ".weight"] = module.get_base_layer().weight
-        elif isinstance(module, ModulesToSaveWrapper):
-            for pname, param in module.original_module.named_parameters():
-                tensors[f"{_canonical(name)}.{pname}"] = param
-    return tensors
+    return {
+        _canonical(name) + ".weight": module.get_base_layer().weight
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer)
+    }
 
 
 def _safetensors_index(base_dir: Path) -> dict[str, Path]:
