@@ -1,0 +1,118 @@
+"""Privacy accounting for DPSAMTrainer, delegated to opacus accountants.
+
+One optimizer step is one subsampled Gaussian mechanism with sample rate q = B_exp/N. With k privatised
+queries of the same Poisson batch per step (``two_query`` mode, DP-Merging Algorithm 1), the k queries
+together have ℓ2 sensitivity √k·C against noise σC per query, i.e. one step at the effective noise
+multiplier σ/√k (DESIGN-NOTES §1). The accountant is stepped once per optimizer step at that σ_eff.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opacus.accountants import create_accountant
+from opacus.accountants.utils import get_noise_multiplier
+
+ACCOUNTANTS = ("prv", "rdp")
+
+
+class PrivacyBudgetExhausted(RuntimeError):
+    """Another optimizer step would spend more than the configured ε budget."""
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str,
+    queries_per_step: int = 1,
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """σ per query such that ``steps`` steps at σ_eff = σ/√queries_per_step reach at most ``target_epsilon``."""
+    effective = get_noise_multiplier(
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant=accountant,
+        epsilon_tolerance=epsilon_tolerance,
+    )
+    return effective * math.sqrt(queries_per_step)
+
+
+class PrivacyAccountant:
+    """An opacus accountant fixed to one (σ_eff, q), with a cached ε and a precomputed step budget."""
+
+    def __init__(self, mechanism: str, effective_noise_multiplier: float, sample_rate: float, delta: float):
+        if mechanism not in ACCOUNTANTS:
+            raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {mechanism!r}")
+        self.mechanism = mechanism
+        self.effective_noise_multiplier = effective_noise_multiplier
+        self.sample_rate = sample_rate
+        self.delta = delta
+        self._accountant = create_accountant(mechanism)
+        self._epsilon_cache: tuple[int, float] | None = None
+
+    @property
+    def steps(self) -> int:
+        return sum(n for _, _, n in self._accountant.history)
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        return list(self._accountant.history)
+
+    def step(self) -> None:
+        self._accountant.step(noise_multiplier=self.effective_noise_multiplier, sample_rate=self.sample_rate)
+
+    def epsilon(self) -> float:
+        """ε spent so far at ``delta`` (0 before the first step); cached per step count (PRV calls cost seconds)."""
+        steps = self.steps
+        if steps == 0:
+            return 0.0
+        if self._epsilon_cache is None or self._epsilon_cache[0] != steps:
+            self._epsilon_cache = (steps, float(self._accountant.get_epsilon(delta=self.delta)))
+        return self._epsilon_cache[1]
+
+    def epsilon_after(self, steps: int) -> float:
+        """ε of ``steps`` steps at this accountant's (σ_eff, q), without touching its history."""
+        if steps == 0:
+            return 0.0
+        probe = create_accountant(self.mechanism)
+        probe.history = [(self.effective_noise_multiplier, self.sample_rate, steps)]
+        return float(probe.get_epsilon(delta=self.delta))
+
+    def max_steps_within(self, budget: float, upper: int) -> int:
+        """The largest n ≤ ``upper`` with ε(n) ≤ ``budget`` (binary search; ε is increasing in n)."""
+        if self.epsilon_after(upper) <= budget:
+            return upper
+        low, high = 0, upper  # ε(low) ≤ budget < ε(high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.epsilon_after(mid) <= budget:
+                low = mid
+            else:
+                high = mid
+        return low
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "effective_noise_multiplier": self.effective_noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "delta": self.delta,
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a saved history; refuses a history spent at another mechanism, σ_eff or q."""
+        for key in ("mechanism", "effective_noise_multiplier", "sample_rate"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"checkpoint privacy state has {key}={state[key]!r} but this run uses {getattr(self, key)!r}; "
+                    "resume with the same privacy settings"
+                )
+        self._accountant.history = [tuple(entry) for entry in state["history"]]
+        self._epsilon_cache = None

@@ -1,0 +1,103 @@
+"""``DPSAMConfig``: TrainingArguments for private, sharpness-aware, drift-aligned LoRA fine-tuning."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from hf_dpmerge.training.accounting import ACCOUNTANTS
+from hf_dpmerge.training.sharpness import SAM_MODES
+
+
+@dataclass
+class DPSAMConfig(TrainingArguments):
+    """Configuration of :class:`~hf_dpmerge.DPSAMTrainer`.
+
+    ``per_device_train_batch_size`` is the *expected* size B_exp of each step's Poisson draw (sample rate
+    q = B_exp/N); ``physical_batch_size`` is the micro-batch the draw is split into for memory. Trainer-level
+    gradient clipping (``max_grad_norm``) and gradient accumulation over separate draws would break the DP
+    analysis, so they are refused when ``dp`` is on.
+    """
+
+    dp: bool = field(default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."})
+    target_epsilon: float | None = field(
+        default=8.0, metadata={"help": "ε to calibrate σ for (ignored when noise_multiplier is given)."}
+    )
+    target_delta: float | None = field(
+        default=None, metadata={"help": "δ of the guarantee; default 1/(10·N). Must be < 1/N."}
+    )
+    allow_large_delta: bool = field(default=False, metadata={"help": "Permit δ ≥ 1/N (a weak guarantee)."})
+    noise_multiplier: float | None = field(
+        default=None, metadata={"help": "Explicit σ per query; overrides calibration from target_epsilon."}
+    )
+    epsilon_budget: float | None = field(
+        default=None,
+        metadata={"help": "Stop before ε exceeds this; defaults to target_epsilon. Useful with an explicit σ."},
+    )
+    per_sample_max_grad_norm: float = field(default=1.0, metadata={"help": "Per-sample clipping norm C."})
+    accountant: str = field(default="prv", metadata={"help": "opacus accountant: 'prv' or 'rdp'."})
+    sam_mode: str = field(
+        default="dp_sat", metadata={"help": "'none' | 'dp_sat' | 'per_example' | 'two_query'."}
+    )
+    sam_rho: float = field(default=0.05, metadata={"help": "Sharpness-aware ascent radius ρ."})
+    align_lambda: float = field(default=0.05, metadata={"help": "Alignment penalty λ on ‖ΔW‖² (0 disables)."})
+    physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
+    dp_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the Poisson-sampling and noise generators; default: fresh OS entropy."},
+    )
+    max_grad_norm: float = field(
+        default=0.0, metadata={"help": "Trainer-level clipping of the aggregate; must stay 0 under DP."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = []
+        if self.sam_mode not in SAM_MODES:
+            problems.append(f"sam_mode must be one of {SAM_MODES}, got {self.sam_mode!r}")
+        if not (math.isfinite(self.sam_rho) and self.sam_rho >= 0):
+            problems.append(f"sam_rho must be a finite number ≥ 0, got {self.sam_rho}")
+        if not (math.isfinite(self.align_lambda) and self.align_lambda >= 0):
+            problems.append(f"align_lambda must be a finite number ≥ 0, got {self.align_lambda}")
+        if self.physical_batch_size < 1:
+            problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
+        if self.dp:
+            problems += self._dp_problems()
+            # Poisson draws are i.i.d., so replaying skipped batches on resume would only desynchronise
+            # the restored sampler generator.
+            self.ignore_data_skip = True
+        if problems:
+            raise ValueError("invalid DPSAMConfig: " + "; ".join(problems))
+
+    def _dp_problems(self) -> list[str]:
+        problems = []
+        if self.accountant not in ACCOUNTANTS:
+            problems.append(f"accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}")
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            problems.append("give target_epsilon (to calibrate σ) or noise_multiplier")
+        for name in ("target_epsilon", "epsilon_budget"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0, got {value}")
+        if self.target_delta is not None and not (0 < self.target_delta < 1):
+            problems.append(f"target_delta must lie in (0, 1), got {self.target_delta}")
+        if self.noise_multiplier is not None and not (
+            math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0
+        ):
+            problems.append(f"noise_multiplier must be a finite number ≥ 0, got {self.noise_multiplier}")
+        if not (math.isfinite(self.per_sample_max_grad_norm) and self.per_sample_max_grad_norm > 0):
+            problems.append(f"per_sample_max_grad_norm (C) must be > 0, got {self.per_sample_max_grad_norm}")
+        if self.max_grad_norm and self.max_grad_norm > 0:
+            problems.append(
+                "max_grad_norm > 0 would clip the noisy aggregate gradient and distort DP updates; "
+                "set max_grad_norm=0 and use per_sample_max_grad_norm for clipping"
+            )
+        if self.gradient_accumulation_steps != 1:
+            problems.append(
+                "gradient_accumulation_steps must be 1 under DP: accumulating separate Poisson draws breaks "
+                "the accounting; raise per_device_train_batch_size (the expected draw) and set "
+                "physical_batch_size for memory instead"
+            )
+        return problems

@@ -1,0 +1,323 @@
+"""``DPSAMTrainer``: DP-SGD + DP-compatible sharpness-aware steps + drift alignment for peft LoRA models.
+
+One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of DESIGN-NOTES §2):
+
+    B ~ Poisson(q) over the training set                         (one draw per step)
+    e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)
+    g̃ = (Σ_{i∈B} clip_C(∇ℓ_i(w + e)) + N(0, σ²C²I)) / B_exp    (per_example: each i ascends on its own)
+    w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (+ λ‖W_head − W_head,0‖²)
+
+The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
+``dp_privacy.json`` (:class:`~hf_dpmerge.privacy.record.PrivacyRecord`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from opacus import GradSampleModule
+from torch import nn
+from torch.utils.data import DataLoader
+from transformers import Trainer
+from transformers.trainer_utils import get_last_checkpoint
+
+from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.training.accounting import PrivacyAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
+from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
+from hf_dpmerge.training.dp_state import DP_STATE_NAME, DPStateCallback, load_dp_state
+from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.per_example_loss import per_example_loss
+from hf_dpmerge.training.poisson_loader import poisson_dataloader
+from hf_dpmerge.training.privatizer import GradientPrivatizer
+from hf_dpmerge.training.sharpness import ascent_step, per_example_sam_grads, perturbed
+
+logger = logging.getLogger(__name__)
+# opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
+# PyTorch warns about that on every micro-batch although the per-sample gradients are correct.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+
+
+def _generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+    return generator
+
+
+class DPSAMTrainer(Trainer):
+    """A ``transformers.Trainer`` whose steps are differentially private and sharpness/drift aware."""
+
+    args: DPSAMConfig
+
+    def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, **kwargs: Any):
+        if not isinstance(args, DPSAMConfig):
+            raise TypeError(f"DPSAMTrainer needs a DPSAMConfig, got {type(args).__name__}")
+        if train_dataset is None:
+            raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
+        super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
+
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameters: wrap it with peft.get_peft_model first")
+        self._param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        if args.align_lambda > 0:
+            list(lora_factors(self.model))  # refuses DoRA / LoRA biases / conv LoRA up front
+
+        self.num_samples = len(train_dataset)
+        self.expected_batch_size = args.per_device_train_batch_size * args.world_size
+        if self.expected_batch_size > self.num_samples:
+            raise ValueError(
+                f"expected batch size {self.expected_batch_size} exceeds the dataset size {self.num_samples}"
+            )
+        self.sample_rate = self.expected_batch_size / self.num_samples
+        self.steps_per_epoch = int(1 / self.sample_rate)
+        self.planned_steps = (
+            args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self.steps_per_epoch)
+        )
+        self.queries_per_step = 2 if args.sam_mode == "two_query" else 1
+        self.sum_lr_squared = 0.0
+        self.previous_gradient: list[torch.Tensor] | None = None
+        self.sample_generator = _generator(args.dp_seed)
+        device = self._params[0].device
+        self.noise_generator = _generator(None if args.dp_seed is None else args.dp_seed + 1, device)
+
+        self.accountant: PrivacyAccountant | None = None
+        self.privatizer: GradientPrivatizer | None = None
+        self._grad_sample_module: GradSampleModule | None = None
+        if args.dp:
+            self._setup_privacy()
+        self.add_callback(DPStateCallback(self))
+
+    # ------------------------------------------------------------------ privacy set-up
+    def _setup_privacy(self) -> None:
+        args = self.args
+        if args.world_size > 1:
+            raise NotImplementedError(
+                "multi-process DP training is not supported yet: launch with a single process"
+            )
+        self.delta = args.target_delta if args.target_delta is not None else 1 / (10 * self.num_samples)
+        if self.delta >= 1 / self.num_samples and not args.allow_large_delta:
+            raise ValueError(
+                f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_samples:g}: such a δ allows releasing "
+                "whole records; pick δ < 1/N or set allow_large_delta=True"
+            )
+        if args.noise_multiplier is not None:
+            self.noise_multiplier = float(args.noise_multiplier)
+        else:
+            self.noise_multiplier = calibrate_noise_multiplier(
+                target_epsilon=args.target_epsilon,
+                target_delta=self.delta,
+                sample_rate=self.sample_rate,
+                steps=self.planned_steps,
+                accountant=args.accountant,
+                queries_per_step=self.queries_per_step,
+            )
+        self.effective_noise_multiplier = self.noise_multiplier / math.sqrt(self.queries_per_step)
+        self.accountant = PrivacyAccountant(
+            args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta
+        )
+        budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
+        self.allowed_steps = (
+            self.accountant.max_steps_within(budget, self.planned_steps) if budget is not None else self.planned_steps
+        )
+        if self.allowed_steps < self.planned_steps:
+            logger.warning(
+                "ε budget %.3g allows %d of the %d planned steps at σ=%.4g; training will stop there",
+                budget, self.allowed_steps, self.planned_steps, self.noise_multiplier,
+            )
+        logger.info(
+            "DP-SGD: N=%d, B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, δ=%.3g, accountant=%s",
+            self.num_samples, self.expected_batch_size, self.sample_rate, self.planned_steps,
+            self.noise_multiplier, self.effective_noise_multiplier, args.per_sample_max_grad_norm,
+            self.delta, args.accountant,
+        )
+        self.privatizer = GradientPrivatizer(
+            self._params,
+            max_grad_norm=args.per_sample_max_grad_norm,
+            noise_multiplier=self.noise_multiplier,
+            expected_batch_size=self.expected_batch_size,
+            generator=self.noise_generator,
+        )
+        if args.sam_mode != "per_example":
+            self._grad_sample_module = GradSampleModule(
+                self.model, batch_first=True, loss_reduction="sum", strict=False
+            )
+
+    # ------------------------------------------------------------------ data
+    def get_train_dataloader(self) -> DataLoader:
+        """Poisson draws of expected size B_exp under DP; the stock shuffled loader otherwise."""
+        if not self.args.dp:
+            return super().get_train_dataloader()
+        dataset, collator = self.train_dataset, self.data_collator
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="training")
+        return poisson_dataloader(
+            dataset,
+            collator,
+            sample_rate=self.sample_rate,
+            steps=self.steps_per_epoch,
+            generator=self.sample_generator,
+            num_workers=self.args.dataloader_num_workers,
+        )
+
+    # ------------------------------------------------------------------ one step
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """One private (or like-for-like non-private) step; leaves g̃ + ∇R in ``p.grad``."""
+        if self.accountant is not None and self.accountant.steps >= self.allowed_steps:
+            raise PrivacyBudgetExhausted(
+                f"ε budget spent after {self.accountant.steps} steps (ε={self.accountant.epsilon():.3g}); "
+                "no further step is allowed"
+            )
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        if "labels" not in inputs:
+            raise ValueError("DPSAMTrainer needs 'labels' in every batch")
+        mode, rho = self.args.sam_mode, self.args.sam_rho
+        if mode == "dp_sat":
+            step = ascent_step(self.previous_gradient, rho) if self.previous_gradient is not None else None
+            with perturbed(self._params, step):
+                gradient, loss = self._query(model, inputs)
+            self.previous_gradient = gradient
+        elif mode == "two_query":
+            first, loss = self._query(model, inputs)
+            with perturbed(self._params, ascent_step(first, rho)):
+                gradient, _ = self._query(model, inputs)
+        else:
+            gradient, loss = self._query(model, inputs)
+
+        if self.args.align_lambda > 0:
+            with torch.enable_grad():
+                penalty = alignment_penalty(model, self.args.align_lambda)
+                penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
+            gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
+        for p, g in zip(self._params, gradient):
+            p.grad = g.to(p.dtype)
+        if self.accountant is not None:
+            self.accountant.step()
+        self.sum_lr_squared += float(self.optimizer.param_groups[0]["lr"]) ** 2
+        return loss
+
+    def _query(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The (privatised, when dp) mean gradient of the draw at the current weights, and its mean loss."""
+        labels = inputs["labels"]
+        batch = labels.shape[0]
+        features = {k: v for k, v in inputs.items() if k != "labels"}
+        sums = [torch.zeros_like(p) for p in self._params]
+        loss_total = torch.zeros((), device=labels.device)
+        size = self.args.physical_batch_size
+        for start in range(0, batch, size):
+            micro_features = {
+                k: v[start : start + size] if isinstance(v, torch.Tensor) else v for k, v in features.items()
+            }
+            micro_labels = labels[start : start + size]
+            if self.args.sam_mode == "per_example":
+                grads = per_example_sam_grads(
+                    model, self._param_names, self._params, {**micro_features, "labels": micro_labels},
+                    per_example_loss, self.args.sam_rho,
+                )
+                with torch.no_grad():
+                    loss_total += per_example_loss(model(**micro_features).logits, micro_labels).sum()
+                if self.privatizer is not None:
+                    self.privatizer.accumulate(grads)
+                else:
+                    for total, g in zip(sums, grads):
+                        total.add_(g.sum(dim=0))
+                continue
+            losses = per_example_loss(model(**micro_features).logits, micro_labels)
+            loss_sum = losses.sum()
+            params_grads = torch.autograd.grad(loss_sum, self._params, allow_unused=True)
+            loss_total += loss_sum.detach()
+            if self.privatizer is not None:
+                self.privatizer.accumulate_grad_samples()
+            else:
+                for total, g in zip(sums, params_grads):
+                    if g is not None:
+                        total.add_(g)
+        mean_loss = loss_total / max(batch, 1)
+        if self.privatizer is not None:
+            return self.privatizer.release(), mean_loss
+        return [s / max(batch, 1) for s in sums], mean_loss
+
+    # ------------------------------------------------------------------ logging, saving, resuming
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.accountant is not None:
+            logs["dp_epsilon"] = round(self.accountant.epsilon(), 4)
+            logs["dp_delta"] = self.delta
+        super().log(logs, start_time)
+
+    def privacy_record(self) -> PrivacyRecord:
+        """The record of what this run has spent so far."""
+        args = self.args
+        peft_config = getattr(self.model, "peft_config", {})
+        adapter_config = next(iter(peft_config.values()), None)
+        base_tensors = peft_base_tensors(self.model)
+        optimizer = self.optimizer
+        hyper = {}
+        if optimizer is not None:
+            hyper = {
+                k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in optimizer.param_groups[0].items()
+                if k in ("betas", "eps", "weight_decay", "momentum", "nesterov", "dampening")
+            }
+        optimizer_info = {
+            "name": type(getattr(optimizer, "optimizer", optimizer)).__name__ if optimizer is not None else args.optim,
+            "lr": args.learning_rate,
+            "lr_scheduler": str(args.lr_scheduler_type),
+            **hyper,
+        }
+        dp = self.accountant is not None
+        return PrivacyRecord(
+            epsilon=self.accountant.epsilon() if dp else math.inf,
+            delta=self.delta if dp else 0.0,
+            accountant=args.accountant if dp else "none",
+            noise_multiplier=self.noise_multiplier if dp else 0.0,
+            effective_noise_multiplier=self.effective_noise_multiplier if dp else 0.0,
+            sample_rate=self.sample_rate,
+            steps=self.state.global_step,
+            max_grad_norm=args.per_sample_max_grad_norm,
+            expected_batch_size=self.expected_batch_size,
+            num_samples=self.num_samples,
+            sam_mode=args.sam_mode,
+            sam_rho=args.sam_rho,
+            align_lambda=args.align_lambda,
+            optimizer=optimizer_info,
+            sum_lr_squared=self.sum_lr_squared,
+            base_model=getattr(adapter_config, "base_model_name_or_path", None),
+            base_model_hash=base_fingerprint(base_tensors) if base_tensors else None,
+            base_model_hash_tensors=sorted(base_tensors),
+            versions={pkg: version(pkg) for pkg in ("hf_dpmerge", "torch", "transformers", "peft", "opacus")},
+            dp=dp,
+            queries_per_step=self.queries_per_step,
+        )
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the adapter as usual, plus ``dp_privacy.json`` beside it."""
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            self.privacy_record().save(output_dir or self.args.output_dir)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+        """Train; when resuming, the accountant history, g̃_{t−1}, Σ η² and generators continue."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"no checkpoint found in {self.args.output_dir} to resume from")
+        if resume_from_checkpoint:
+            state_file = Path(resume_from_checkpoint) / DP_STATE_NAME
+            if not state_file.exists():
+                raise FileNotFoundError(f"{state_file} is missing: cannot continue the privacy accounting")
+            load_dp_state(self, state_file)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

@@ -1,0 +1,77 @@
+"""The Gaussian mechanism on clipped per-sample gradients (DP-SGD, Abadi et al. 2016; opacus's noise model).
+
+    g̃ = ( Σ_i clip_C(g_i) + N(0, σ²C² I) ) / B_exp,   clip_C(g) = g · min(1, C / ‖g‖₂)
+
+where g_i is example i's gradient over *all* trainable parameters taken as one vector, and B_exp is the
+expected (public) Poisson batch size. Per-sample gradients come from opacus grad samplers
+(``p.grad_sample``) or from torch.func; the sum is accumulated over physical micro-batches and the noise is
+drawn once per query. Unlike opacus's ``DPOptimizer`` this releases the privatised gradient without stepping,
+which DP-SAT and the two-query step need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class GradientPrivatizer:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        *,
+        max_grad_norm: float,
+        noise_multiplier: float,
+        expected_batch_size: int,
+        generator: torch.Generator | None = None,
+    ):
+        self.params = list(params)
+        self.max_grad_norm = max_grad_norm
+        self.noise_multiplier = noise_multiplier
+        self.expected_batch_size = expected_batch_size
+        self.generator = generator
+        self._sums: list[torch.Tensor] = [torch.zeros_like(p) for p in self.params]
+        self.num_examples = 0
+
+    def reset(self) -> None:
+        for s in self._sums:
+            s.zero_()
+        self.num_examples = 0
+
+    def accumulate(self, per_sample_grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Clip each example's joint gradient to C and add it to the running sum; returns the raw norms."""
+        if len(per_sample_grads) != len(self.params):
+            raise ValueError("one per-sample gradient tensor is needed per trainable parameter")
+        batch = per_sample_grads[0].shape[0]
+        if batch == 0:
+            return per_sample_grads[0].new_zeros(0)
+        flat_norms = torch.stack([g.reshape(batch, -1).norm(2, dim=1) for g in per_sample_grads], dim=1)
+        norms = flat_norms.norm(2, dim=1)
+        factors = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        for total, grad in zip(self._sums, per_sample_grads):
+            total.add_(torch.einsum("i,i...->...", factors.to(grad.dtype), grad).to(total.dtype))
+        self.num_examples += batch
+        return norms
+
+    def accumulate_grad_samples(self) -> torch.Tensor:
+        """Consume ``p.grad_sample`` left by an opacus GradSampleModule backward pass."""
+        grads = [p.grad_sample for p in self.params]
+        missing = [i for i, g in enumerate(grads) if g is None]
+        if missing:
+            raise RuntimeError(f"{len(missing)} trainable parameters got no per-sample gradient")
+        norms = self.accumulate(grads)
+        for p in self.params:
+            p.grad_sample = None
+        return norms
+
+    def release(self) -> list[torch.Tensor]:
+        """Add N(0, σ²C²) once to the clipped sum and divide by B_exp; resets the accumulator."""
+        std = self.noise_multiplier * self.max_grad_norm
+        released = []
+        for total in self._sums:
+            noise = torch.normal(0.0, std, size=total.shape, generator=self.generator, device=total.device)
+            released.append((total + noise.to(total.dtype)) / self.expected_batch_size)
+        self.reset()
+        return released
