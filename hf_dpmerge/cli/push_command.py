@@ -1,0 +1,125 @@
+"""Push a merged model, its per-task heads and privacy records, and a model card to the Hugging Face Hub.
+
+Example::
+
+    hf-dpmerge push merged/ --repo_id you/dp-merged --runs runs --tasks rotten_tomatoes,bbc_news \\
+        --eval_json eval/results.json             # private repo by default; --public to publish
+    hf-dpmerge push merged/ --dry-run             # write the card + staged folder, list files, no network
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("merged_dir", metavar="MERGED_DIR", help="merged model directory (mergekit-yaml output)")
+    parser.add_argument("--repo_id", help="Hub repository, user/name (optional with --dry-run)")
+    parser.add_argument("--runs", default="runs", help="training output folder holding <task>/adapter/ (default: runs)")
+    parser.add_argument(
+        "--tasks",
+        help="comma-separated tasks to release (default: every <runs>/<task>/adapter/)",
+    )
+    parser.add_argument("--eval_json", help="evaluation results written by `hf-dpmerge evaluate`")
+    parser.add_argument(
+        "--merge_config", help="merge YAML to quote in the card (default: MERGED_DIR/mergekit_config.yml)"
+    )
+    parser.add_argument(
+        "--base_model", help="Hub id of the base model for the card metadata (default: from the privacy records)"
+    )
+    parser.add_argument("--license", default="apache-2.0", help="licence in the card metadata (default: apache-2.0)")
+    parser.add_argument("--public", action="store_true", help="create a public repository (default: private)")
+    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                        help="stage the release locally and list its files; upload nothing")
+    parser.add_argument(
+        "--staging_dir", help="where --dry-run writes the staged folder (default: <MERGED_DIR>-hub)"
+    )
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+    parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE)
+
+
+def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:
+    if tasks:
+        names = [t.strip() for t in tasks.split(",") if t.strip()]
+        if not names:
+            raise PushError("--tasks names no task")
+        if len(set(names)) != len(names):
+            raise PushError(f"--tasks names a task twice: {tasks}")
+        return {t: runs / t / "adapter" for t in names}
+    if not runs.is_dir():
+        raise FileNotFoundError(f"runs folder {runs} does not exist (pass --runs, or --tasks)")
+    found = {
+        d.name: d / "adapter"
+        for d in sorted(runs.iterdir())
+        if (d / "adapter" / "adapter_config.json").is_file()
+    }
+    if not found:
+        raise PushError(f"no adapters under {runs}/<task>/adapter/: train some first, or pass --runs/--tasks")
+    return found
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def run(args: argparse.Namespace) -> int:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        import httpx2
+
+        network_errors: tuple[type[BaseException], ...] = (HfHubHTTPError, httpx2.HTTPError, ConnectionError)
+    except ImportError:  # pragma: no cover - other huggingface_hub releases
+        network_errors = (HfHubHTTPError, ConnectionError)
+
+    if args.staging_dir and not args.dry_run:
+        raise PushError("--staging_dir only applies with --dry-run")
+    repo_id = args.repo_id
+    if repo_id is None:
+        if not args.dry_run:
+            raise PushError("--repo_id user/name is required (unless --dry-run)")
+        repo_id = f"your-username/{Path(args.merged_dir).resolve().name}"
+    adapters = _adapters(Path(args.runs), args.tasks)
+    private = not args.public
+    try:
+        result = push_merged_model(
+            args.merged_dir,
+            repo_id,
+            adapters=adapters,
+            eval_json=args.eval_json,
+            private=private,
+            dry_run=args.dry_run,
+            token=args.token,
+            commit_message=args.commit_message,
+            staging_dir=args.staging_dir,
+            merge_config=args.merge_config,
+            base_model=args.base_model,
+            license=args.license,
+        )
+    except network_errors as err:
+        print(f"hf-dpmerge push: upload to the Hub failed: {err}", file=sys.stderr)
+        return 1
+    visibility = "private" if private else "public"
+    total = sum(size for _, size in result.files)
+    if result.dry_run:
+        staged = result.staging_dir or default_staging_dir(args.merged_dir)
+        print(f"Dry run: nothing uploaded. Staged release in {staged} (card: {staged / 'README.md'}).")
+        print(f"A push would create the {visibility} repository {repo_id} and upload {len(result.files)} files "
+              f"({_size(total)}):")
+    else:
+        print(f"Uploaded {len(result.files)} files ({_size(total)}) to the {visibility} repository {repo_id}:")
+    for path, size in result.files:
+        print(f"  {path}  ({_size(size)})")
+    if result.commit_url:
+        print(f"Commit: {result.commit_url}")
+    return 0

@@ -1,0 +1,347 @@
+"""Release a merged model to the Hugging Face Hub: merged weights, per-task heads and privacy records, card.
+
+The repository is laid out as::
+
+    README.md                      the model card (hf_dpmerge.hub.model_card)
+    config.json, *.safetensors, …  the merged model directory as mergekit wrote it (its README replaced)
+    heads/<task>/head.safetensors  the task's classifier head, from the adapter's modules_to_save
+    heads/<task>/head_config.json  num_labels, label names if known, tensor names
+    heads/<task>/dp_privacy.json   the task's privacy record, byte for byte
+
+Everything is staged in a folder first; a real push then calls ``create_repo`` and ``upload_folder``
+(``HF_ENDPOINT`` is honoured at call time), a dry run keeps the folder and touches no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf_dpmerge.hub.model_card import (
+    HEAD_CONFIG_NAME,
+    HEAD_WEIGHTS_NAME,
+    HEADS_DIR,
+    HeadInfo,
+    MergeRecipe,
+    build_model_card,
+    load_eval_json,
+)
+from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+
+DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
+STAGING_MARKER = ".hf_dpmerge-staging"
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_PEFT_PREFIX = "base_model.model."
+# Files of the merged directory that the release replaces or must not carry.
+_SKIP_MERGED = {"README.md"}
+
+
+class PushError(ValueError):
+    """The release cannot be staged or uploaded as asked."""
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    private: bool
+    dry_run: bool
+    files: list[tuple[str, int]] = field(default_factory=list)  # (path in repo, size in bytes)
+    staging_dir: Path | None = None  # kept for dry runs only
+    repo_url: str | None = None
+    commit_url: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def _check_merged_dir(merged_dir: Path) -> None:
+    if not merged_dir.exists():
+        raise FileNotFoundError(f"merged model directory {merged_dir} does not exist (run mergekit-yaml first)")
+    if not merged_dir.is_dir():
+        raise PushError(f"merged model path {merged_dir} is not a directory")
+    if not (merged_dir / "config.json").is_file():
+        raise PushError(f"{merged_dir} is not a model directory: it has no config.json")
+    weights = [p for p in merged_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
+    if not weights:
+        raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
+
+
+def _load_adapter_state(adapter_dir: Path) -> dict[str, Any]:
+    for name in _ADAPTER_WEIGHTS:
+        path = adapter_dir / name
+        if not path.is_file():
+            continue
+        if name.endswith(".safetensors"):
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+
+            try:
+                return load_file(str(path))
+            except (SafetensorError, OSError) as err:
+                raise PushError(f"{path}: unreadable adapter weights ({err})") from None
+        import torch
+
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch raises many types for corrupt pickles
+            raise PushError(f"{path}: unreadable adapter weights ({err})") from None
+    raise PushError(f"{adapter_dir} has no adapter weights ({' or '.join(_ADAPTER_WEIGHTS)})")
+
+
+def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
+    sources: list[Any] = [record.extra.get("label_names"), record.extra.get("id2label")]
+    config = adapter_dir / "config.json"
+    if config.is_file():
+        try:
+            sources.append(json.loads(config.read_text()).get("id2label"))
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            pass
+    for source in sources:
+        if isinstance(source, list) and source and all(isinstance(x, str) for x in source):
+            return list(source)
+        if isinstance(source, dict) and source:
+            try:
+                return [str(source[k]) for k in sorted(source, key=int)]
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+def _in_modules(name: str, modules: list[str]) -> bool:
+    """Whether parameter ``name`` lies in one of ``modules`` (matched as peft does, on whole path parts)."""
+    parts = name.split(".")
+    owners = [".".join(parts[:i]) for i in range(1, len(parts))]
+    return any(owner == m or owner.endswith("." + m) for owner in owners for m in modules)
+
+
+def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecord) -> tuple[dict, HeadInfo]:
+    """The classifier head tensors saved in an adapter's ``modules_to_save``, named as in the base model.
+
+    peft saves ``base_model.model.<module>.<param>``; the ``base_model.model.`` prefix is dropped so the
+    tensors load into the task model with ``load_state_dict(head, strict=False)``.
+    """
+    adapter_dir = Path(adapter_dir)
+    config_path = adapter_dir / "adapter_config.json"
+    if not config_path.is_file():
+        raise PushError(f"{adapter_dir} is not a peft adapter: it has no adapter_config.json")
+    try:
+        adapter_config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PushError(f"{config_path}: corrupt adapter config ({err})") from None
+    modules = [m for m in (adapter_config.get("modules_to_save") or []) if isinstance(m, str)]
+    if not modules:
+        raise PushError(
+            f"adapter {adapter_dir} saves no classifier head (modules_to_save is empty): train it with "
+            "task_type SEQ_CLS so that each task keeps its own head"
+        )
+    state = _load_adapter_state(adapter_dir)
+    head: dict[str, Any] = {}
+    for key, tensor in state.items():
+        if "lora_" in key:
+            continue
+        name = key[len(_PEFT_PREFIX) :] if key.startswith(_PEFT_PREFIX) else key
+        name = name.replace(".modules_to_save.default.", ".")
+        if _in_modules(name, modules):
+            head[name] = tensor.detach().cpu().contiguous()
+    if not head:
+        raise PushError(
+            f"adapter {adapter_dir} has no tensors for its modules_to_save {modules}: nothing to release as "
+            f"the head of task {task!r}"
+        )
+    labels = _label_names(adapter_dir, record)
+    matrices = {k: v for k, v in head.items() if v.ndim == 2 and k.endswith("weight")}
+    out_proj = [k for k in matrices if k.endswith("out_proj.weight")]
+    if out_proj:
+        num_labels = int(matrices[out_proj[0]].shape[0])
+    elif matrices:
+        num_labels = int(min(v.shape[0] for v in matrices.values()))
+    else:
+        num_labels = len(labels) if labels else None
+    if labels is not None and num_labels is not None and len(labels) != num_labels:
+        labels = None  # names from elsewhere that do not match the head are worse than none
+    return head, HeadInfo(task=task, num_labels=num_labels, label_names=labels, keys=sorted(head))
+
+
+def _load_record(task: str, adapter_dir: Path) -> PrivacyRecord:
+    if not adapter_dir.exists():
+        raise FileNotFoundError(f"adapter directory of task {task!r} does not exist: {adapter_dir}")
+    record = PrivacyRecord.load(adapter_dir)
+    if record.task is not None and record.task != task:
+        raise PrivacyRecordError(
+            f"{adapter_dir / PRIVACY_RECORD_NAME} is the record of task {record.task!r}, not of {task!r}"
+        )
+    return record
+
+
+# ---------------------------------------------------------------------------------------------- staging
+
+
+def _place(source: Path, target: Path) -> None:
+    """Hard-link ``source`` at ``target`` (large weights are not copied), copying across file systems."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _prepare_staging_dir(staging_dir: Path, merged_dir: Path) -> None:
+    staging = staging_dir.resolve()
+    merged = merged_dir.resolve()
+    if staging == merged or merged in staging.parents or staging in merged.parents:
+        raise PushError(f"staging folder {staging_dir} must lie outside the merged model directory {merged_dir}")
+    if staging_dir.exists():
+        if not staging_dir.is_dir():
+            raise FileExistsError(f"staging path {staging_dir} exists and is not a directory")
+        if any(staging_dir.iterdir()):
+            if not (staging_dir / STAGING_MARKER).is_file():
+                raise FileExistsError(
+                    f"staging folder {staging_dir} is not empty and was not written by hf-dpmerge push; "
+                    "choose another --staging_dir"
+                )
+            shutil.rmtree(staging_dir)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _stage(
+    staging_dir: Path,
+    merged_dir: Path,
+    heads: Mapping[str, tuple[dict, HeadInfo]],
+    adapters: Mapping[str, Path],
+    card_text: str,
+) -> None:
+    from safetensors.torch import save_file
+
+    for source in sorted(merged_dir.rglob("*")):
+        rel = source.relative_to(merged_dir)
+        if not source.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        if rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR:
+            continue
+        _place(source, staging_dir / rel)
+    for task, (tensors, info) in heads.items():
+        head_dir = staging_dir / HEADS_DIR / task
+        head_dir.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(head_dir / HEAD_WEIGHTS_NAME), metadata={"format": "pt", "task": task})
+        head_config = {
+            "task": task,
+            "num_labels": info.num_labels,
+            "label_names": info.label_names,
+            "id2label": {str(i): n for i, n in enumerate(info.label_names)} if info.label_names else None,
+            "keys": info.keys,
+            "load": "model.load_state_dict(safetensors.torch.load_file('head.safetensors'), strict=False)",
+        }
+        (head_dir / HEAD_CONFIG_NAME).write_text(json.dumps(head_config, indent=2) + "\n")
+        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, head_dir / PRIVACY_RECORD_NAME)
+    (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
+
+
+def _listing(staging_dir: Path) -> list[tuple[str, int]]:
+    return [
+        (p.relative_to(staging_dir).as_posix(), p.stat().st_size)
+        for p in sorted(staging_dir.rglob("*"))
+        if p.is_file() and p.name != STAGING_MARKER
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- release
+
+
+def default_staging_dir(merged_dir: str | os.PathLike) -> Path:
+    merged_dir = Path(merged_dir)
+    return merged_dir.parent / f"{merged_dir.name}-hub"
+
+
+def push_merged_model(
+    merged_dir: str | os.PathLike,
+    repo_id: str,
+    *,
+    adapters: Mapping[str, str | os.PathLike],
+    eval_json: str | os.PathLike | None = None,
+    private: bool = True,
+    dry_run: bool = False,
+    token: str | None = None,
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
+    staging_dir: str | os.PathLike | None = None,
+    merge_config: str | os.PathLike | None = None,
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    endpoint: str | None = None,
+) -> PushResult:
+    """Stage ``merged_dir`` + each task's head and privacy record + the card, then upload (or not).
+
+    ``adapters`` maps task → adapter directory (a peft adapter with its head in modules_to_save and its
+    ``dp_privacy.json``). With ``dry_run`` the staged folder is written to ``staging_dir`` (default
+    ``<merged_dir>-hub``) and kept; nothing touches the network. Otherwise the repository is created
+    (private unless ``private=False``; an existing public repository is refused when ``private``) and
+    the folder is uploaded in one ``upload_folder`` call to ``endpoint`` (default: ``HF_ENDPOINT``).
+    """
+    from huggingface_hub.utils import validate_repo_id
+
+    validate_repo_id(repo_id)
+    merged_dir = Path(merged_dir)
+    _check_merged_dir(merged_dir)
+    if not adapters:
+        raise PushError("no adapters given: the release needs each task's head and privacy record")
+    adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
+    records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
+    heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
+    eval_results = load_eval_json(eval_json) if eval_json is not None else None
+    card = build_model_card(
+        records,
+        repo_id=repo_id,
+        merge=MergeRecipe.load(merged_dir, merge_config),
+        heads={task: info for task, (_, info) in heads.items()},
+        eval_results=eval_results,
+        base_model=base_model,
+        license=license,
+        # where relative base paths (runs/base) were written from: beside the merged dir or runs/
+        local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
+    )
+    card_text = str(card)
+
+    if dry_run:
+        target = Path(staging_dir) if staging_dir is not None else default_staging_dir(merged_dir)
+        _prepare_staging_dir(target, merged_dir)
+        _stage(target, merged_dir, heads, adapter_dirs, card_text)
+        (target / STAGING_MARKER).write_text("written by hf-dpmerge push --dry-run; safe to delete\n")
+        return PushResult(repo_id, private, True, files=_listing(target), staging_dir=target)
+
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        raise PushError(
+            "offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): unset it to push, or use --dry-run"
+        )
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    api = HfApi(endpoint=endpoint.rstrip("/") if endpoint else None, token=token)
+    with tempfile.TemporaryDirectory(prefix="hf_dpmerge-push-") as tmp:
+        stage = Path(tmp) / "repo"
+        stage.mkdir()
+        _stage(stage, merged_dir, heads, adapter_dirs, card_text)
+        files = _listing(stage)
+        repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+        if private:
+            info = api.repo_info(repo_id, repo_type="model")
+            if info.private is False:
+                raise PushError(
+                    f"repository {repo_id} already exists and is public; refusing to upload to it as a "
+                    "private release (pass --public / private=False to push to it)"
+                )
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=stage, repo_type="model", commit_message=commit_message
+        )
+    return PushResult(
+        repo_id,
+        private,
+        False,
+        files=files,
+        repo_url=str(repo_url),
+        commit_url=getattr(commit, "commit_url", None),
+    )
