@@ -9,6 +9,7 @@ import sys
 # verb -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
 VERBS: dict[str, str] = {
     "merge": "hf_dpmerge.cli.merge_command",
+    "evaluate": "hf_dpmerge.cli.evaluate_command",
     "push": "hf_dpmerge.cli.push_command",
 }
 

