@@ -19,6 +19,15 @@ _EXPORTS: dict[str, str] = {
     "PrivacyRecordError": "hf_dpmerge.privacy.record",
     "PRIVACY_RECORD_NAME": "hf_dpmerge.privacy.record",
     "base_fingerprint": "hf_dpmerge.privacy.fingerprint",
+    "privacy_statement": "hf_dpmerge.privacy.statement",
+    "TaskSpec": "hf_dpmerge.data.tasks",
+    "load_task": "hf_dpmerge.data.load",
+    "tokenize_task": "hf_dpmerge.data.tokenize",
+    "compute_metrics": "hf_dpmerge.data.metrics",
+    "default_model_path": "hf_dpmerge.data.model_path",
+    "evaluate_runs": "hf_dpmerge.analysis.evaluation",
+    "push_merged_model": "hf_dpmerge.hub.push",
+    "build_model_card": "hf_dpmerge.hub.model_card",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
