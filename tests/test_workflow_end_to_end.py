@@ -1,0 +1,56 @@
+"""The README flow on tiny settings: train_glue.py → mergekit-yaml → hf-dpmerge evaluate → push --dry-run."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny_bert
+
+from hf_dpmerge import PrivacyRecord
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = "rotten_tomatoes,bbc_news"
+
+
+def run(cmd, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.mark.slow
+def test_readme_flow_on_tiny_settings(tmp_path):
+    base_model = save_tiny_bert(tmp_path / "tiny-base")
+    shutil.copytree(REPO / "merge_configs", tmp_path / "merge_configs")
+    run([sys.executable, str(REPO / "examples" / "train_glue.py"), "--tasks", TASKS,
+         "--model_name_or_path", str(base_model), "--max_train_samples", "96", "--max_eval_samples", "32",
+         "--per_device_train_batch_size", "16", "--physical_batch_size", "8", "--max_steps", "3",
+         "--lora_r", "2", "--accountant", "rdp", "--dp_seed", "0"], cwd=tmp_path)
+    for task in TASKS.split(","):
+        record = PrivacyRecord.load(tmp_path / "runs" / task / "adapter")
+        assert record.task == task and record.steps == 3 and 0 < record.epsilon <= 8.0
+        assert PrivacyRecord.load(tmp_path / "runs" / task / "encoder_adapter").epsilon == record.epsilon
+        metrics = json.loads((tmp_path / "runs" / task / "eval_metrics.json").read_text())
+        assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
+
+    config = (tmp_path / "merge_configs" / "dp.yaml").read_text()
+    trimmed = "\n".join(line for line in config.splitlines()
+                        if not any(t in line for t in ("election_tweets", "reuters_r8")))
+    (tmp_path / "merge_configs" / "dp.yaml").write_text(trimmed + "\n")
+    run(["mergekit-yaml", "merge_configs/dp.yaml", "merged", "--lora-merge-cache", "runs/lora-cache"], cwd=tmp_path)
+    assert (tmp_path / "merged" / "config.json").exists()
+
+    run(["hf-dpmerge", "evaluate", "--runs", "runs", "--merged", "merged", "--tasks", TASKS,
+         "--output", "runs/eval", "--max_eval_samples", "32"], cwd=tmp_path)
+    results = json.loads((tmp_path / "runs" / "eval" / "results.json").read_text())
+    assert set(results["tasks"]) == set(TASKS.split(","))
+
+    run(["hf-dpmerge", "push", "merged", "--repo_id", "me/tiny", "--runs", "runs", "--tasks", TASKS,
+         "--eval_json", "runs/eval/results.json", "--dry-run", "--staging_dir", "staged"], cwd=tmp_path)
+    card = (tmp_path / "staged" / "README.md").read_text()
+    assert "rotten_tomatoes" in card and "-DP" in card
