@@ -1,0 +1,135 @@
+"""Benchmark: mergekit ``ties`` and ``task_arithmetic`` against ``cauchy_poe`` and ``dp_aware``.
+
+Inputs are built from a config (no downloads): a BERT-base-sized sequence classifier (~110M parameters,
+random weights) as the base, four LoRA adapters (r=8 on query/value, each with a privacy record) merged
+as ``base+adapter``, and four full-model variants (base + a 1e-3 perturbation of every weight). Each
+method runs as a separate ``mergekit-yaml`` process; runs are interleaved (method order rotates per
+repeat), the LoRA merge cache is warmed first, and wall time and the process's peak RSS are printed as
+ratios to ``ties``. Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import BertConfig, BertForSequenceClassification
+
+from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.privacy.record import PrivacyRecord
+
+METHODS = {
+    "ties": "  weight: 1.0\n  density: 0.2\n",
+    "task_arithmetic": "  weight: 1.0\n  lambda: 0.3\n",
+    "cauchy_poe": "  lambda: 1.0\n  tol: 0.01\n",
+    "dp_aware": "  lambda: 0.3\n",
+}
+ADAPTERS = 4
+
+
+def _record(base_hash: str, names: list[str]) -> PrivacyRecord:
+    return PrivacyRecord(
+        epsilon=8.0, delta=1e-5, accountant="prv", noise_multiplier=0.6, effective_noise_multiplier=0.6,
+        sample_rate=0.004, steps=2000, max_grad_norm=1.0, expected_batch_size=256, num_samples=64_000,
+        sam_mode="none", sam_rho=0.0, align_lambda=0.0, optimizer={"name": "AdamW", "lr": 2e-5},
+        sum_lr_squared=2000 * 2e-5**2, base_model="bert-base-sized", base_model_hash=base_hash,
+        base_model_hash_tensors=names, versions={},
+    )
+
+
+def build_inputs(workdir: Path) -> None:
+    """Save the base, the LoRA adapters and the full-model variants under ``workdir`` (once)."""
+    if (workdir / "done").exists():
+        return
+    torch.manual_seed(0)
+    base = BertForSequenceClassification(BertConfig(num_labels=2))
+    base.save_pretrained(workdir / "base")
+    for index in range(ADAPTERS):
+        torch.manual_seed(100 + index)
+        model = get_peft_model(BertForSequenceClassification.from_pretrained(workdir / "base"),
+                               LoraConfig(r=8, lora_alpha=16, target_modules=["query", "value"],
+                                          init_lora_weights=False))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_" in name:
+                    parameter.mul_(0.05)
+        tensors = peft_base_tensors(model)
+        model.save_pretrained(workdir / f"adapter{index}")
+        _record(base_fingerprint(tensors), sorted(tensors)).save(workdir / f"adapter{index}")
+    hashed = ["bert.encoder.layer.0.attention.self.query.weight"]
+    base_hash = base_fingerprint({name: base.state_dict()[name] for name in hashed})
+    for index in range(ADAPTERS):
+        variant = BertForSequenceClassification.from_pretrained(workdir / "base")
+        generator = torch.Generator().manual_seed(200 + index)
+        with torch.no_grad():
+            for parameter in variant.parameters():
+                parameter.add_(1e-3 * torch.randn(parameter.shape, generator=generator))
+        variant.save_pretrained(workdir / f"full{index}")
+        _record(base_hash, hashed).save(workdir / f"full{index}")
+    (workdir / "done").touch()
+
+
+def _config(workdir: Path, method: str, kind: str) -> Path:
+    base = str(workdir / "base")
+    inputs = [f"{base}+{workdir / f'adapter{i}'}" if kind == "lora" else str(workdir / f"full{i}")
+              for i in range(ADAPTERS)]
+    models = "".join(f"  - model: {model}\n" for model in inputs)
+    path = workdir / f"{kind}_{method}.yaml"
+    path.write_text(f"merge_method: {method}\nbase_model: {base}\nmodels:\n{models}dtype: float32\n"
+                    f"parameters:\n{METHODS[method]}")
+    return path
+
+
+def run_once(workdir: Path, method: str, kind: str) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of one ``mergekit-yaml`` process."""
+    out = workdir / f"out_{kind}_{method}"
+    command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)), str(out),
+               "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise RuntimeError(f"{method} on {kind} inputs failed: {process.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("runs/bench_merge"))
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    build_inputs(args.workdir)
+    run_once(args.workdir, "task_arithmetic", "lora")  # warm the LoRA merge cache and the page cache
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    names = list(METHODS)
+    for repeat in range(args.repeats):
+        order = names[repeat % len(names):] + names[: repeat % len(names)]
+        for kind in ("lora", "full"):
+            for method in order:
+                results.setdefault((kind, method), []).append(run_once(args.workdir, method, kind))
+                wall, rss = results[(kind, method)][-1]
+                print(f"  {kind:4} {method:16} {wall:7.1f} s {rss:7.0f} MiB", flush=True)
+    print(f"\n{'inputs':6} {'method':16} {'wall s':>8} {'× ties':>7} {'RSS MiB':>8} {'× ties':>7}")
+    for kind in ("lora", "full"):
+        ties_wall = statistics.median(w for w, _ in results[(kind, "ties")])
+        ties_rss = statistics.median(r for _, r in results[(kind, "ties")])
+        for method in names:
+            wall = statistics.median(w for w, _ in results[(kind, method)])
+            rss = statistics.median(r for _, r in results[(kind, method)])
+            print(f"{kind:6} {method:16} {wall:8.1f} {wall / ties_wall:7.2f} {rss:8.0f} {rss / ties_rss:7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""What the merge kernels know about each input besides its tensors: its privacy record and LoRA factors.
+
+mergekit hands a kernel one output tensor at a time, each input identified by its ``ModelReference``. The
+record is found beside the adapter (``base+adapter``: ``adapter/dp_privacy.json``) or the full model
+(``model/dp_privacy.json``). Per-model YAML ``parameters:`` may override any scalar record value (dict
+entries as ``optimizer.name`` etc.) or give the task vector's noise directly (``noise_std``). mergekit drops
+unknown YAML keys silently, so :func:`check_parameter_keys` rejects them; :func:`check_inputs` checks every
+input before anything is written: directories exist, records parse, each record's base fingerprint matches
+the merge base, shapes match the base, and no weight is NaN or infinite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import os
+import shutil
+import types
+import typing
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from mergekit.common import ModelReference
+from mergekit.config import MergeConfiguration
+from mergekit.io.lazy_tensor_loader import LazyTensorLoader
+
+from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
+from hf_dpmerge.privacy.fingerprint import base_fingerprint, directory_base_tensors
+from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+
+NOISE_STD = "noise_std"
+_OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
+_ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."
+_MAD_TO_STD = 0.6744897501960817
+
+
+def _scalar_fields() -> dict[str, type]:
+    scalars = {}
+    for name, hint in typing.get_type_hints(PrivacyRecord).items():
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = [option for option in options if option is not type(None)]
+        if name != "schema_version" and len(kinds) == 1 and kinds[0] in (bool, int, float, str):
+            scalars[name] = kinds[0]
+    return scalars
+
+
+RECORD_OVERRIDES: dict[str, type] = {
+    **_scalar_fields(),
+    **{f"optimizer.{key}": kind for key, kind in _OPTIMIZER_KEYS.items()},
+}
+"""Per-model YAML keys that replace a record value, with their types."""
+
+
+def input_directory(reference: ModelReference) -> Path:
+    """Where an input's privacy record lives: the adapter directory, else the model directory."""
+    return Path(reference.lora.path if reference.lora else reference.model.path)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """Cache key part that changes when the file is rewritten."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=None)
+def _load_record(path: str, _stamp: tuple[int, int]) -> PrivacyRecord:
+    return PrivacyRecord.load(path)
+
+
+def input_record(reference: ModelReference) -> PrivacyRecord | None:
+    """The input's record, None when it has none; corrupt records raise :class:`PrivacyRecordError`."""
+    directory = input_directory(reference)
+    if not directory.is_dir():
+        kind = "adapter" if reference.lora else "model"
+        raise FileNotFoundError(f"input {reference}: {kind} directory {directory} does not exist")
+    path = directory / PRIVACY_RECORD_NAME
+    if not path.exists():
+        return None
+    return _load_record(str(path), _stamp(path))
+
+
+def apply_overrides(record: PrivacyRecord, overrides: Mapping[str, Any]) -> PrivacyRecord:
+    """A copy of ``record`` with per-model YAML values in place (``optimizer.<key>`` edits the dict)."""
+    optimizer = dict(record.optimizer)
+    top = {}
+    for key, value in overrides.items():
+        if key.startswith("optimizer."):
+            optimizer[key.removeprefix("optimizer.")] = value
+        else:
+            top[key] = value
+    return dataclasses.replace(record, optimizer=optimizer, **top)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraFactors:
+    """One LoRA layer: ΔW = scaling·B·A, transposed into the weight's layout when ``fan_in_fan_out``."""
+
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    scaling: float
+    fan_in_fan_out: bool
+
+    def noise_variance(self, factor_variance: float) -> torch.Tensor:
+        variance = lora_noise_variance(self.lora_a, self.lora_b, self.scaling, factor_variance)
+        return variance.T if self.fan_in_fan_out else variance
+
+
+def adapter_factors(adapter_dir: str | Path) -> dict[str, LoraFactors]:
+    """LoRA factors of a saved peft adapter, keyed by the base weight they modify."""
+    directory = Path(adapter_dir)
+    if not (directory / _ADAPTER_WEIGHTS).exists():
+        raise FileNotFoundError(f"no {_ADAPTER_WEIGHTS} in {directory}")
+    return _load_factors(str(directory), _stamp(directory / _ADAPTER_WEIGHTS))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_factors(adapter_dir: str, _stamp: tuple[int, int]) -> dict[str, LoraFactors]:
+    from peft.utils.other import get_pattern_key
+    from safetensors.torch import load_file
+
+    directory = Path(adapter_dir)
+    config = json.loads((directory / "adapter_config.json").read_text())
+    if config.get("peft_type") != "LORA" or config.get("use_dora"):
+        raise ValueError(f"{directory}: only plain LoRA adapters have a noise model (not DoRA or other PEFT)")
+    tensors = load_file(directory / _ADAPTER_WEIGHTS)
+    factors = {}
+    for key, lora_a in tensors.items():
+        if ".lora_A." not in key:
+            continue
+        module = key.split(".lora_A.")[0].removeprefix(_PEFT_PREFIX)
+        lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        patterns = config.get("alpha_pattern") or {}
+        alpha = float(patterns.get(get_pattern_key(patterns, module), config["lora_alpha"]))
+        rank = lora_a.shape[0]
+        scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+        factors[f"{module}.weight"] = LoraFactors(lora_a, lora_b, scaling, bool(config.get("fan_in_fan_out")))
+    return factors
+
+
+def _missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
+    return PrivacyRecordError(
+        f"input {reference}: no {PRIVACY_RECORD_NAME} in {input_directory(reference)}; train it with "
+        f"DPSAMTrainer, give the input's noise_std {alternative}".rstrip()
+    )
+
+
+def input_noise_variance(
+    reference: ModelReference,
+    tensor_name: str,
+    overrides: Mapping[str, Any],
+    estimate_from: torch.Tensor | None = None,
+) -> torch.Tensor | float:
+    """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
+
+    Order: the per-model ``noise_std``; the record (with overrides) through the optimizer formula, or the
+    LoRA factor formula for weights the adapter's LoRA layers modify; without a record, a robust MAD
+    estimate (median |τ − median τ| / 0.6745)² from the task vector ``estimate_from`` if given; else an error.
+    """
+    values = {key: value for key, value in overrides.items() if value is not None}
+    if values.get(NOISE_STD) is not None:
+        return float(values.pop(NOISE_STD)) ** 2
+    record = input_record(reference)
+    if record is None:
+        if estimate_from is None:
+            raise _missing_record(reference, "or set `noise: estimate`")
+        warnings.warn(f"input {reference} has no privacy record: estimating its noise from the weights")
+        deviation = (estimate_from - estimate_from.median()).abs().median()
+        return float(deviation / _MAD_TO_STD) ** 2
+    variance = parameter_noise_variance(apply_overrides(record, values))
+    if reference.lora and variance > 0:
+        factors = adapter_factors(input_directory(reference)).get(tensor_name)
+        if factors is not None:
+            return factors.noise_variance(variance)
+    return variance
+
+
+def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:
+    """Raise naming the tensor and input when a weight holds NaN or inf."""
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{tensor_name}: input {reference} holds NaN or infinite values")
+
+
+# ---- checks before merging -------------------------------------------------------------------------
+
+
+def input_settings(
+    config: MergeConfiguration,
+) -> Iterator[tuple[ModelReference, dict[str, Any], ModelReference | None]]:
+    """(input, its per-model parameters, its base) for every input the configuration names."""
+    slices = list(config.slices or [])
+    for module in (config.modules or {}).values():
+        for model in module.models or []:
+            yield model.model, model.parameters or {}, config.base_model
+        slices.extend(module.slices or [])
+    for model in config.models or []:
+        yield model.model, model.parameters or {}, config.base_model
+    for output_slice in slices:
+        for source in output_slice.sources:
+            yield source.model, source.parameters or {}, output_slice.base_model or config.base_model
+
+
+def _shared_settings(config: MergeConfiguration) -> Iterator[dict[str, Any]]:
+    yield config.parameters or {}
+    for module in (config.modules or {}).values():
+        yield module.parameters or {}
+        for output_slice in module.slices or []:
+            yield output_slice.parameters or {}
+    for output_slice in config.slices or []:
+        yield output_slice.parameters or {}
+
+
+def _unknown_keys(settings: Mapping[str, Any], known: set[str]) -> str:
+    unknown = sorted(set(settings) - known)
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, 1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return ", ".join(hints)
+
+
+def check_parameter_keys(config: MergeConfiguration, shared: set[str], per_input: set[str]) -> None:
+    """Reject YAML parameter keys the method does not have (mergekit would ignore them silently)."""
+    for settings in _shared_settings(config):
+        if unknown := _unknown_keys(settings, shared | per_input):
+            known = sorted(shared | per_input)
+            raise ValueError(f"{config.merge_method}: unknown parameter {unknown}; known: {known}")
+    for reference, settings, _ in input_settings(config):
+        if unknown := _unknown_keys(settings, per_input):
+            raise ValueError(
+                f"{config.merge_method}: input {reference} has unknown per-model parameter {unknown}; "
+                f"per-model keys are {sorted(per_input)}"
+            )
+
+
+def _check_fingerprint(reference: ModelReference, record: PrivacyRecord, base_dir: str) -> None:
+    if not record.base_model_hash or not record.base_model_hash_tensors:
+        warnings.warn(f"input {reference}: its privacy record has no base fingerprint; base not checked")
+        return
+    try:
+        actual = base_fingerprint(directory_base_tensors(base_dir, record.base_model_hash_tensors))
+    except KeyError as err:
+        actual = f"(missing tensors: {err})"
+    if actual != record.base_model_hash:
+        raise ValueError(
+            f"input {reference} was trained on another base model: its privacy record's base_model_hash "
+            f"{record.base_model_hash} does not match {base_dir} {actual}; merge adapters trained from this base"
+        )
+
+
+def _check_weights(reference: ModelReference, base_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    if reference.lora:
+        for name, factor in adapter_factors(reference.lora.path).items():
+            check_finite(name, reference, factor.lora_a)
+            check_finite(name, reference, factor.lora_b)
+            rows, cols = factor.lora_b.shape[0], factor.lora_a.shape[1]
+            shape = (cols, rows) if factor.fan_in_fan_out else (rows, cols)
+            if base_shapes.get(name, shape) != shape:
+                raise ValueError(
+                    f"{name}: input {reference} has a LoRA delta of shape {shape}, base {base_shapes[name]}"
+                )
+        return
+    model = LazyTensorLoader.from_disk(reference.model.path)
+    for name in model.index.tensor_paths:
+        tensor = model.get_tensor(name)
+        if base_shapes.get(name, tuple(tensor.shape)) != tuple(tensor.shape):
+            raise ValueError(f"{name}: input {reference} has shape {tuple(tensor.shape)}, base {base_shapes[name]}")
+        if tensor.is_floating_point():
+            check_finite(name, reference, tensor)
+
+
+def drop_stale_lora_merges(config: MergeConfiguration, cache_dir: str) -> None:
+    """Drop ``--lora-merge-cache`` entries older than their inputs, or incomplete, so mergekit rebuilds them.
+
+    mergekit keys each base+adapter merge by path only: an adapter retrained in place would otherwise be
+    merged in its old state.
+    """
+    for reference in config.referenced_models():
+        if not reference.lora:
+            continue
+        entry = Path(cache_dir) / f"{reference.model._unique_id()}_{reference.lora._unique_id()}"
+        if not entry.is_dir():
+            continue
+        sources = [f for d in (reference.model.path, reference.lora.path) if os.path.isdir(d)
+                   for f in Path(d).iterdir() if f.is_file()]
+        built = [f.stat().st_mtime_ns for f in entry.iterdir() if f.suffix == ".safetensors"]
+        stale = any(f.stat().st_mtime_ns > min(built) for f in sources) if built else True
+        if stale or not (entry / "config.json").exists():
+            warnings.warn(f"{entry}: stale or incomplete LoRA merge cache entry for {reference}; rebuilding it")
+            shutil.rmtree(entry)
+
+
+def check_inputs(
+    config: MergeConfiguration, needs_noise: Callable[[Mapping[str, Any]], bool], lora_cache: str | None
+) -> None:
+    """Check every non-base input before merging (raising on the first problem).
+
+    ``needs_noise(per_model_parameters)`` says whether the method needs that input's noise model.
+    """
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    for reference, settings, base in input_settings(config):
+        if base is None or reference == base:
+            continue
+        if base.lora:
+            raise ValueError(f"base model {base} must be a plain model, not base+adapter")
+        base_dir = base.local_path()
+        record = input_record(reference)
+        if record is None and needs_noise(settings):
+            raise _missing_record(reference)
+        if reference.lora and not os.path.isdir(reference.model.path):
+            raise FileNotFoundError(f"input {reference}: model directory {reference.model.path} does not exist")
+        if reference.lora and not lora_cache:
+            raise ValueError(f"input {reference} is base+adapter: pass --lora-merge-cache DIR")
+        if record is not None:
+            hash_override = settings.get("base_model_hash")
+            checked = apply_overrides(record, {"base_model_hash": hash_override}) if hash_override else record
+            for directory in {base_dir, reference.model.path if reference.lora else base_dir}:
+                _check_fingerprint(reference, checked, directory)
+        if base_dir not in shapes:
+            loader = LazyTensorLoader.from_disk(base_dir)
+            shapes[base_dir] = {name: tuple(loader.get_tensor(name).shape) for name in loader.index.tensor_paths}
+        _check_weights(reference, shapes[base_dir])

@@ -1,0 +1,173 @@
+"""The mergekit 0.1.5 methods ``cauchy_poe`` and ``dp_aware``: parameter specs and per-tensor kernels.
+
+Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
+mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
+Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable privacy-record
+values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Optional
+
+import torch
+from mergekit.merge_methods import register, registered_methods
+from mergekit.merge_methods.base import (
+    BasePolicy,
+    GroupMergeMethod,
+    InputContract,
+    MergeMethodSpec,
+    ParameterScope,
+    ParameterSpec,
+    TensorEntry,
+    TensorGroup,
+)
+from pydantic import Field
+
+from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
+from hf_dpmerge.merging.dp_aware import dp_aware_merge
+from hf_dpmerge.merging.merge_inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+def _shared(name: str, kind: Any, default: Any) -> ParameterSpec:
+    return ParameterSpec(name, kind, ParameterScope.SHARED, default=default)
+
+
+def _per_input_specs() -> tuple[ParameterSpec, ...]:
+    optional = {name: Optional[kind] for name, kind in RECORD_OVERRIDES.items()}
+    optional[NOISE_STD] = Optional[NonNegative]
+    return tuple(ParameterSpec(name, kind, ParameterScope.NON_BASE, default=None) for name, kind in optional.items())
+
+
+def _overrides(parameters: Mapping[str, Any], reference: Any) -> dict[str, Any]:
+    return {name: parameters[name][reference] for name in (*RECORD_OVERRIDES, NOISE_STD)}
+
+
+class _TaskVectorMethod(GroupMergeMethod):
+    """Shared plumbing: spec with a required base, per-input record overrides, finite-input check."""
+
+    name: str
+    pretty_name: str
+    reference_url: str | None
+
+    def __init__(self, shared: tuple[ParameterSpec, ...], per_input: tuple[ParameterSpec, ...] = ()) -> None:
+        self.spec = MergeMethodSpec(
+            name=self.name,
+            pretty_name=self.pretty_name,
+            reference_url=self.reference_url,
+            parameters=shared + per_input + _per_input_specs(),
+            contract=InputContract(base=BasePolicy.REQUIRED),
+        )
+
+    @abstractmethod
+    def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
+        """Whether an input with these per-model YAML settings must have a privacy record."""
+
+    def merge_group(self, group: TensorGroup, /, **parameters: Any) -> torch.Tensor:
+        base = group.base.tensor
+        if not group.non_base:
+            return base
+        name = group.metadata.name or "tensor"
+        for entry in group.entries:
+            check_finite(name, entry.id, entry.tensor)
+        return self.merge(name, base, group.non_base, parameters)
+
+    @abstractmethod
+    def merge(
+        self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """The merged tensor from the base and the non-base entries (all finite, same shape)."""
+
+
+class CauchyPoEMethod(_TaskVectorMethod):
+    """Heavy-tailed product-of-experts MAP merge (:mod:`hf_dpmerge.merging.cauchy_poe`)."""
+
+    name = "cauchy_poe"
+    pretty_name = "Cauchy product-of-experts"
+    reference_url = "https://arxiv.org/abs/2607.01689"
+
+    def __init__(self) -> None:
+        super().__init__(
+            (
+                _shared("lambda", float, 1.0),
+                _shared("tol", Positive, 1e-2),
+                _shared("jitter", Positive, 1e-3),
+                _shared("max_iter", Annotated[int, Field(ge=1)], 50),
+                _shared("conv_tol", NonNegative, 1e-5),
+                _shared("dp_calibrated", bool, False),
+            )
+        )
+
+    def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
+        return bool(shared.get("dp_calibrated", False)) and NOISE_STD not in {**shared, **per_model}
+
+    def merge(self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]) -> torch.Tensor:
+        variances = None
+        if parameters["dp_calibrated"]:
+            variances = [
+                float(torch.as_tensor(input_noise_variance(e.id, name, _overrides(parameters, e.id))).mean())
+                for e in entries
+            ]
+        return cauchy_poe_merge(
+            base,
+            [entry.tensor for entry in entries],
+            lam=parameters["lambda"],
+            tol=parameters["tol"],
+            jitter=parameters["jitter"],
+            max_iter=parameters["max_iter"],
+            conv_tol=parameters["conv_tol"],
+            noise_variance=variances,
+            name=name,
+        )
+
+
+class DPAwareMethod(_TaskVectorMethod):
+    """SURE-denoised, noise-calibrated task arithmetic (:mod:`hf_dpmerge.merging.dp_aware`)."""
+
+    name = "dp_aware"
+    pretty_name = "DP-aware (SURE-denoised task arithmetic)"
+    reference_url = None
+
+    def __init__(self) -> None:
+        super().__init__(
+            (
+                _shared("lambda", float, 1.0),
+                _shared("consensus", Literal["none", "precision_sign"], "none"),
+                _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
+                _shared("noise", Literal["record", "estimate"], "record"),
+            ),
+            (ParameterSpec("weight", float, ParameterScope.NON_BASE, default=1.0),),
+        )
+
+    def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
+        return shared.get("noise", "record") == "record" and NOISE_STD not in {**shared, **per_model}
+
+    def merge(self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]) -> torch.Tensor:
+        estimate = parameters["noise"] == "estimate"
+        variances = [
+            input_noise_variance(
+                e.id, name, _overrides(parameters, e.id), e.tensor.float() - base.float() if estimate else None
+            )
+            for e in entries
+        ]
+        return dp_aware_merge(
+            base,
+            [entry.tensor for entry in entries],
+            variances,
+            weights=[parameters["weight"][entry.id] for entry in entries],
+            lam=parameters["lambda"],
+            consensus=parameters["consensus"],
+            weighting=parameters["weighting"],
+        )
+
+
+METHODS: tuple[_TaskVectorMethod, ...] = (CauchyPoEMethod(), DPAwareMethod())
+_known = {method.spec.name for method in registered_methods()}
+for _method in METHODS:
+    if _method.spec.name not in _known:
+        register(_method)

@@ -1,0 +1,116 @@
+"""DP-aware merge: exact task arithmetic without noise, and better than TA and TIES with DP noise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mergekit.merge_methods import merge_tensors
+
+from hf_dpmerge.merging.dp_aware import between_variance, dp_aware_merge
+from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
+
+
+def _sparse_tasks(count: int, size: int, seed: int, density: float = 0.05) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tasks = []
+    for _ in range(count):
+        task = torch.zeros(size)
+        support = torch.randperm(size, generator=generator)[: int(density * size)]
+        task[support] = 0.3 * torch.randn(len(support), generator=generator)
+        tasks.append(task)
+    return tasks
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (11,)])
+def test_zero_noise_is_exactly_mergekit_task_arithmetic(shape: tuple[int, ...]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(shape, generator=generator)
+    inputs = [base + torch.randn(shape, generator=generator) for _ in range(3)]
+    weights = [1.0, 0.5, 2.0]
+    ours = dp_aware_merge(base, inputs, [0.0, 0.0, torch.zeros(shape)], weights=weights, lam=0.3)
+    theirs = merge_tensors([base, *inputs], "task_arithmetic", parameters={"weight": weights, "lambda": 0.3},
+                           base_index=0)
+    assert torch.equal(ours, theirs)
+
+
+def test_sparse_task_vectors_with_dp_noise_beat_task_arithmetic_and_ties() -> None:
+    count, size, noise = 6, 20_000, 0.05
+    clean = _sparse_tasks(count, size, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    base = 0.1 * torch.randn(size, generator=generator)
+    noisy = [base + task + noise * torch.randn(size, generator=generator) for task in clean]
+    target = torch.stack(clean).sum(0)
+
+    def error(merged: torch.Tensor) -> float:
+        return float(torch.linalg.norm(merged - base - target) / torch.linalg.norm(target))
+
+    ta = merge_tensors([base, *noisy], "task_arithmetic", parameters={"weight": 1.0}, base_index=0)
+    ties = merge_tensors([base, *noisy], "ties", parameters={"weight": 1.0, "density": 0.2}, base_index=0)
+    ours = dp_aware_merge(base, noisy, [noise**2] * count, weights=[1.0] * count, lam=1.0)
+    elected = dp_aware_merge(base, noisy, [noise**2] * count, weights=[1.0] * count, lam=1.0,
+                             consensus="precision_sign")
+    assert error(ours) < 0.8 * min(error(ta), error(ties))
+    assert error(elected) < 0.8 * min(error(ta), error(ties))
+
+
+def test_precision_sign_election_follows_the_less_noisy_input() -> None:
+    base = torch.zeros(1000)
+    precise = torch.full((1000,), 1.0)
+    noisy = torch.full((1000,), -50.0)  # far above its noise: SURE keeps it
+    merged = dp_aware_merge(base, [precise, noisy], [1e-4, 1.0], weights=[1.0, 1.0], lam=1.0,
+                            consensus="precision_sign")
+    assert bool((merged > 0).all())  # a plain TIES sum election would pick the larger, negative input
+
+
+def test_random_effects_weights_same_task_adapters_by_their_noise() -> None:
+    size = 50_000
+    generator = torch.Generator().manual_seed(3)
+    truth = torch.randn(size, generator=generator)
+    stds = [0.1, 0.5, 1.0]
+    adapters = [truth + std * torch.randn(size, generator=generator) for std in stds]
+    base = torch.zeros(size)
+    pooled = dp_aware_merge(base, adapters, [s**2 for s in stds], weights=[1.0] * 3, lam=1.0,
+                            weighting="random_effects")
+    plain_mean = torch.stack(adapters).mean(0)
+    assert torch.dist(pooled, truth) < 0.5 * torch.dist(plain_mean, truth)
+    noiseless = dp_aware_merge(base, adapters, [0.0] * 3, weights=[1.0] * 3, lam=1.0, weighting="random_effects")
+    torch.testing.assert_close(noiseless, plain_mean)
+    with pytest.raises(ValueError, match="every input or in none"):
+        dp_aware_merge(base, adapters, [0.0, 0.1, 0.1], weights=[1.0] * 3, lam=1.0, weighting="random_effects")
+
+
+def test_dersimonian_laird_recovers_the_between_adapter_variance() -> None:
+    generator = torch.Generator().manual_seed(4)
+    centre = torch.randn(100_000, generator=generator)
+    spread, noise = 0.3, torch.tensor([0.2, 0.4, 0.6, 0.8])
+    taus = torch.stack([centre + spread * torch.randn(100_000, generator=generator)
+                        + s * torch.randn(100_000, generator=generator) for s in noise])
+    variances = (noise**2).reshape(-1, 1).expand_as(taus)
+    assert between_variance(taus, variances) == pytest.approx(spread**2, rel=0.05)
+
+
+def test_sure_threshold_is_near_the_oracle_and_spares_clean_signals() -> None:
+    generator = torch.Generator().manual_seed(5)
+    signal = _sparse_tasks(1, 50_000, seed=6)[0]
+    noisy = signal + 0.05 * torch.randn(50_000, generator=generator)
+    denoised = sure_soft_threshold(noisy, 0.05**2)
+    oracle = min(
+        float(torch.dist(torch.sign(noisy) * (noisy.abs() - t * 0.05).clamp(min=0), signal))
+        for t in torch.linspace(0, 5, 501)
+    )
+    assert float(torch.dist(denoised, signal)) <= 1.05 * oracle
+    assert float(torch.dist(denoised, signal)) < 0.5 * float(torch.dist(noisy, signal))
+    dense = 10 * torch.randn(1000, generator=generator)
+    torch.testing.assert_close(sure_soft_threshold(dense, 1e-6), dense, atol=1e-2, rtol=0)
+    assert torch.equal(sure_soft_threshold(noisy, 0.0), noisy)
+
+
+def test_sure_handles_per_coordinate_variance_with_exact_zeros() -> None:
+    generator = torch.Generator().manual_seed(7)
+    signal = _sparse_tasks(1, 20_000, seed=8)[0]
+    std = torch.rand(20_000, generator=generator) * 0.1
+    std[:100] = 0.0
+    noisy = signal + std * torch.randn(20_000, generator=generator)
+    denoised = sure_soft_threshold(noisy, std.square())
+    assert torch.equal(denoised[:100], noisy[:100])  # noiseless coordinates are kept
+    assert float(torch.dist(denoised, signal)) < 0.6 * float(torch.dist(noisy, signal))
