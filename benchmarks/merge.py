@@ -33,6 +33,7 @@ METHODS = {
     "dp_aware": "  lambda: 0.3\n",
 }
 ADAPTERS = 4
+REPO = Path(__file__).resolve().parents[1]  # measure this checkout, whichever one is installed
 
 
 def _record(base_hash: str, names: list[str]) -> PrivacyRecord:
@@ -93,7 +94,7 @@ def run_once(workdir: Path, method: str, kind: str) -> tuple[float, float]:
     out = workdir / f"out_{kind}_{method}"
     command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)), str(out),
                "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

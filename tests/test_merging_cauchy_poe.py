@@ -9,6 +9,8 @@ from hf_dpmerge.merging.cauchy_poe import (
     cauchy_energy,
     cauchy_poe_delta,
     cauchy_poe_merge,
+    combine,
+    dual_iterates,
     fixed_point_iterates,
     thin_basis,
 )
@@ -98,6 +100,19 @@ def test_low_rank_path_equals_dense_path(rows: int, cols: int, count: int, rank:
     thin = cauchy_poe_delta(taus, gamma2, JITTER, 50, 1e-5, low_rank=True)
     dense = cauchy_poe_delta(taus, gamma2, JITTER, 50, 1e-5, low_rank=False)
     assert float((thin - dense).abs().max()) <= 1e-5 * float(dense.abs().max())
+
+
+def test_dual_path_gives_the_same_iterates_for_tall_full_rank_matrices() -> None:
+    taus = torch.randn(4, 400, 30, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    gamma2 = _gamma2(taus, 0.05)
+    primal = list(fixed_point_iterates(taus, gamma2, JITTER, 30, 1e-9))
+    dual = [combine(taus, y.reshape(4, 30, 30)) for y in dual_iterates(taus, gamma2, JITTER, 30, 1e-9)]
+    assert len(primal) == len(dual) > 2
+    for dense, lifted in zip(primal, dual):
+        assert float(torch.dist(lifted, dense) / torch.linalg.norm(dense)) < 1e-8
+    assert thin_basis(taus, max_width=64) is None  # so cauchy_poe_delta takes the dual path
+    merged = cauchy_poe_delta(taus, gamma2, JITTER, 30, 1e-9)
+    assert float(torch.dist(merged, primal[-1]) / torch.linalg.norm(primal[-1])) < 1e-8
 
 
 def test_thin_basis_refuses_full_rank_task_vectors() -> None:

@@ -83,10 +83,11 @@ def test_dersimonian_laird_recovers_the_between_adapter_variance() -> None:
     generator = torch.Generator().manual_seed(4)
     centre = torch.randn(100_000, generator=generator)
     spread, noise = 0.3, torch.tensor([0.2, 0.4, 0.6, 0.8])
-    taus = torch.stack([centre + spread * torch.randn(100_000, generator=generator)
-                        + s * torch.randn(100_000, generator=generator) for s in noise])
-    variances = (noise**2).reshape(-1, 1).expand_as(taus)
-    assert between_variance(taus, variances) == pytest.approx(spread**2, rel=0.05)
+    taus = [centre + spread * torch.randn(100_000, generator=generator)
+            + s * torch.randn(100_000, generator=generator) for s in noise]
+    assert between_variance(taus, list(noise**2)) == pytest.approx(spread**2, rel=0.05)
+    per_coordinate = [torch.full((100_000,), float(s**2)) for s in noise]
+    assert between_variance(taus, per_coordinate) == pytest.approx(between_variance(taus, list(noise**2)))
 
 
 def test_sure_threshold_is_near_the_oracle_and_spares_clean_signals() -> None:

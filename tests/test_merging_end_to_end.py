@@ -38,7 +38,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _mergekit_yaml(workdir: Path, config: str, out: str) -> subprocess.CompletedProcess[str]:
     (workdir / "config.yaml").write_text(config)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     script = Path(sys.executable).with_name("mergekit-yaml")
     return subprocess.run(
         [str(script), "config.yaml", out, "--lora-merge-cache", "cache", "--quiet"],

@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.merge_inputs import (
     RECORD_OVERRIDES,
-    adapter_factors,
+    adapter_weights,
     check_inputs,
     check_parameter_keys,
     input_noise_variance,
@@ -96,15 +96,20 @@ def test_noise_variance_uses_the_lora_factors_the_record_and_overrides(runs: Pat
     reference = _ref(runs)
     record = input_record(reference)
     lora = input_noise_variance(reference, QUERY, {})
-    factors = adapter_factors(runs / "sentiment" / "encoder_adapter")[QUERY]
+    adapter = adapter_weights(runs / "sentiment" / "encoder_adapter")
+    factors = adapter.factors[QUERY]
+    assert not adapter.trained  # the encoder export holds LoRA weights only
     assert factors.scaling == 2.0  # lora_alpha 8 / r 4
     expected = lora_noise_variance(factors.lora_a, factors.lora_b, 2.0, record.sum_lr_squared)
     torch.testing.assert_close(lora, expected)
-    assert input_noise_variance(reference, "bert.pooler.dense.weight", {}) == record.sum_lr_squared
+    assert input_noise_variance(reference, "bert.pooler.dense.weight", {}) == 0.0  # frozen: no noise
+    with_head = ModelReference.parse(f"{runs / 'base'}+{runs / 'sentiment' / 'adapter'}")
+    assert "classifier.weight" in adapter_weights(runs / "sentiment" / "adapter").trained
+    assert input_noise_variance(with_head, "classifier.weight", {}) == record.sum_lr_squared
     assert input_noise_variance(reference, QUERY, {"noise_std": 0.5}) == 0.25
     sgd = {"optimizer.name": "SGD", "optimizer.momentum": 0.5, "noise_multiplier": 2.0}
     expected_sgd = (2.0 * record.max_grad_norm / record.expected_batch_size) ** 2 * record.sum_lr_squared / 0.25
-    assert input_noise_variance(reference, "bert.pooler.dense.weight", sgd) == pytest.approx(expected_sgd)
+    assert input_noise_variance(with_head, "classifier.weight", sgd) == pytest.approx(expected_sgd)
     assert input_noise_variance(reference, QUERY, {"dp": False, "epsilon": float("inf")}) == 0.0
 
 

@@ -20,12 +20,13 @@ HOOK_FILES = ("_hf_dpmerge_mergekit.py", "_hf_dpmerge_mergekit.pth", "_hf_dpmerg
 
 
 def _python(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_installed_hook_files_match_the_repository() -> None:
-    installed = {Path(str(f)).name: f for f in importlib.metadata.files("hf_dpmerge") if Path(str(f)).name in HOOK_FILES}
+    files = importlib.metadata.files("hf_dpmerge") or []
+    installed = {Path(str(f)).name: f for f in files if Path(str(f)).name in HOOK_FILES}
     assert sorted(installed) == sorted(HOOK_FILES), "reinstall hf_dpmerge (pip install -e .)"
     for name, file in installed.items():
         assert Path(file.locate()).read_text() == (REPO / "mergekit_hook" / name).read_text(), name
@@ -84,3 +85,23 @@ def test_failed_merge_leaves_no_partial_output(tmp_path: Path, method: str, prep
 def test_guard_is_applied_once() -> None:
     guarded = guard_run_merge(_failing_merge)
     assert guard_run_merge(guarded) is guarded
+
+
+def test_kernels_via_mergekit_api_name_the_tensor_of_a_nan_input() -> None:
+    import torch
+    from mergekit.merge_methods import get, merge_tensors
+
+    from hf_dpmerge.merging.dp_aware import dp_aware_merge
+
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 4, generator=generator)
+    inputs = [base + torch.randn(6, 4, generator=generator) for _ in range(2)]
+    merged = merge_tensors([base, *inputs], "dp_aware", base_index=0, ids=["base", "a", "b"],
+                           parameters={"noise_std": [0.1, 0.0], "lambda": 0.5})
+    torch.testing.assert_close(merged, dp_aware_merge(base, inputs, [0.01, 0.0], weights=[1.0, 1.0], lam=0.5))
+    assert get("cauchy_poe").spec.reference_url == "https://arxiv.org/abs/2607.01689"
+    broken = inputs[1].clone()
+    broken[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"encoder.layer.0.query.weight: input b holds NaN"):
+        merge_tensors([base, inputs[0], broken], "cauchy_poe", base_index=0, ids=["base", "a", "b"],
+                      name="encoder.layer.0.query.weight")

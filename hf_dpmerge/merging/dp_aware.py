@@ -29,26 +29,29 @@ Weighting = Literal["task_arithmetic", "random_effects"]
 _TINY = 1e-30
 
 
-def between_variance(taus: torch.Tensor, variances: torch.Tensor) -> float:
+def between_variance(taus: Sequence[torch.Tensor], variances: Sequence[torch.Tensor]) -> float:
     """DerSimonian–Laird τ² pooled over coordinates: max(0, (Q − df) / Σ_k (Σw − Σw²/Σw)), w = 1/s²."""
-    weights = 1.0 / variances.double()
-    total = weights.sum(dim=0)
-    mean = (weights * taus.double()).sum(dim=0) / total
-    q = (weights * (taus.double() - mean).square()).sum()
-    df = mean.numel() * (taus.shape[0] - 1)
-    scale = (total - weights.square().sum(dim=0) / total).sum()
-    return max(0.0, float((q - df) / scale))
+    weights = [1.0 / v.double() for v in variances]
+    total = sum(weights)
+    mean = sum(w * t.double() for w, t in zip(weights, taus)) / total
+    q = sum(float((w * (t.double() - mean).square()).sum()) for w, t in zip(weights, taus))
+    df = mean.numel() * (len(taus) - 1)
+    scale = (total - sum(w.square() for w in weights) / total).expand(mean.shape).sum()
+    return max(0.0, (q - df) / float(scale))
 
 
 def _random_effects_coefficients(
-    taus: torch.Tensor, variances: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    if not bool((variances > 0).any()):
-        return weights / weights.sum(dim=0)
-    if not bool((variances > 0).all()):
+    taus: Sequence[torch.Tensor], variances: Sequence[torch.Tensor], weights: Sequence[float]
+) -> list[torch.Tensor]:
+    noisy = [bool((v > 0).any()) for v in variances]
+    if not any(noisy):
+        return [torch.tensor(w / sum(weights)) for w in weights]
+    if not all(bool((v > 0).all()) for v in variances):
         raise ValueError("random_effects weighting needs DP noise in every input or in none")
-    precision = weights / (variances + between_variance(taus, variances))
-    return precision / precision.sum(dim=0)
+    spread = between_variance(taus, variances)
+    precision = [w / (v + spread) for w, v in zip(weights, variances)]
+    total = sum(precision)
+    return [p / total for p in precision]
 
 
 def dp_aware_merge(
@@ -62,7 +65,8 @@ def dp_aware_merge(
     weighting: Weighting = "task_arithmetic",
 ) -> torch.Tensor:
     """Merge one tensor; ``variances[i]`` is s_i² of input i, a scalar or a tensor shaped like ``base``."""
-    noisy = [bool(torch.as_tensor(v).gt(0).any()) for v in variances]
+    variances = [torch.as_tensor(v, dtype=torch.float32) for v in variances]
+    noisy = [bool((v > 0).any()) for v in variances]
     if not any(noisy) and consensus == "none" and weighting == "task_arithmetic":
         deltas = torch.stack([tensor - base for tensor in finetuned])
         deltas.mul_(torch.tensor(weights, dtype=deltas.dtype).reshape(-1, *[1] * base.ndim))
@@ -71,14 +75,27 @@ def dp_aware_merge(
             mixed *= lam
         return (base + mixed).to(base.dtype)
     work = base.float()
-    taus = torch.stack([tensor.float() - work for tensor in finetuned])
-    var = torch.stack([torch.as_tensor(v, dtype=torch.float32).expand(base.shape) for v in variances])
-    denoised = torch.stack([sure_soft_threshold(t, v) if n else t for t, v, n in zip(taus, var, noisy)])
-    coefficient = torch.tensor(weights, dtype=torch.float32).reshape(-1, *[1] * base.ndim)
+
+    def estimate(index: int) -> torch.Tensor:
+        tau = finetuned[index].float() - work
+        return sure_soft_threshold(tau, variances[index]) if noisy[index] else tau
+
     if weighting == "random_effects":
-        coefficient = _random_effects_coefficients(taus, var, coefficient.expand_as(taus))
-    contribution = coefficient * denoised
-    if consensus == "precision_sign":
-        elected = torch.sign((denoised / (var + _TINY)).sum(dim=0))
-        contribution = contribution * (torch.sign(denoised) == elected)
-    return (work + lam * contribution.sum(dim=0)).to(base.dtype)
+        taus = [tensor.float() - work for tensor in finetuned]
+        coefficients = _random_effects_coefficients(taus, variances, weights)
+        del taus
+    else:
+        coefficients = [torch.tensor(weight) for weight in weights]
+    # the election needs every estimate at once; otherwise one at a time keeps memory flat
+    estimates = [estimate(i) for i in range(len(finetuned))] if consensus == "precision_sign" else None
+    elected = None
+    if estimates is not None:
+        elected = torch.sign(sum(e / (v + _TINY) for e, v in zip(estimates, variances)))
+    merged = torch.zeros_like(work)
+    for index, coefficient in enumerate(coefficients):
+        value = estimates[index] if estimates is not None else estimate(index)
+        contribution = coefficient * value
+        if elected is not None:
+            contribution *= torch.sign(value) == elected
+        merged += contribution
+    return torch.add(work, merged, alpha=lam).to(base.dtype)

@@ -112,16 +112,26 @@ class LoraFactors:
         return variance.T if self.fan_in_fan_out else variance
 
 
-def adapter_factors(adapter_dir: str | Path) -> dict[str, LoraFactors]:
-    """LoRA factors of a saved peft adapter, keyed by the base weight they modify."""
+@dataclasses.dataclass(frozen=True)
+class AdapterWeights:
+    """What a saved peft adapter changes, by base weight name: LoRA layers, and fully trained weights
+    (``modules_to_save`` heads, other PEFT parameters). Everything else stayed frozen, so carries no noise."""
+
+    factors: dict[str, LoraFactors]
+    trained: frozenset[str]
+    tensors: dict[str, torch.Tensor]
+
+
+def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
+    """The adapter saved in ``adapter_dir`` (cached until its weights file changes)."""
     directory = Path(adapter_dir)
     if not (directory / _ADAPTER_WEIGHTS).exists():
         raise FileNotFoundError(f"no {_ADAPTER_WEIGHTS} in {directory}")
-    return _load_factors(str(directory), _stamp(directory / _ADAPTER_WEIGHTS))
+    return _load_adapter(str(directory), _stamp(directory / _ADAPTER_WEIGHTS))
 
 
 @functools.lru_cache(maxsize=None)
-def _load_factors(adapter_dir: str, _stamp: tuple[int, int]) -> dict[str, LoraFactors]:
+def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
     from peft.utils.other import get_pattern_key
     from safetensors.torch import load_file
 
@@ -130,18 +140,20 @@ def _load_factors(adapter_dir: str, _stamp: tuple[int, int]) -> dict[str, LoraFa
     if config.get("peft_type") != "LORA" or config.get("use_dora"):
         raise ValueError(f"{directory}: only plain LoRA adapters have a noise model (not DoRA or other PEFT)")
     tensors = load_file(directory / _ADAPTER_WEIGHTS)
-    factors = {}
-    for key, lora_a in tensors.items():
-        if ".lora_A." not in key:
-            continue
-        module = key.split(".lora_A.")[0].removeprefix(_PEFT_PREFIX)
-        lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
-        patterns = config.get("alpha_pattern") or {}
-        alpha = float(patterns.get(get_pattern_key(patterns, module), config["lora_alpha"]))
-        rank = lora_a.shape[0]
-        scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-        factors[f"{module}.weight"] = LoraFactors(lora_a, lora_b, scaling, bool(config.get("fan_in_fan_out")))
-    return factors
+    factors, trained = {}, set()
+    for key, value in tensors.items():
+        module = key.removeprefix(_PEFT_PREFIX).rsplit(".", 1)[0]
+        if ".lora_A." in key:
+            module = module.removesuffix(".lora_A")
+            patterns = config.get("alpha_pattern") or {}
+            alpha = float(patterns.get(get_pattern_key(patterns, module), config["lora_alpha"]))
+            rank = value.shape[0]
+            scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+            lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
+            factors[f"{module}.weight"] = LoraFactors(value, lora_b, scaling, bool(config.get("fan_in_fan_out")))
+        elif ".lora_B." not in key:
+            trained.add(f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight")
+    return AdapterWeights(factors, frozenset(trained), tensors)
 
 
 def _missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
@@ -159,8 +171,9 @@ def input_noise_variance(
 ) -> torch.Tensor | float:
     """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
 
-    Order: the per-model ``noise_std``; the record (with overrides) through the optimizer formula, or the
-    LoRA factor formula for weights the adapter's LoRA layers modify; without a record, a robust MAD
+    Order: the per-model ``noise_std``; the record (with overrides) through the optimizer formula, or for
+    a LoRA adapter the factor formula for weights its LoRA layers modify and 0 for weights it leaves
+    frozen; without a record, a robust MAD
     estimate (median |τ − median τ| / 0.6745)² from the task vector ``estimate_from`` if given; else an error.
     """
     values = {key: value for key, value in overrides.items() if value is not None}
@@ -174,11 +187,12 @@ def input_noise_variance(
         deviation = (estimate_from - estimate_from.median()).abs().median()
         return float(deviation / _MAD_TO_STD) ** 2
     variance = parameter_noise_variance(apply_overrides(record, values))
-    if reference.lora and variance > 0:
-        factors = adapter_factors(input_directory(reference)).get(tensor_name)
-        if factors is not None:
-            return factors.noise_variance(variance)
-    return variance
+    if not reference.lora or variance == 0:
+        return variance
+    adapter = adapter_weights(input_directory(reference))
+    if tensor_name in adapter.factors:
+        return adapter.factors[tensor_name].noise_variance(variance)
+    return variance if tensor_name in adapter.trained else 0.0
 
 
 def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:
@@ -256,9 +270,10 @@ def _check_fingerprint(reference: ModelReference, record: PrivacyRecord, base_di
 
 def _check_weights(reference: ModelReference, base_shapes: Mapping[str, tuple[int, ...]]) -> None:
     if reference.lora:
-        for name, factor in adapter_factors(reference.lora.path).items():
-            check_finite(name, reference, factor.lora_a)
-            check_finite(name, reference, factor.lora_b)
+        adapter = adapter_weights(reference.lora.path)
+        for key, tensor in adapter.tensors.items():
+            check_finite(key, reference, tensor)
+        for name, factor in adapter.factors.items():
             rows, cols = factor.lora_b.shape[0], factor.lora_a.shape[1]
             shape = (cols, rows) if factor.fan_in_fan_out else (rows, cols)
             if base_shapes.get(name, shape) != shape:

@@ -49,7 +49,7 @@ def _overrides(parameters: Mapping[str, Any], reference: Any) -> dict[str, Any]:
 
 
 class _TaskVectorMethod(GroupMergeMethod):
-    """Shared plumbing: spec with a required base, per-input record overrides, finite-input check."""
+    """Shared plumbing: spec with a required base, per-input record overrides, finite-output check."""
 
     name: str
     pretty_name: str
@@ -73,9 +73,21 @@ class _TaskVectorMethod(GroupMergeMethod):
         if not group.non_base:
             return base
         name = group.metadata.name or "tensor"
+        # NaN/inf inputs make the merge fail or its output non-finite: check the output, then find the input
+        try:
+            merged = self.merge(name, base, group.non_base, parameters)
+        except ValueError:
+            self._check_inputs(name, group)
+            raise
+        if not bool(torch.isfinite(merged).all()):
+            self._check_inputs(name, group)
+            raise ValueError(f"{self.spec.name}: {name}: the merge produced NaN or infinite values")
+        return merged
+
+    @staticmethod
+    def _check_inputs(name: str, group: TensorGroup) -> None:
         for entry in group.entries:
             check_finite(name, entry.id, entry.tensor)
-        return self.merge(name, base, group.non_base, parameters)
 
     @abstractmethod
     def merge(
@@ -106,7 +118,9 @@ class CauchyPoEMethod(_TaskVectorMethod):
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
         return bool(shared.get("dp_calibrated", False)) and NOISE_STD not in {**shared, **per_model}
 
-    def merge(self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]) -> torch.Tensor:
+    def merge(
+        self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
+    ) -> torch.Tensor:
         variances = None
         if parameters["dp_calibrated"]:
             variances = [
@@ -147,7 +161,9 @@ class DPAwareMethod(_TaskVectorMethod):
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
         return shared.get("noise", "record") == "record" and NOISE_STD not in {**shared, **per_model}
 
-    def merge(self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]) -> torch.Tensor:
+    def merge(
+        self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
+    ) -> torch.Tensor:
         estimate = parameters["noise"] == "estimate"
         variances = [
             input_noise_variance(

@@ -45,7 +45,10 @@ def privacy_section(config: MergeConfiguration) -> str | None:
         if record is None:
             missing.append(str(reference))
             continue
-        overrides = {k: v for k, v in settings.items() if k in RECORD_OVERRIDES and isinstance(v, (bool, int, float, str))}
+        overrides = {
+            key: value for key, value in settings.items()
+            if key in RECORD_OVERRIDES and isinstance(value, (bool, int, float, str))
+        }
         records[str(reference)] = apply_overrides(record, overrides)
     if not records:
         return None
