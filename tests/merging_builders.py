@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hub_helpers import privacy_record
 from peft import LoraConfig, get_peft_model
 from tiny_models import save_tiny_bert, tiny_bert
 
@@ -17,29 +18,10 @@ from hf_dpmerge.privacy.record import PrivacyRecord
 HASHED = ["bert.encoder.layer.0.attention.self.query.weight", "bert.encoder.layer.1.attention.self.value.weight"]
 
 
-def make_record(**overrides: Any) -> PrivacyRecord:
-    values: dict[str, Any] = dict(
-        epsilon=8.0,
-        delta=1e-5,
-        accountant="prv",
-        noise_multiplier=0.8,
-        effective_noise_multiplier=0.8,
-        sample_rate=0.01,
-        steps=100,
-        max_grad_norm=1.0,
-        expected_batch_size=32,
-        num_samples=3200,
-        sam_mode="none",
-        sam_rho=0.0,
-        align_lambda=0.0,
-        optimizer={"name": "AdamW", "lr": 1e-3, "betas": [0.9, 0.999], "weight_decay": 0.0},
-        sum_lr_squared=1e-4,
-        base_model="tiny-bert",
-        base_model_hash=None,
-        versions={},
-    )
-    values.update(overrides)
-    return PrivacyRecord(**values)
+def make_record(task: str | None = None, **overrides: Any) -> PrivacyRecord:
+    """The hub tests' record, with ε = 8 and AdamW noise settings unless overridden."""
+    settings: dict[str, Any] = dict(epsilon=8.0, optimizer={"name": "AdamW", "lr": 1e-3}, sum_lr_squared=1e-4)
+    return privacy_record(task, **(settings | overrides))
 
 
 def save_base(directory: Path) -> Path:
