@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="mergekit YAML configuration (e.g. merge_configs/dp.yaml)")
     parser.add_argument("out_path", help="output directory for the merged model")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output directory")
+    parser.epilog = "Options after the two paths (--lora-merge-cache DIR, --cuda, ...) go to mergekit-yaml unchanged."
     parser.set_defaults(accepts_extra=True)
 
 
