@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "tokenize_task": "hf_dpmerge.data.tokenize",
     "compute_metrics": "hf_dpmerge.data.metrics",
     "default_model_path": "hf_dpmerge.data.model_path",
+    "load_sequence_classifier": "hf_dpmerge.modeling.mean_pooling",
+    "MeanPoolingBertForSequenceClassification": "hf_dpmerge.modeling.mean_pooling",
     "evaluate_runs": "hf_dpmerge.analysis.evaluation",
     "push_merged_model": "hf_dpmerge.hub.push",
     "build_model_card": "hf_dpmerge.hub.model_card",

@@ -143,3 +143,21 @@ def test_causal_lm_clipped_sum_matches_naive_loop(tmp_path):
     expected = naive_clipped_sum(model, trainer._params, examples, 0.1)
     for got, want in zip(released, expected):
         torch.testing.assert_close(got, want / trainer.expected_batch_size, rtol=1e-5, atol=1e-8)
+
+
+def test_head_learning_rate_steps_the_head_at_its_own_rate(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1, optim="sgd", head_learning_rate=0.5, lr_scheduler_type="constant")
+    optimizer = trainer.create_optimizer()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    grads = {}
+    optimizer.register_step_pre_hook(lambda opt, *_: grads.update(
+        {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}))
+    trainer.train()
+    rates = {n: float(((before[n] - p.detach()) * grads[n]).sum() / grads[n].pow(2).sum())
+             for n, p in trainer.model.named_parameters() if n in grads and grads[n].abs().sum() > 0}
+    head = [r for n, r in rates.items() if ".modules_to_save." in n]
+    lora = [r for n, r in rates.items() if "lora_" in n]
+    assert head and lora
+    assert all(r == pytest.approx(0.5, rel=1e-4) for r in head)
+    assert all(r == pytest.approx(1e-2, rel=1e-4) for r in lora)
+    assert trainer.privacy_record().optimizer["head_lr"] == 0.5

@@ -159,17 +159,16 @@ def _row(task: str, metric: str, eps: str, individual, merged, retention, interf
 
 def _quiet_from_pretrained(directory: Path, spec: TaskSpec):
     """A sequence classifier from ``directory`` sized for ``spec``; a head of another size is re-created."""
-    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
+
+    from hf_dpmerge.modeling import load_sequence_classifier
 
     labels = {"id2label": spec.id2label, "label2id": spec.label2id} if spec.label_names else {}
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # the re-created head is replaced right after; its warning is noise
     logging.disable_progress_bar()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            directory, num_labels=spec.num_labels, ignore_mismatched_sizes=True, **labels
-        )
+        model = load_sequence_classifier(directory, num_labels=spec.num_labels, ignore_mismatched_sizes=True, **labels)
     finally:
         logging.set_verbosity(verbosity)
         if bars:

@@ -227,13 +227,11 @@ import json
 
 from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification
+from hf_dpmerge.modeling import load_sequence_classifier  # honours config.classifier_pooling ("mean" | "cls")
 
 repo, task = "{repo_id}", "{task}"
 head_config = json.load(open(hf_hub_download(repo, "{HEADS_DIR}/" + task + "/{HEAD_CONFIG_NAME}")))
-model = AutoModelForSequenceClassification.from_pretrained(
-    repo, num_labels=head_config["num_labels"], ignore_mismatched_sizes=True
-)
+model = load_sequence_classifier(repo, num_labels=head_config["num_labels"], ignore_mismatched_sizes=True)
 head = load_file(hf_hub_download(repo, "{HEADS_DIR}/" + task + "/{HEAD_WEIGHTS_NAME}"))
 missing, unexpected = model.load_state_dict(head, strict=False)
 assert not unexpected

@@ -1,11 +1,14 @@
 """Reference-point alignment penalty on LoRA deltas (DP-Merging §4, adapted to LoRA; DESIGN-NOTES §4).
 
-    R(w) = λ · [ Σ_layers ‖ΔW‖_F²  +  Σ_heads ‖W − W_0‖_F² ],   ΔW = s·B·A  (s = α/r, or α/√r with rsLoRA)
+    R(w) = λ · Σ_layers ‖ΔW‖_F²,   ΔW = s·B·A  (s = α/r, or α/√r with rsLoRA)
 
     ‖s·B·A‖_F² = s² · Σ_ij (BᵀB)_ij (A Aᵀ)_ij
 
 uses r×r Gram matrices only and never materialises the d_out×d_in delta. R does not depend on data, so its
 gradient is added to the privatised gradient after the noise (post-processing; no privacy cost).
+Task heads (``modules_to_save``) are not penalised: each task keeps its own head and only the encoder's
+deltas are merged, so head drift does not enter the merge gap — and pulling a freshly initialised head back
+to its random start only slows the few, noisy DP steps it gets.
 """
 
 from __future__ import annotations
@@ -56,22 +59,6 @@ def lora_factors(model: nn.Module) -> Iterator[LoraFactor]:
             yield LoraFactor(f"{name}.{adapter}", lora_a, lora_b, float(module.scaling[adapter]))
 
 
-def head_pairs(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, torch.Tensor]]:
-    """(name, trainable copy, frozen original) for each ``modules_to_save`` parameter."""
-    from peft.utils import ModulesToSaveWrapper
-
-    for name, module in model.named_modules():
-        if not isinstance(module, ModulesToSaveWrapper):
-            continue
-        for adapter in module.active_adapters:
-            if adapter not in module.modules_to_save:
-                continue
-            originals = dict(module.original_module.named_parameters())
-            for pname, param in module.modules_to_save[adapter].named_parameters():
-                if param.requires_grad:
-                    yield f"{name}.{adapter}.{pname}", param, originals[pname].detach()
-
-
 def lora_delta_sq_norm(factor: LoraFactor) -> torch.Tensor:
     """‖s·B·A‖_F² from the r×r Grams BᵀB and AAᵀ."""
     gram_b = factor.lora_b.transpose(0, 1) @ factor.lora_b
@@ -80,9 +67,8 @@ def lora_delta_sq_norm(factor: LoraFactor) -> torch.Tensor:
 
 
 def alignment_penalty(model: nn.Module, align_lambda: float) -> torch.Tensor:
-    """λ·(Σ‖s·B·A‖_F² + Σ‖W_head − W_head,0‖_F²), differentiable w.r.t. the adapter parameters."""
+    """λ·Σ‖s·B·A‖_F², differentiable w.r.t. the LoRA factors."""
     terms = [lora_delta_sq_norm(f) for f in lora_factors(model)]
-    terms += [(param - original).pow(2).sum() for _, param, original in head_pairs(model)]
     if not terms:
-        raise UnsupportedAdapterError("the model has no LoRA layers or modules_to_save to align")
+        raise UnsupportedAdapterError("the model has no LoRA layers to align")
     return align_lambda * torch.stack(terms).sum()

@@ -43,6 +43,11 @@ class DPSAMConfig(TrainingArguments):
     )
     sam_rho: float = field(default=0.05, metadata={"help": "Sharpness-aware ascent radius ρ."})
     align_lambda: float = field(default=0.05, metadata={"help": "Alignment penalty λ on ‖ΔW‖² (0 disables)."})
+    head_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
+                  "A fresh head needs larger steps than the LoRA factors under DP noise."},
+    )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
     dp_seed: int | None = field(
         default=None,
@@ -57,6 +62,10 @@ class DPSAMConfig(TrainingArguments):
         problems = []
         if self.sam_mode not in SAM_MODES:
             problems.append(f"sam_mode must be one of {SAM_MODES}, got {self.sam_mode!r}")
+        if self.head_learning_rate is not None and not (
+            math.isfinite(self.head_learning_rate) and self.head_learning_rate > 0
+        ):
+            problems.append(f"head_learning_rate must be a positive number, got {self.head_learning_rate!r}")
         if not (math.isfinite(self.sam_rho) and self.sam_rho >= 0):
             problems.append(f"sam_rho must be a finite number ≥ 0, got {self.sam_rho}")
         if not (math.isfinite(self.align_lambda) and self.align_lambda >= 0):

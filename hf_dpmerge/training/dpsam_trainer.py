@@ -5,7 +5,7 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     B ~ Poisson(q) over the training set                         (one draw per step)
     e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)
     g̃ = (Σ_{i∈B} clip_C(∇ℓ_i(w + e)) + N(0, σ²C²I)) / B_exp    (per_example: each i ascends on its own)
-    w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (+ λ‖W_head − W_head,0‖²)
+    w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
 ``dp_privacy.json`` (:class:`~hf_dpmerge.privacy.record.PrivacyRecord`).
@@ -171,6 +171,22 @@ class DPSAMTrainer(Trainer):
             num_workers=self.args.dataloader_num_workers,
         )
 
+    # ------------------------------------------------------------------ optimizer
+    def create_optimizer(self):
+        """The stock optimizer; with ``head_learning_rate`` each param group is split so the task head
+        (peft ``modules_to_save``) steps at that rate. Encoder groups stay first: the privacy record's
+        Σ η² (used by the dp_aware merge) is the encoder's."""
+        optimizer = super().create_optimizer()
+        head_lr = self.args.head_learning_rate
+        if head_lr is None:
+            return optimizer
+        head = {id(p) for n, p in self.model.named_parameters() if p.requires_grad and ".modules_to_save." in n}
+        groups = [dict(g, params=[p for p in g["params"] if id(p) not in head]) for g in optimizer.param_groups]
+        groups += [dict(g, params=[p for p in g["params"] if id(p) in head], lr=head_lr)
+                   for g in optimizer.param_groups]
+        optimizer.param_groups = [g for g in groups if g["params"]]
+        return optimizer
+
     # ------------------------------------------------------------------ one step
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
@@ -275,6 +291,7 @@ class DPSAMTrainer(Trainer):
         optimizer_info = {
             "name": type(getattr(optimizer, "optimizer", optimizer)).__name__ if optimizer is not None else args.optim,
             "lr": args.learning_rate,
+            "head_lr": args.head_learning_rate if args.head_learning_rate is not None else args.learning_rate,
             "lr_scheduler": str(args.lr_scheduler_type),
             **hyper,
         }

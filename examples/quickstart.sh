@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole flow on the packaged defaults (README "main command"), run from anywhere:
+#   1. train one private LoRA adapter per task from one shared base     (examples/train_glue.py)
+#   2. merge the encoders with the DP-aware method                      (stock mergekit-yaml)
+#   3. per-task retention / interference of the merged model            (hf-dpmerge evaluate)
+#   4. stage the Hub release with its privacy model card, no upload     (hf-dpmerge push --dry-run)
+# Extra arguments go to train_glue.py (e.g. --target_epsilon 4). Outputs: runs/, merged/, merged-hub/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}"
+export TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
+TASKS="${TASKS:-rotten_tomatoes,election_tweets,reuters_r8,bbc_news}"
+MERGED="${MERGED:-merged}"
+if [ -e "$MERGED" ]; then
+  echo "quickstart: $MERGED already exists; remove it or set MERGED=<new dir>" >&2
+  exit 1
+fi
+
+accelerate launch --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
+mergekit-yaml merge_configs/dp.yaml "$MERGED" --lora-merge-cache runs/lora-cache
+hf-dpmerge evaluate --runs runs --merged "$MERGED" --tasks "$TASKS"
+hf-dpmerge push "$MERGED" --runs runs --tasks "$TASKS" --eval_json runs/eval/results.json --dry-run

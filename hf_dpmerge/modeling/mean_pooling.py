@@ -1,0 +1,109 @@
+"""Mean-pooling BERT sequence classifier and the loader that honours ``config.classifier_pooling``.
+
+Sentence encoders such as all-MiniLM-L6-v2 are trained on the masked token mean
+
+    h̄ = Σ_t m_t·h_t / Σ_t m_t        (m = attention mask, h_t = last hidden states)
+
+and their [CLS] → pooler path is untrained for that objective. Under DP-SGD the classifier must learn from
+few, noisy steps, so the head reads h̄ (``classifier_pooling = "mean"``, the field name ModernBERT uses).
+The weights keep ``BertForSequenceClassification``'s names and layout (the unused pooler included), so
+peft adapters, mergekit's ``base+adapter`` and the merged checkpoints stay plain BERT checkpoints; the
+pooling choice travels in ``config.json`` and :func:`load_sequence_classifier` picks the class from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import AutoConfig, AutoModelForSequenceClassification, BertForSequenceClassification
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+CLASSIFIER_POOLING_KEY = "classifier_pooling"
+
+
+def masked_mean(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1) over the sequence axis (all tokens when no mask is given)."""
+    if attention_mask is None:
+        return hidden_states.mean(dim=1)
+    mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)
+    return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
+    """``BertForSequenceClassification`` whose classifier reads the masked token mean instead of [CLS]."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        kwargs.pop("return_dict", None)
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(masked_mean(outputs.last_hidden_state, attention_mask)))
+        loss = None if labels is None else self._loss(logits, labels)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """Save as a plain ``BertForSequenceClassification`` checkpoint (same tensors, so mergekit and the Auto
+        classes know it); ``config.classifier_pooling = "mean"`` records how the head pools."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        config = copy.deepcopy(self.config)
+        config.architectures = [BertForSequenceClassification.__name__]
+        config.save_pretrained(save_directory)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        problem = self.config.problem_type
+        if problem is None:
+            integer = labels.dtype in (torch.long, torch.int)
+            problem = "regression" if self.num_labels == 1 else (
+                "single_label_classification" if integer else "multi_label_classification"
+            )
+            self.config.problem_type = problem
+        if problem == "regression":
+            return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+        if problem == "single_label_classification":
+            return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+
+
+def load_sequence_classifier(path: str | os.PathLike, **kwargs: Any) -> BertForSequenceClassification:
+    """``AutoModelForSequenceClassification.from_pretrained(path, **kwargs)``, or the mean-pooling BERT class
+    when ``classifier_pooling`` (a keyword, else the checkpoint's ``config.json``) is ``"mean"``.
+    Other keywords are config overrides or ``from_pretrained`` options, as for the Auto class."""
+    pooling = kwargs.pop(CLASSIFIER_POOLING_KEY, None)
+    config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _CONFIG_OVERRIDES}
+    config = AutoConfig.from_pretrained(path, **config_kwargs)
+    pooling = pooling or getattr(config, CLASSIFIER_POOLING_KEY, "cls")
+    if pooling not in ("cls", "mean"):
+        raise ValueError(f"{path}: classifier_pooling must be 'cls' or 'mean', got {pooling!r}")
+    setattr(config, CLASSIFIER_POOLING_KEY, pooling)
+    if pooling == "cls":
+        return AutoModelForSequenceClassification.from_pretrained(path, config=config, **kwargs)
+    if config.model_type != "bert":
+        raise ValueError(
+            f"{path}: classifier_pooling='mean' is implemented for BERT encoders, not {config.model_type!r}"
+        )
+    return MeanPoolingBertForSequenceClassification.from_pretrained(path, config=config, **kwargs)
+
+
+# config fields callers set when loading a classifier for a task
+_CONFIG_OVERRIDES = ("num_labels", "id2label", "label2id", "problem_type")
