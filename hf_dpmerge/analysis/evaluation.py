@@ -36,6 +36,7 @@ import torch
 
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec
+from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.privacy.record import PrivacyRecord
 
 ADAPTER_DIR = "adapter"
@@ -43,7 +44,6 @@ BASE_DIR = "base"
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"
 DEFAULT_MAX_LENGTH = 128
-_PEFT_PREFIX = "base_model.model."
 
 
 @dataclass
@@ -174,39 +174,6 @@ def _quiet_from_pretrained(directory: Path, spec: TaskSpec):
         if bars:
             logging.enable_progress_bar()
     return model.eval()
-
-
-def task_head_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The adapter's ``modules_to_save`` tensors (its task head), named as in the plain model."""
-    from peft.utils import load_peft_weights
-
-    weights = load_peft_weights(str(adapter_dir), device="cpu")
-    head = {}
-    for name, tensor in weights.items():
-        if "lora_" in name:
-            continue
-        name = name[len(_PEFT_PREFIX):] if name.startswith(_PEFT_PREFIX) else name
-        head[name.replace(".modules_to_save.default.", ".")] = tensor
-    if not head:
-        raise ValueError(f"{adapter_dir}: the adapter saves no task head; train it with the classifier in "
-                         "modules_to_save")
-    return head
-
-
-def attach_head(model: torch.nn.Module, head: dict[str, torch.Tensor], source: str = "adapter") -> None:
-    """Copy ``head`` into ``model`` in place, checking names and shapes and that whole modules are replaced."""
-    state = model.state_dict()
-    unknown = sorted(set(head) - set(state))
-    if unknown:
-        raise ValueError(f"{source}: head tensors {unknown} do not exist in the model")
-    wrong = [f"{n} {tuple(head[n].shape)} vs {tuple(state[n].shape)}" for n in head if head[n].shape != state[n].shape]
-    if wrong:
-        raise ValueError(f"{source}: head shapes differ from the model's: {wrong}")
-    modules = {name.rsplit(".", 1)[0] for name in head}
-    partial = sorted(n for n in state if n.rsplit(".", 1)[0] in modules and n not in head)
-    if partial:
-        raise ValueError(f"{source}: head replaces only part of its modules (missing {partial})")
-    model.load_state_dict(head, strict=False)
 
 
 def load_individual_model(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, spec: TaskSpec):

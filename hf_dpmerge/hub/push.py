@@ -32,12 +32,11 @@ from hf_dpmerge.hub.model_card import (
     build_model_card,
     load_eval_json,
 )
+from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
-_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
-_PEFT_PREFIX = "base_model.model."
 # Files of the merged directory that the release replaces or must not carry.
 _SKIP_MERGED = {"README.md"}
 
@@ -72,28 +71,6 @@ def _check_merged_dir(merged_dir: Path) -> None:
         raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
 
 
-def _load_adapter_state(adapter_dir: Path) -> dict[str, Any]:
-    for name in _ADAPTER_WEIGHTS:
-        path = adapter_dir / name
-        if not path.is_file():
-            continue
-        if name.endswith(".safetensors"):
-            from safetensors import SafetensorError
-            from safetensors.torch import load_file
-
-            try:
-                return load_file(str(path))
-            except (SafetensorError, OSError) as err:
-                raise PushError(f"{path}: unreadable adapter weights ({err})") from None
-        import torch
-
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - torch raises many types for corrupt pickles
-            raise PushError(f"{path}: unreadable adapter weights ({err})") from None
-    raise PushError(f"{adapter_dir} has no adapter weights ({' or '.join(_ADAPTER_WEIGHTS)})")
-
-
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
     sources: list[Any] = [record.extra.get("label_names"), record.extra.get("id2label")]
     config = adapter_dir / "config.json"
@@ -113,13 +90,6 @@ def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
     return None
 
 
-def _in_modules(name: str, modules: list[str]) -> bool:
-    """Whether parameter ``name`` lies in one of ``modules`` (matched as peft does, on whole path parts)."""
-    parts = name.split(".")
-    owners = [".".join(parts[:i]) for i in range(1, len(parts))]
-    return any(owner == m or owner.endswith("." + m) for owner in owners for m in modules)
-
-
 def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecord) -> tuple[dict, HeadInfo]:
     """The classifier head tensors saved in an adapter's ``modules_to_save``, named as in the base model.
 
@@ -127,33 +97,10 @@ def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecor
     tensors load into the task model with ``load_state_dict(head, strict=False)``.
     """
     adapter_dir = Path(adapter_dir)
-    config_path = adapter_dir / "adapter_config.json"
-    if not config_path.is_file():
-        raise PushError(f"{adapter_dir} is not a peft adapter: it has no adapter_config.json")
     try:
-        adapter_config = json.loads(config_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise PushError(f"{config_path}: corrupt adapter config ({err})") from None
-    modules = [m for m in (adapter_config.get("modules_to_save") or []) if isinstance(m, str)]
-    if not modules:
-        raise PushError(
-            f"adapter {adapter_dir} saves no classifier head (modules_to_save is empty): train it with "
-            "task_type SEQ_CLS so that each task keeps its own head"
-        )
-    state = _load_adapter_state(adapter_dir)
-    head: dict[str, Any] = {}
-    for key, tensor in state.items():
-        if "lora_" in key:
-            continue
-        name = key[len(_PEFT_PREFIX) :] if key.startswith(_PEFT_PREFIX) else key
-        name = name.replace(".modules_to_save.default.", ".")
-        if _in_modules(name, modules):
-            head[name] = tensor.detach().cpu().contiguous()
-    if not head:
-        raise PushError(
-            f"adapter {adapter_dir} has no tensors for its modules_to_save {modules}: nothing to release as "
-            f"the head of task {task!r}"
-        )
+        head = task_head_state(adapter_dir)
+    except TaskHeadError as err:
+        raise PushError(f"task {task!r}: {err}") from None
     labels = _label_names(adapter_dir, record)
     matrices = {k: v for k, v in head.items() if v.ndim == 2 and k.endswith("weight")}
     out_proj = [k for k in matrices if k.endswith("out_proj.weight")]
