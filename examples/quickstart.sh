@@ -4,12 +4,14 @@
 #   2. merge the encoders with the DP-aware method                      (stock mergekit-yaml)
 #   3. per-task retention / interference of the merged model            (hf-dpmerge evaluate)
 #   4. stage the Hub release with its privacy model card, no upload     (hf-dpmerge push --dry-run)
-# Extra arguments go to train_glue.py (e.g. --target_epsilon 4). Outputs: runs/, merged/, merged-hub/.
+# Extra arguments go to train_glue.py (e.g. --target_epsilon 4); TASKS, MERGE_CONFIG and MERGED override the
+# task list, the merge plan and the output. Outputs: runs/, merged/, merged-hub/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}"
 export TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
 TASKS="${TASKS:-rotten_tomatoes,election_tweets,reuters_r8,bbc_news}"
+MERGE_CONFIG="${MERGE_CONFIG:-merge_configs/dp.yaml}"
 MERGED="${MERGED:-merged}"
 if [ -e "$MERGED" ]; then
   echo "quickstart: $MERGED already exists; remove it or set MERGED=<new dir>" >&2
@@ -17,6 +19,6 @@ if [ -e "$MERGED" ]; then
 fi
 
 accelerate launch --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
-mergekit-yaml merge_configs/dp.yaml "$MERGED" --lora-merge-cache runs/lora-cache
+mergekit-yaml "$MERGE_CONFIG" "$MERGED" --lora-merge-cache runs/lora-cache
 hf-dpmerge evaluate --runs runs --merged "$MERGED" --tasks "$TASKS"
 hf-dpmerge push "$MERGED" --runs runs --tasks "$TASKS" --eval_json runs/eval/results.json --dry-run

@@ -16,11 +16,22 @@ REPO = Path(__file__).resolve().parents[1]
 TASKS = "rotten_tomatoes,bbc_news"
 
 
-def run(cmd, cwd):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+def run(cmd, cwd, **extra_env):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra_env}
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+TINY_TRAINING = ["--max_train_samples", "96", "--max_eval_samples", "32", "--per_device_train_batch_size", "16",
+                 "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--accountant", "rdp",
+                 "--dp_seed", "0"]
+
+
+def trim_merge_config(path: Path) -> None:
+    """Keep the plan's entries for the two tasks trained here."""
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(l for l in lines if not any(t in l for t in ("election_tweets", "reuters_r8"))) + "\n")
 
 
 @pytest.mark.slow
@@ -28,9 +39,7 @@ def test_readme_flow_on_tiny_settings(tmp_path):
     base_model = save_tiny_bert(tmp_path / "tiny-base")
     shutil.copytree(REPO / "merge_configs", tmp_path / "merge_configs")
     run([sys.executable, str(REPO / "examples" / "train_glue.py"), "--tasks", TASKS,
-         "--model_name_or_path", str(base_model), "--max_train_samples", "96", "--max_eval_samples", "32",
-         "--per_device_train_batch_size", "16", "--physical_batch_size", "8", "--max_steps", "3",
-         "--lora_r", "2", "--accountant", "rdp", "--dp_seed", "0"], cwd=tmp_path)
+         "--model_name_or_path", str(base_model), *TINY_TRAINING], cwd=tmp_path)
     for task in TASKS.split(","):
         record = PrivacyRecord.load(tmp_path / "runs" / task / "adapter")
         assert record.task == task and record.steps == 3 and 0 < record.epsilon <= 8.0
@@ -38,10 +47,7 @@ def test_readme_flow_on_tiny_settings(tmp_path):
         metrics = json.loads((tmp_path / "runs" / task / "eval_metrics.json").read_text())
         assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
 
-    config = (tmp_path / "merge_configs" / "dp.yaml").read_text()
-    trimmed = "\n".join(line for line in config.splitlines()
-                        if not any(t in line for t in ("election_tweets", "reuters_r8")))
-    (tmp_path / "merge_configs" / "dp.yaml").write_text(trimmed + "\n")
+    trim_merge_config(tmp_path / "merge_configs" / "dp.yaml")
     run(["mergekit-yaml", "merge_configs/dp.yaml", "merged", "--lora-merge-cache", "runs/lora-cache"], cwd=tmp_path)
     assert (tmp_path / "merged" / "config.json").exists()
 
@@ -54,3 +60,24 @@ def test_readme_flow_on_tiny_settings(tmp_path):
          "--eval_json", "runs/eval/results.json", "--dry-run", "--staging_dir", "staged"], cwd=tmp_path)
     card = (tmp_path / "staged" / "README.md").read_text()
     assert "rotten_tomatoes" in card and "-DP" in card
+
+
+@pytest.mark.slow
+def test_main_command_script_on_tiny_settings(tmp_path):
+    """examples/quickstart.sh (the README's main command) end to end, on a tiny model and two tasks."""
+    base_model = save_tiny_bert(tmp_path / "tiny-base")
+    project = tmp_path / "project"
+    for folder in ("examples", "merge_configs"):
+        shutil.copytree(REPO / folder, project / folder)
+    trim_merge_config(project / "merge_configs" / "dp.yaml")
+    done = run(["bash", "examples/quickstart.sh", "--model_name_or_path", str(base_model), *TINY_TRAINING],
+               cwd=project, TASKS=TASKS)
+    assert "retention" in done.stdout and "average" in done.stdout  # the printed table
+    results = json.loads((project / "runs" / "eval" / "results.json").read_text())
+    assert set(results["tasks"]) == set(TASKS.split(","))
+    card = (project / "merged-hub" / "README.md").read_text()
+    assert "rotten_tomatoes" in card and "bbc_news" in card and "-DP" in card
+    assert (project / "merged-hub" / "heads" / "bbc_news" / "head.safetensors").is_file()
+    # a second run refuses to overwrite the merged model it made
+    again = subprocess.run(["bash", "examples/quickstart.sh"], cwd=project, capture_output=True, text=True)
+    assert again.returncode == 1 and "merged already exists" in again.stderr
