@@ -9,6 +9,9 @@ All adapters start from one sequence-classification base saved once under ``<run
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
 ``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``), ``encoder_adapter/`` (LoRA only: what is
 merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
+
+Multi-process (``accelerate launch --num_processes N``): every process trains its share of each Poisson draw;
+the base, the adapters, the privacy record and the metrics are written once, by the main process.
 """
 
 from __future__ import annotations
@@ -118,11 +121,13 @@ def lora_layers(choice: str, num_layers: int) -> list[int] | None:
     return layers
 
 
-def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path) -> dict:
-    splits, spec = load_task(task, max_train_samples=script.max_train_samples,
-                             max_eval_samples=script.max_eval_samples, path=script.dataset_path)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
+def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path) -> dict | None:
+    """Train one task; returns its summary on the process that writes the outputs, None on the others."""
+    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
+        splits, spec = load_task(task, max_train_samples=script.max_train_samples,
+                                 max_eval_samples=script.max_eval_samples, path=script.dataset_path)
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
     model = load_sequence_classifier(
         base_dir, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
         ignore_mismatched_sizes=spec.num_labels != 2,
@@ -142,6 +147,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
     adapter_dir = out / "adapter"
     trainer.save_model(str(adapter_dir))
+    if not config.should_save:
+        return None
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
@@ -159,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
     script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
-    base_dir = shared_base(script)
+    with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
+        base_dir = shared_base(script)
     tasks = script.tasks.split(",") if script.tasks else [script.task]
     for task in tasks:
         train_task(task.strip(), script, config, base_dir)

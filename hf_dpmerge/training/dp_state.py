@@ -2,6 +2,11 @@
 
 Written beside every Trainer checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε
 instead of resetting it, and the next Poisson draw and noise are those of an uninterrupted run.
+
+In a multi-process run all of it is global: the accountant, g̃_{t−1} and Σ η² are identical on every process,
+the sampling generator runs identically everywhere, and only the main process draws noise. So the saving
+process writes one file and every process loads it on resume, whatever the number of processes either run had
+(the sample rate q = B_exp/N must match, which the accountant checks).
 """
 
 from __future__ import annotations
@@ -63,6 +68,6 @@ class DPStateCallback(TrainerCallback):
         return control
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if state.is_world_process_zero:
+        if args.should_save:
             save_dp_state(self.trainer, Path(args.output_dir) / f"checkpoint-{state.global_step}")
         return control

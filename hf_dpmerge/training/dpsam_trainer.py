@@ -9,6 +9,11 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
 ``dp_privacy.json`` (:class:`~hf_dpmerge.privacy.record.PrivacyRecord`).
+
+Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_train_batch_size·P and
+q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
+the clipped sums are all-reduced and the noise is added once (by the main process), so every process
+steps with the same g̃ and the accountant sees the single-process (q, σ_eff, steps).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.privacy.record import PrivacyRecord
 from hf_dpmerge.training.accounting import PrivacyAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
 from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
+from hf_dpmerge.training.cross_process import main_process_value, shared_seed, sum_over_processes
 from hf_dpmerge.training.dp_state import DP_STATE_NAME, DPStateCallback, load_dp_state
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.per_example_loss import per_example_loss
@@ -63,6 +69,13 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != args.world_size:
+            raise RuntimeError(
+                f"{launched} processes were launched (WORLD_SIZE) but this one is in a process group of "
+                f"{args.world_size}, so each would train and write on its own; on a machine without GPUs pass "
+                "--use_cpu (use_cpu=True) so that accelerate joins them over gloo"
+            )
 
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not named:
@@ -86,7 +99,8 @@ class DPSAMTrainer(Trainer):
         self.queries_per_step = 2 if args.sam_mode == "two_query" else 1
         self.sum_lr_squared = 0.0
         self.previous_gradient: list[torch.Tensor] | None = None
-        self.sample_generator = _generator(args.dp_seed)
+        # the global Poisson draw is made identically by every process; noise is drawn by the main one only
+        self.sample_generator = _generator(shared_seed(self.accelerator, args.dp_seed))
         device = self._params[0].device
         self.noise_generator = _generator(None if args.dp_seed is None else args.dp_seed + 1, device)
 
@@ -100,9 +114,15 @@ class DPSAMTrainer(Trainer):
     # ------------------------------------------------------------------ privacy set-up
     def _setup_privacy(self) -> None:
         args = self.args
-        if args.world_size > 1:
-            raise NotImplementedError(
-                "multi-process DP training is not supported yet: launch with a single process"
+        if args.n_gpu > 1:
+            raise ValueError(
+                f"one process sees {args.n_gpu} GPUs (torch DataParallel), which per-sample gradients do not "
+                "support: launch one process per GPU with `accelerate launch --num_processes N`"
+            )
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise ValueError(
+                "DP training needs whole per-sample gradients of every trainable parameter on each process: "
+                "DeepSpeed and FSDP shard them; use plain multi-process (DDP) launching"
             )
         self.delta = args.target_delta if args.target_delta is not None else 1 / (10 * self.num_samples)
         if self.delta >= 1 / self.num_samples and not args.allow_large_delta:
@@ -110,30 +130,12 @@ class DPSAMTrainer(Trainer):
                 f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_samples:g}: such a δ allows releasing "
                 "whole records; pick δ < 1/N or set allow_large_delta=True"
             )
-        if args.noise_multiplier is not None:
-            self.noise_multiplier = float(args.noise_multiplier)
-        else:
-            self.noise_multiplier = calibrate_noise_multiplier(
-                target_epsilon=args.target_epsilon,
-                target_delta=self.delta,
-                sample_rate=self.sample_rate,
-                steps=self.planned_steps,
-                accountant=args.accountant,
-                queries_per_step=self.queries_per_step,
-            )
+        # computed once, by the main process, so every process holds the same σ and step budget
+        self.noise_multiplier, self.allowed_steps = main_process_value(self.accelerator, self._calibrate)
         self.effective_noise_multiplier = self.noise_multiplier / math.sqrt(self.queries_per_step)
         self.accountant = PrivacyAccountant(
             args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta
         )
-        budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
-        self.allowed_steps = (
-            self.accountant.max_steps_within(budget, self.planned_steps) if budget is not None else self.planned_steps
-        )
-        if self.allowed_steps < self.planned_steps:
-            logger.warning(
-                "ε budget %.3g allows %d of the %d planned steps at σ=%.4g; training will stop there",
-                budget, self.allowed_steps, self.planned_steps, self.noise_multiplier,
-            )
         logger.info(
             "DP-SGD: N=%d, B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, δ=%.3g, accountant=%s",
             self.num_samples, self.expected_batch_size, self.sample_rate, self.planned_steps,
@@ -146,11 +148,39 @@ class DPSAMTrainer(Trainer):
             noise_multiplier=self.noise_multiplier,
             expected_batch_size=self.expected_batch_size,
             generator=self.noise_generator,
+            adds_noise=self.accelerator.is_main_process,
+            sum_over_processes=self._sum_over_processes,
         )
         if args.sam_mode != "per_example":
             self._grad_sample_module = GradSampleModule(
                 self.model, batch_first=True, loss_reduction="sum", strict=False
             )
+
+    def _calibrate(self) -> tuple[float, int]:
+        """σ (explicit, or calibrated to the target ε) and the number of steps the ε budget allows at σ."""
+        args = self.args
+        if args.noise_multiplier is not None:
+            noise_multiplier = float(args.noise_multiplier)
+        else:
+            noise_multiplier = calibrate_noise_multiplier(
+                target_epsilon=args.target_epsilon,
+                target_delta=self.delta,
+                sample_rate=self.sample_rate,
+                steps=self.planned_steps,
+                accountant=args.accountant,
+                queries_per_step=self.queries_per_step,
+            )
+        accountant = PrivacyAccountant(
+            args.accountant, noise_multiplier / math.sqrt(self.queries_per_step), self.sample_rate, self.delta
+        )
+        budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
+        allowed_steps = accountant.max_steps_within(budget, self.planned_steps) if budget is not None else self.planned_steps
+        if allowed_steps < self.planned_steps:
+            logger.warning(
+                "ε budget %.3g allows %d of the %d planned steps at σ=%.4g; training will stop there",
+                budget, allowed_steps, self.planned_steps, noise_multiplier,
+            )
+        return noise_multiplier, allowed_steps
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self) -> DataLoader:
@@ -169,6 +199,8 @@ class DPSAMTrainer(Trainer):
             steps=self.steps_per_epoch,
             generator=self.sample_generator,
             num_workers=self.args.dataloader_num_workers,
+            num_processes=self.args.world_size,
+            process_index=self.args.process_index,
         )
 
     # ------------------------------------------------------------------ optimizer
@@ -191,12 +223,22 @@ class DPSAMTrainer(Trainer):
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> torch.Tensor:
-        """One private (or like-for-like non-private) step; leaves g̃ + ∇R in ``p.grad``."""
+        """One private (or like-for-like non-private) step; leaves g̃ + ∇R in ``p.grad``.
+
+        Under multi-process launching Trainer wraps the model in DistributedDataParallel. The wrapper is kept for
+        what it does well (broadcasting the main process's initial weights at wrapping; Trainer's evaluation and
+        saving paths) but the forward passes here call the unwrapped model: DDP's reducer averages gradients
+        that ``.backward()`` accumulates, whereas this step takes per-sample gradients with
+        ``torch.autograd.grad``, sets ``p.grad`` itself and all-reduces the clipped sums once per query
+        (:class:`GradientPrivatizer`); skipping DDP's forward also skips its per-forward buffer broadcast and
+        unused-parameter search, which this step does not need.
+        """
         if self.accountant is not None and self.accountant.steps >= self.allowed_steps:
             raise PrivacyBudgetExhausted(
                 f"ε budget spent after {self.accountant.steps} steps (ε={self.accountant.epsilon():.3g}); "
                 "no further step is allowed"
             )
+        model = self.accelerator.unwrap_model(model)
         model.train()
         inputs = self._prepare_inputs(inputs)
         if "labels" not in inputs:
@@ -227,7 +269,8 @@ class DPSAMTrainer(Trainer):
         return loss
 
     def _query(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The (privatised, when dp) mean gradient of the draw at the current weights, and its mean loss."""
+        """The (privatised, when dp) mean gradient of the draw at the current weights, and its mean loss,
+        both over the whole draw (all processes' shares)."""
         labels = inputs["labels"]
         batch = labels.shape[0]
         features = {k: v for k, v in inputs.items() if k != "labels"}
@@ -262,10 +305,14 @@ class DPSAMTrainer(Trainer):
                 for total, g in zip(sums, params_grads):
                     if g is not None:
                         total.add_(g)
-        mean_loss = loss_total / max(batch, 1)
+        loss_total, count = self._sum_over_processes([loss_total, torch.tensor(float(batch), device=labels.device)])
+        mean_loss = loss_total / count.clamp(min=1)
         if self.privatizer is not None:
             return self.privatizer.release(), mean_loss
-        return [s / max(batch, 1) for s in sums], mean_loss
+        return [s / count.clamp(min=1) for s in self._sum_over_processes(sums)], mean_loss
+
+    def _sum_over_processes(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return sum_over_processes(self.accelerator, tensors)
 
     # ------------------------------------------------------------------ logging, saving, resuming
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -321,9 +368,9 @@ class DPSAMTrainer(Trainer):
         )
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the adapter as usual, plus ``dp_privacy.json`` beside it."""
+        """Save the adapter as usual, plus ``dp_privacy.json`` beside it (by the saving process only)."""
         super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
+        if self.args.should_save:
             self.privacy_record().save(output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):

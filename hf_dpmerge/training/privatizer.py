@@ -7,11 +7,17 @@ expected (public) Poisson batch size. Per-sample gradients come from opacus grad
 (``p.grad_sample``) or from torch.func; the sum is accumulated over physical micro-batches and the noise is
 drawn once per query. Unlike opacus's ``DPOptimizer`` this releases the privatised gradient without stepping,
 which DP-SAT and the two-query step need.
+
+With P processes each holds the clipped sum S_r of its share of the draw; as in opacus'
+``DistributedDPOptimizer``, only one process (``adds_noise``, the main one) adds N(0, σ²C²I), and one
+all-reduce gives every process Σ_r S_r + N(0, σ²C²I): the single-process mechanism, noise drawn once from
+one generator (so a seeded P-process run draws the same noise as the seeded 1-process run), and every
+process left with the same released gradient.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -26,8 +32,12 @@ class GradientPrivatizer:
         noise_multiplier: float,
         expected_batch_size: int,
         generator: torch.Generator | None = None,
+        adds_noise: bool = True,
+        sum_over_processes: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
     ):
         self.params = list(params)
+        self.adds_noise = adds_noise
+        self.sum_over_processes = sum_over_processes
         self.max_grad_norm = max_grad_norm
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
@@ -67,11 +77,16 @@ class GradientPrivatizer:
         return norms
 
     def release(self) -> list[torch.Tensor]:
-        """Add N(0, σ²C²) once to the clipped sum and divide by B_exp; resets the accumulator."""
+        """Add N(0, σ²C²) once to the clipped sum (summed over processes) and divide by B_exp; resets."""
         std = self.noise_multiplier * self.max_grad_norm
-        released = []
+        totals = []
         for total in self._sums:
-            noise = torch.normal(0.0, std, size=total.shape, generator=self.generator, device=total.device)
-            released.append((total + noise.to(total.dtype)) / self.expected_batch_size)
+            if self.adds_noise:
+                noise = torch.normal(0.0, std, size=total.shape, generator=self.generator, device=total.device)
+                totals.append(total + noise.to(total.dtype))
+            else:
+                totals.append(total.clone())
+        if self.sum_over_processes is not None:
+            totals = self.sum_over_processes(totals)
         self.reset()
-        return released
+        return [total / self.expected_batch_size for total in totals]
