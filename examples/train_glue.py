@@ -9,6 +9,7 @@ All adapters start from one sequence-classification base saved once under ``<run
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
 ``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``), ``encoder_adapter/`` (LoRA only: what is
 merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
+An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from transformers import (
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.merging.staging import staged_directory
+from hf_dpmerge.training.release import check_release_target
 
 # Defaults tuned for DP on the packaged MiniLM (large expected batches, constant lr, moderate C);
 # any of them can be overridden on the command line (later flags win).
@@ -66,6 +70,7 @@ class ScriptArguments:
     lora_alpha: int = field(default=16)
     lora_target_modules: str = field(default="query,value")
     base_seed: int = field(default=0, metadata={"help": "Seed of the shared base's (unused) head initialisation."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
 
 
 def shared_base(script: ScriptArguments) -> Path:
@@ -80,13 +85,17 @@ def shared_base(script: ScriptArguments) -> Path:
                 f"{base_dir} was built from {saved['source']!r}, not {source!r}: use another --runs_dir"
             )
         return base_dir
+    if base_dir.exists() and any(base_dir.iterdir()):
+        raise FileExistsError(
+            f"{base_dir} exists but was not built by this script (no {marker.name}): use another --runs_dir"
+        )
+    require_model_source(source)
     torch.manual_seed(script.base_seed)
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
-    tmp = base_dir.with_name(base_dir.name + ".tmp")
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
-    (tmp / "hf_dpmerge_base.json").write_text(json.dumps({"source": source, "seed": script.base_seed}))
-    tmp.rename(base_dir)
+    with staged_directory(base_dir) as staged:  # a killed run leaves no half-written base
+        model.save_pretrained(staged)
+        AutoTokenizer.from_pretrained(source).save_pretrained(staged)
+        (staged / marker.name).write_text(json.dumps({"source": source, "seed": script.base_seed}))
     return base_dir
 
 
@@ -112,7 +121,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
     adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir))
+    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length)
@@ -129,10 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
     script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
+    tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
+    for task in tasks:  # refuse to replace a release before training anything, not after
+        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
     base_dir = shared_base(script)
-    tasks = script.tasks.split(",") if script.tasks else [script.task]
     for task in tasks:
-        train_task(task.strip(), script, config, base_dir)
+        train_task(task, script, config, base_dir)
 
 
 if __name__ == "__main__":
