@@ -12,6 +12,7 @@ merged), ``eval_metrics.json`` (test split; evaluation on private data is not co
 
 Multi-process (``accelerate launch --num_processes N``): every process trains its share of each Poisson draw;
 the base, the adapters, the privacy record and the metrics are written once, by the main process.
+An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from transformers import (
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.merging.staging import staged_directory
+from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.modeling import load_sequence_classifier
 
 # Defaults tuned for DP on the packaged MiniLM on rotten_tomatoes' *validation* split (ε = 8): mean pooling,
@@ -81,11 +85,13 @@ class ScriptArguments:
         default=None,
         metadata={"help": "'mean' (masked token mean; BERT encoders) or 'cls' (pooler). Default: mean for BERT."},
     )
+    overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
 
 
 def shared_base(script: ScriptArguments) -> Path:
     """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
     source = script.model_name_or_path or str(default_model_path())
+    require_model_source(source)
     if script.classifier_pooling is None:
         script.classifier_pooling = "mean" if AutoConfig.from_pretrained(source).model_type == "bert" else "cls"
     base_dir = Path(script.runs_dir) / "base"
@@ -97,15 +103,18 @@ def shared_base(script: ScriptArguments) -> Path:
         if found != wanted:
             raise ValueError(f"{base_dir} was built as {found}, not {wanted}: use another --runs_dir")
         return base_dir
+    if base_dir.exists() and any(base_dir.iterdir()):
+        raise FileExistsError(
+            f"{base_dir} exists but was not built by this script (no {marker.name}): use another --runs_dir"
+        )
     torch.manual_seed(script.base_seed)
     model = load_sequence_classifier(source, num_labels=2, classifier_pooling=script.classifier_pooling)
-    tmp = base_dir.with_name(base_dir.name + ".tmp")
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
-    (tmp / "hf_dpmerge_base.json").write_text(json.dumps(
-        {"source": source, "seed": script.base_seed, "classifier_pooling": script.classifier_pooling}
-    ))
-    tmp.rename(base_dir)
+    with staged_directory(base_dir) as staged:  # a killed run leaves no half-written base
+        model.save_pretrained(staged)
+        AutoTokenizer.from_pretrained(source).save_pretrained(staged)
+        (staged / marker.name).write_text(json.dumps(
+            {"source": source, "seed": script.base_seed, "classifier_pooling": script.classifier_pooling}
+        ))
     return base_dir
 
 
@@ -146,7 +155,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
     adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir))
+    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     if not config.should_save:
         return None
     record = PrivacyRecord.load(adapter_dir)
@@ -166,11 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
     script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
+    tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
+    for task in tasks:  # refuse to replace a release before training anything, not after
+        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
-    tasks = script.tasks.split(",") if script.tasks else [script.task]
     for task in tasks:
-        train_task(task.strip(), script, config, base_dir)
+        train_task(task, script, config, base_dir)
 
 
 if __name__ == "__main__":

@@ -90,17 +90,26 @@ def test_shipped_merge_configs_run_on_the_training_layout(workdir: Path, name: s
     assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []  # no scratch left
 
 
-def test_cli_refuses_a_non_empty_output_unless_overwrite(workdir: Path, monkeypatch, capsys) -> None:
+def test_cli_replaces_only_a_previous_merge_and_only_with_overwrite(workdir: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(workdir)
     config = REPO / "merge_configs" / "task_arithmetic.yaml"
-    out = workdir / "occupied"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    assert main(["merge", str(config), str(out), "--lora-merge-cache", "runs/lora_cache", "--quiet"]) == 1
-    assert "pass --overwrite" in capsys.readouterr().err and (out / "keep.txt").exists()
-    assert main(["merge", str(config), str(out), "--overwrite", "--lora-merge-cache", "runs/lora_cache",
-                 "--quiet"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+
+    def merge(out: Path, *flags: str) -> int:
+        return main(["merge", str(config), str(out), *flags, "--lora-merge-cache", "runs/lora_cache", "--quiet"])
+
+    occupied = workdir / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    assert merge(occupied) == 1 and "pass --overwrite" in capsys.readouterr().err
+    assert merge(occupied, "--overwrite") == 1 and "holds no previous merge" in capsys.readouterr().err
+    assert sorted(p.name for p in occupied.iterdir()) == ["keep.txt"]
+
+    previous = workdir / "previous"
+    assert merge(previous) == 0
+    (previous / "stale.txt").write_text("from the first merge")
+    assert merge(previous) == 1 and "pass --overwrite" in capsys.readouterr().err
+    assert merge(previous, "--overwrite") == 0
+    assert not (previous / "stale.txt").exists() and (previous / "model.safetensors").exists()
 
 
 def _broken_adapter(workdir: Path, name: str) -> str:

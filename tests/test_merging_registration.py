@@ -64,22 +64,20 @@ def _failing_merge(config: SimpleNamespace, out_path: str, options: SimpleNamesp
 
 
 @pytest.mark.parametrize(("method", "prepare", "left"), [
-    ("dp_aware", None, None),                       # created by the merge: removed
-    ("cauchy_poe", "empty", []),                    # existed empty: emptied
-    ("dp_aware", "occupied", ["keep.txt", "model-00001-of-00002.safetensors"]),  # someone else's files: kept
-    ("ties", None, ["model-00001-of-00002.safetensors"]),  # mergekit's own methods behave as before
+    ("dp_aware", False, None),     # not there before: still not there
+    ("cauchy_poe", True, []),      # existed empty: still empty
+    ("ties", False, None),         # mergekit's own methods are written atomically too
 ])
-def test_failed_merge_leaves_no_partial_output(tmp_path: Path, method: str, prepare: str | None,
+def test_failed_merge_leaves_no_partial_output(tmp_path: Path, method: str, prepare: bool,
                                                left: list[str] | None) -> None:
     out = tmp_path / "out"
     if prepare:
         out.mkdir()
-        if prepare == "occupied":
-            (out / "keep.txt").write_text("mine")
     options = SimpleNamespace(lora_merge_cache=None, write_model_card=True)
     with pytest.raises(RuntimeError, match="boom"):
         guard_run_merge(_failing_merge)(_config(method), str(out), options=options)
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == left
+    assert [p.name for p in tmp_path.iterdir()] == (["out"] if prepare else [])  # no scratch left
 
 
 def test_guard_is_applied_once() -> None:

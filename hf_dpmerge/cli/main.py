@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, PermissionError, KeyError) as err:
+    except (ValueError, OSError, KeyError) as err:  # OSError: missing/existing paths, permissions, a full disk
         print(f"hf-dpmerge {args.verb}: error: {err}", file=sys.stderr)
         return 1
 

@@ -6,7 +6,7 @@
 - :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.model_card`: the
   README privacy section;
 - :mod:`.encoder_adapter`: an adapter's encoder LoRA weights without its task head; :mod:`.staging`:
-  atomic directory output.
+  atomic directory output; :mod:`.output_dir`: when an existing merge output may be replaced.
 
 Nothing here is imported by ``import hf_dpmerge``; mergekit is imported only by the modules that use it.
 """

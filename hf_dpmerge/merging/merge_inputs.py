@@ -5,8 +5,10 @@ record is found beside the adapter (``base+adapter``: ``adapter/dp_privacy.json`
 (``model/dp_privacy.json``). Per-model YAML ``parameters:`` may override any scalar record value (dict
 entries as ``optimizer.name`` etc.) or give the task vector's noise directly (``noise_std``). mergekit drops
 unknown YAML keys silently, so :func:`check_parameter_keys` rejects them; :func:`check_inputs` checks every
-input before anything is written: directories exist, records parse, each record's base fingerprint matches
-the merge base, shapes match the base, and no weight is NaN or infinite.
+input before anything is written: directories exist, adapters are plain LoRA, shapes match the base, no
+weight is NaN or infinite, every adapter is applied to the merge base's weights (no mixed bases), records
+parse and stay valid under the per-model overrides, each adapter's record is its own, and each record's base
+fingerprint matches the merge base.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
+from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, directory_base_tensors
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
@@ -138,7 +141,11 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
     directory = Path(adapter_dir)
     config = json.loads((directory / "adapter_config.json").read_text())
     if config.get("peft_type") != "LORA" or config.get("use_dora"):
-        raise ValueError(f"{directory}: only plain LoRA adapters have a noise model (not DoRA or other PEFT)")
+        kind = "a DoRA adapter (use_dora: true)" if config.get("use_dora") else f"a {config.get('peft_type')} adapter"
+        raise ValueError(
+            f"{directory} is {kind}: cauchy_poe and dp_aware support plain LoRA adapters only (their task "
+            "vector s·B·A and its noise model)"
+        )
     tensors = load_file(directory / _ADAPTER_WEIGHTS)
     factors, trained = {}, set()
     for key, value in tensors.items():
@@ -253,6 +260,50 @@ def check_parameter_keys(config: MergeConfiguration, shared: set[str], per_input
             )
 
 
+def _check_same_base(reference: ModelReference, base_dir: str) -> None:
+    """A ``model+adapter`` input must apply its adapter to the merge base's weights (one base per merge)."""
+    model_dir = reference.model.path
+    if os.path.realpath(model_dir) == os.path.realpath(base_dir):
+        return
+    names = sorted(adapter_weights(reference.lora.path).factors)
+    try:
+        same = base_fingerprint(directory_base_tensors(model_dir, names)) == base_fingerprint(
+            directory_base_tensors(base_dir, names)
+        )
+    except KeyError:
+        same = False
+    if not same:
+        raise ValueError(
+            f"input {reference} applies its adapter to {model_dir}, but the merge base is {base_dir} and the "
+            "weights the adapter modifies differ: mixed base models in one merge; give every input the merge base"
+        )
+
+
+def _with_overrides(reference: ModelReference, record: PrivacyRecord, settings: Mapping[str, Any]) -> PrivacyRecord:
+    """The record as the merge will use it: per-model YAML values in place, still valid."""
+    overrides = {k: v for k, v in settings.items() if k in RECORD_OVERRIDES and v is not None}
+    try:
+        return apply_overrides(record, overrides)
+    except (PrivacyRecordError, TypeError) as err:
+        raise PrivacyRecordError(f"input {reference}: its per-model parameters {overrides} give {err}") from None
+
+
+def _check_record_matches_adapter(reference: ModelReference, record: PrivacyRecord) -> None:
+    """The weights the record's base fingerprint covers are those the adapter's LoRA layers modify."""
+    if not record.base_model_hash_tensors:
+        return
+    adapter = adapter_weights(reference.lora.path)
+    covered = set(record.base_model_hash_tensors)
+    unrecorded = sorted(set(adapter.factors) - covered)
+    foreign = sorted(covered - set(adapter.factors) - adapter.trained)
+    if unrecorded or foreign:
+        raise PrivacyRecordError(
+            f"input {reference}: its {PRIVACY_RECORD_NAME} does not belong to this adapter: the adapter modifies "
+            f"{unrecorded} that the record does not cover, and the record covers {foreign} that the adapter "
+            "does not modify; copy the record that training saved with this adapter"
+        )
+
+
 def _check_fingerprint(reference: ModelReference, record: PrivacyRecord, base_dir: str) -> None:
     if not record.base_model_hash or not record.base_model_hash_tensors:
         warnings.warn(f"input {reference}: its privacy record has no base fingerprint; base not checked")
@@ -290,6 +341,26 @@ def _check_weights(reference: ModelReference, base_shapes: Mapping[str, tuple[in
             check_finite(name, reference, tensor)
 
 
+def _complete_model_dir(directory: Path) -> bool:
+    """config.json, every shard the index names, and each safetensors file whole (a killed write is not)."""
+    from safetensors import SafetensorError, safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        shards = [directory / name for name in set(json.loads(index.read_text())["weight_map"].values())]
+    else:
+        shards = list(directory.glob("*.safetensors"))
+    if not (directory / "config.json").exists() or not shards or not all(s.exists() for s in shards):
+        return False
+    for shard in shards:
+        try:
+            with safe_open(shard, "pt"):
+                pass
+        except SafetensorError:
+            return False
+    return True
+
+
 def drop_stale_lora_merges(config: MergeConfiguration, cache_dir: str) -> None:
     """Drop ``--lora-merge-cache`` entries older than their inputs, or incomplete, so mergekit rebuilds them.
 
@@ -306,7 +377,7 @@ def drop_stale_lora_merges(config: MergeConfiguration, cache_dir: str) -> None:
                    for f in Path(d).iterdir() if f.is_file()]
         built = [f.stat().st_mtime_ns for f in entry.iterdir() if f.suffix == ".safetensors"]
         stale = any(f.stat().st_mtime_ns > min(built) for f in sources) if built else True
-        if stale or not (entry / "config.json").exists():
+        if stale or not _complete_model_dir(entry):
             warnings.warn(f"{entry}: stale or incomplete LoRA merge cache entry for {reference}; rebuilding it")
             shutil.rmtree(entry)
 
@@ -324,6 +395,7 @@ def check_inputs(
             continue
         if base.lora:
             raise ValueError(f"base model {base} must be a plain model, not base+adapter")
+        require_model_source(base.model.path, "base model")
         base_dir = base.local_path()
         record = input_record(reference)
         if record is None and needs_noise(settings):
@@ -332,12 +404,14 @@ def check_inputs(
             raise FileNotFoundError(f"input {reference}: model directory {reference.model.path} does not exist")
         if reference.lora and not lora_cache:
             raise ValueError(f"input {reference} is base+adapter: pass --lora-merge-cache DIR")
-        if record is not None:
-            hash_override = settings.get("base_model_hash")
-            checked = apply_overrides(record, {"base_model_hash": hash_override}) if hash_override else record
-            for directory in {base_dir, reference.model.path if reference.lora else base_dir}:
-                _check_fingerprint(reference, checked, directory)
         if base_dir not in shapes:
             loader = LazyTensorLoader.from_disk(base_dir)
             shapes[base_dir] = {name: tuple(loader.get_tensor(name).shape) for name in loader.index.tensor_paths}
         _check_weights(reference, shapes[base_dir])
+        if reference.lora:
+            _check_same_base(reference, base_dir)
+        if record is not None:
+            checked = _with_overrides(reference, record, settings)
+            if reference.lora:
+                _check_record_matches_adapter(reference, checked)
+            _check_fingerprint(reference, checked, base_dir)

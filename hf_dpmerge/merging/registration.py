@@ -3,20 +3,21 @@
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
 imported and :func:`on_merge_import` right after ``mergekit.merge``. The second wraps
-``mergekit.merge.run_merge`` (which ``mergekit-yaml`` imports from there): for ``cauchy_poe`` and ``dp_aware``
-every input is checked before anything is written and a failed merge leaves no partial output directory;
-for any method, stale ``--lora-merge-cache`` entries are dropped, and when inputs carry privacy records the
-model card gets a privacy section.
+``mergekit.merge.run_merge`` (which ``mergekit-yaml`` imports from there). For any method: an unknown method
+name is refused up front, a non-empty output directory is refused unless overwriting a previous merge was
+asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at the
+end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and when
+inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and ``dp_aware``
+every input is also checked before anything is written.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
-import shutil
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 _WRAPPED = "__hf_dpmerge_guarded__"
@@ -31,11 +32,23 @@ def register_methods() -> None:
     importlib.import_module("hf_dpmerge.merging.methods")
 
 
+def check_method_name(name: str) -> None:
+    """Refuse a ``merge_method`` mergekit does not know (it would fail only after loading every input)."""
+    from mergekit.merge_methods import registered_methods
+
+    known = sorted(method.spec.name for method in registered_methods())
+    if name not in known:
+        close = difflib.get_close_matches(name, known, 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown merge_method {name!r}{hint}; known methods: {known}")
+
+
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
-    """For our methods: reject unknown YAML keys and bad inputs before any output exists."""
+    """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.merge_inputs import check_inputs, check_parameter_keys
     from hf_dpmerge.merging.methods import METHODS
 
+    check_method_name(merge_config.merge_method)
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
     if method is None:
         return
@@ -48,41 +61,29 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
-def _clear(out_path: Path, existed: bool) -> None:
-    if not existed:
-        shutil.rmtree(out_path, ignore_errors=True)
-        return
-    for child in out_path.iterdir():
-        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-
-
 def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
-    """``run_merge`` with the checks above, clean-up of a failed merge's output, and the privacy card."""
+    """``run_merge`` with the output-directory policy, the checks above, atomic output and the privacy card."""
     if getattr(run_merge, _WRAPPED, False):
         return run_merge
 
     @functools.wraps(run_merge)
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
         from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
-        from hf_dpmerge.merging.methods import METHODS
         from hf_dpmerge.merging.model_card import append_privacy_section
+        from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
+        from hf_dpmerge.merging.staging import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
-        ours = merge_config.merge_method in {m.spec.name for m in METHODS}
-        target = Path(out_path)
-        existed = target.exists()
-        was_empty = not existed or (target.is_dir() and not any(target.iterdir()))
+        check_merge_output(out_path, overwrite_requested())
         check_config(merge_config, options.lora_merge_cache)
         if options.lora_merge_cache:
             drop_stale_lora_merges(merge_config, options.lora_merge_cache)
-        try:
-            result = run_merge(merge_config, out_path, *args, **kwargs)
-        except BaseException:
-            if ours and was_empty:
-                _clear(target, existed)
-            raise
-        if options.write_model_card:
-            append_privacy_section(out_path, merge_config)
+        with staged_directory(out_path) as staged:  # same basename: mergekit titles the model card after it
+            result = run_merge(merge_config, str(staged), *args, **kwargs)
+            if not staged.is_dir():
+                raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
+            if options.write_model_card:
+                append_privacy_section(str(staged), merge_config)
         return result
 
     setattr(guarded, _WRAPPED, True)

@@ -1,7 +1,12 @@
-"""Atomic directory output: build a directory beside its target, then rename it into place."""
+"""Atomic directory output: build a directory beside its target, then rename it into place.
+
+A process killed mid-write leaves only a hidden ``.<name>.incomplete-*`` scratch directory beside the
+target, never a complete-looking ``<name>``.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,16 +20,22 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
 
     If the block succeeds and created it, it replaces ``target`` (an existing ``target`` is moved aside
     first and restored if the final rename fails). The scratch dir is removed either way, so a failure
-    leaves ``target`` untouched and nothing else behind.
+    leaves ``target`` untouched and nothing else behind. An ``OSError`` that names no file (a full disk:
+    ``ENOSPC`` from a write) is re-raised naming ``target``.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.incomplete-", dir=target.parent))
     staged = scratch / target.name
     try:
-        yield staged
+        try:
+            yield staged
+        except OSError as err:
+            if err.filename is not None or err.errno is None:
+                raise
+            raise type(err)(err.errno, f"{err.strerror or os.strerror(err.errno)} while writing {target}") from err
         if staged.exists():
-            previous = scratch / "previous"
+            previous = scratch / f"{target.name}.previous"
             if target.exists():
                 target.rename(previous)
             try:

@@ -1,7 +1,12 @@
 """DP state in checkpoints: accountant history, g̃_{t−1} (dp_sat), Σ η², and sampling/noise generators.
 
-Written beside every Trainer checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε
-instead of resetting it, and the next Poisson draw and noise are those of an uninterrupted run.
+Written into every Trainer checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε
+instead of resetting it, and the next Poisson draw and noise are those of an uninterrupted run. It is
+written with the checkpoint's model, before the optimizer and ``trainer_state.json``, which the Trainer
+writes last and before it deletes older checkpoints; so a checkpoint is complete when it holds both, and
+a process killed while writing one leaves an earlier complete checkpoint to resume from. The noise
+generator's state would let anyone who holds it recompute past noise, so it is written into checkpoints
+only, never beside a released or pushed adapter.
 
 In a multi-process run all of it is global: the accountant, g̃_{t−1} and Σ η² are identical on every process,
 the sampling generator runs identically everywhere, and only the main process draws noise. So the saving
@@ -17,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 if TYPE_CHECKING:
     from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
@@ -41,6 +48,12 @@ def save_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
     os.replace(tmp, target)
 
 
+def save_checkpoint_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
+    """``save_dp_state`` when ``directory`` is the Trainer's checkpoint of the current step (not push_to_hub's)."""
+    if Path(directory).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
+        save_dp_state(trainer, directory)
+
+
 def load_dp_state(trainer: DPSAMTrainer, path: str | os.PathLike) -> None:
     state = torch.load(path, weights_only=False)
     if (state["accountant"] is None) != (trainer.accountant is None):
@@ -53,8 +66,29 @@ def load_dp_state(trainer: DPSAMTrainer, path: str | os.PathLike) -> None:
     trainer.noise_generator.set_state(state["noise_generator"])
 
 
+def missing_checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
+    """The files a complete checkpoint has and ``checkpoint`` lacks."""
+    return [name for name in (DP_STATE_NAME, TRAINER_STATE_NAME) if not (Path(checkpoint) / name).is_file()]
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path:
+    """The highest-step ``checkpoint-N`` in ``output_dir`` that holds both DP and Trainer state."""
+    directory = Path(output_dir)
+    steps = sorted(
+        (int(p.name.rsplit("-", 1)[1]), p)
+        for p in (directory.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if directory.is_dir() else [])
+        if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()
+    )
+    for _, checkpoint in reversed(steps):
+        if not missing_checkpoint_files(checkpoint):
+            return checkpoint
+    raise ValueError(
+        f"no complete checkpoint (with {DP_STATE_NAME} and {TRAINER_STATE_NAME}) in {directory} to resume from"
+    )
+
+
 class DPStateCallback(TrainerCallback):
-    """Saves the DP state with each checkpoint and stops training before the ε budget is exceeded."""
+    """Stops training before the ε budget is exceeded."""
 
     def __init__(self, trainer: DPSAMTrainer):
         self.trainer = trainer
@@ -65,9 +99,4 @@ class DPStateCallback(TrainerCallback):
             if state.global_step < state.max_steps:
                 self.trainer.log({"dp_budget_exhausted": 1.0})
             control.should_training_stop = True
-        return control
-
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if args.should_save:
-            save_dp_state(self.trainer, Path(args.output_dir) / f"checkpoint-{state.global_step}")
         return control

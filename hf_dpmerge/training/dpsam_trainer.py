@@ -32,18 +32,26 @@ from opacus import GradSampleModule
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import Trainer
-from transformers.trainer_utils import get_last_checkpoint
 
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.privacy.record import PrivacyRecord
 from hf_dpmerge.training.accounting import PrivacyAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
 from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
 from hf_dpmerge.training.cross_process import main_process_value, shared_seed, sum_over_processes
-from hf_dpmerge.training.dp_state import DP_STATE_NAME, DPStateCallback, load_dp_state
+from hf_dpmerge.training.dp_state import (
+    DP_STATE_NAME,
+    DPStateCallback,
+    last_complete_checkpoint,
+    load_dp_state,
+    missing_checkpoint_files,
+    save_checkpoint_dp_state,
+)
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.input_checks import check_adapter_type, check_finite_step, check_labels
 from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import poisson_dataloader
 from hf_dpmerge.training.privatizer import GradientPrivatizer
+from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sharpness import ascent_step, per_example_sam_grads, perturbed
 
 logger = logging.getLogger(__name__)
@@ -80,6 +88,8 @@ class DPSAMTrainer(Trainer):
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters: wrap it with peft.get_peft_model first")
+        check_adapter_type(self.model, args.dp, args.sam_mode)
+        check_labels(train_dataset, self.model, args.label_names)
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
         if args.align_lambda > 0:
@@ -261,6 +271,7 @@ class DPSAMTrainer(Trainer):
                 penalty = alignment_penalty(model, self.args.align_lambda)
                 penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
             gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
+        check_finite_step(self.state.global_step + 1, loss, gradient, self._param_names)
         for p, g in zip(self._params, gradient):
             p.grad = g.to(p.dtype)
         if self.accountant is not None:
@@ -367,21 +378,35 @@ class DPSAMTrainer(Trainer):
             queries_per_step=self.queries_per_step,
         )
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the adapter as usual, plus ``dp_privacy.json`` beside it (by the saving process only)."""
-        super().save_model(output_dir, _internal_call)
-        if self.args.should_save:
-            self.privacy_record().save(output_dir or self.args.output_dir)
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
+        """Save the adapter with its ``dp_privacy.json``: into a checkpoint (with ``dp_state.pt``) when the
+        Trainer checkpoints, else as a release (atomic; finite weights only; replacing one needs ``overwrite``)."""
+        output_dir = output_dir or self.args.output_dir
+        if _internal_call:  # a checkpoint, or push_to_hub's save
+            super().save_model(output_dir, _internal_call)
+            if self.args.should_save:
+                self.privacy_record().save(output_dir)
+                save_checkpoint_dp_state(self, output_dir)
+            return
+        check_finite_weights(self._param_names, self._params)
+        if not self.args.should_save:  # non-writer ranks take part in gathering the weights, write nothing
+            super().save_model(output_dir)
+            return
+        release_adapter(output_dir, self._write_release, overwrite)
+
+    def _write_release(self, directory: Path) -> None:
+        super().save_model(str(directory))
+        self.privacy_record().save(directory)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
         """Train; when resuming, the accountant history, g̃_{t−1}, Σ η² and generators continue."""
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"no checkpoint found in {self.args.output_dir} to resume from")
+        if resume_from_checkpoint is True:  # the last checkpoint a killed run finished writing
+            resume_from_checkpoint = str(last_complete_checkpoint(self.args.output_dir))
         if resume_from_checkpoint:
-            state_file = Path(resume_from_checkpoint) / DP_STATE_NAME
-            if not state_file.exists():
-                raise FileNotFoundError(f"{state_file} is missing: cannot continue the privacy accounting")
-            load_dp_state(self, state_file)
+            if missing := missing_checkpoint_files(resume_from_checkpoint):
+                raise FileNotFoundError(
+                    f"checkpoint {resume_from_checkpoint} lacks {missing}: it is not a complete DPSAMTrainer "
+                    "checkpoint (interrupted while being written?); cannot continue the privacy accounting"
+                )
+            load_dp_state(self, Path(resume_from_checkpoint) / DP_STATE_NAME)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

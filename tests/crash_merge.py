@@ -1,0 +1,32 @@
+"""``mergekit-yaml`` that blocks once the merged model's weights and config.json are written, until killed.
+
+``python crash_merge.py MARKER CONFIG OUT [mergekit-yaml options]`` runs mergekit-yaml's own command line
+(the hf_dpmerge start-up hook is active as for the installed script). When the merge has written its
+weights and saves the output's config.json (where a non-atomic writer would leave a complete-looking model
+at OUT), it creates the file MARKER and sleeps.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import mergekit.scripts.run_yaml as run_yaml
+from transformers import PretrainedConfig
+
+MARKER, OUT = Path(sys.argv[1]), Path(sys.argv[3])
+_save_pretrained = PretrainedConfig.save_pretrained
+
+
+def save_then_pause(self: PretrainedConfig, save_directory: str, *args, **kwargs):
+    result = _save_pretrained(self, save_directory, *args, **kwargs)
+    if Path(save_directory).name == OUT.name:  # the merge output, not a --lora-merge-cache entry
+        MARKER.touch()
+        time.sleep(600)
+    return result
+
+
+if __name__ == "__main__":
+    PretrainedConfig.save_pretrained = save_then_pause
+    run_yaml.main(sys.argv[2:])
