@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from peft import LoraConfig, get_peft_model
 from transformers import (
     AutoConfig,
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         base_dir = shared_base(script)
     for task in tasks:
         train_task(task, script, config, base_dir)
+    PartialState().destroy_process_group()  # multi-process: no gloo/NCCL threads left running at exit
 
 
 if __name__ == "__main__":

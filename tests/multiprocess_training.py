@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 import torch.multiprocessing as mp
 from training_helpers import collate, make_trainer, text_dataset
 
@@ -128,6 +129,7 @@ def _process(rank: int, world_size: int, port: int, out: str, single_process_che
     torch.set_num_threads(1)
     results = two_process_scenarios(Path(out), single_process_checkpoint)
     torch.save(results, Path(out) / f"rank{rank}.pt")
+    PartialState().destroy_process_group()  # leave no gloo threads running at exit
 
 
 def spawn_two_processes(out: Path, single_process_checkpoint: str) -> list[dict[str, Any]]:
@@ -139,3 +141,4 @@ if __name__ == "__main__":  # accelerate launch --num_processes 2 --cpu tests/mu
     target = Path(sys.argv[1])
     result = training_run(target, PER_PROCESS_BATCH)
     torch.save(result, target / f"rank{int(os.environ['RANK'])}.pt")
+    PartialState().destroy_process_group()
