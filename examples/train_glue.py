@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -31,6 +30,7 @@ from transformers import (
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 
 # Defaults tuned for DP on the packaged MiniLM (large expected batches, constant lr, moderate C);
 # any of them can be overridden on the command line (later flags win).
@@ -95,15 +95,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                              max_eval_samples=script.max_eval_samples, path=script.dataset_path)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        base_dir, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
-        ignore_mismatched_sizes=spec.num_labels != 2,
-        problem_type="regression" if spec.is_regression else "single_label_classification",
-    )
-    model = get_peft_model(model, LoraConfig(
-        r=script.lora_r, lora_alpha=script.lora_alpha, target_modules=script.lora_target_modules.split(","),
-        modules_to_save=["classifier"], task_type="SEQ_CLS",
-    ))
+    model = lora_sequence_classifier(base_dir, spec, r=script.lora_r, alpha=script.lora_alpha,
+                                     target_modules=script.lora_target_modules.split(","))
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
     trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],

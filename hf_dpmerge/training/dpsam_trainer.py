@@ -31,7 +31,12 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.accounting import PrivacyAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
+from hf_dpmerge.training.accounting import (
+    PrivacyAccountant,
+    PrivacyBudgetExhausted,
+    calibrate_noise_multiplier,
+    resolve_delta,
+)
 from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
 from hf_dpmerge.training.dp_state import DP_STATE_NAME, DPStateCallback, load_dp_state
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -104,7 +109,7 @@ class DPSAMTrainer(Trainer):
             raise NotImplementedError(
                 "multi-process DP training is not supported yet: launch with a single process"
             )
-        self.delta = args.target_delta if args.target_delta is not None else 1 / (10 * self.num_samples)
+        self.delta = resolve_delta(args.target_delta, self.num_samples)
         if self.delta >= 1 / self.num_samples and not args.allow_large_delta:
             raise ValueError(
                 f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_samples:g}: such a δ allows releasing "
