@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from peft import LoraConfig, get_peft_model
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -38,8 +37,9 @@ from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, l
 from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
-from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from hf_dpmerge.training.release import check_release_target
 
 # Defaults tuned for DP on the packaged MiniLM on rotten_tomatoes' *validation* split (ε = 8): mean pooling,
 # LoRA on the top half of the layers, a 10× larger head learning rate, constant lr (see README "Tuning").
@@ -119,18 +119,6 @@ def shared_base(script: ScriptArguments) -> Path:
     return base_dir
 
 
-def lora_layers(choice: str, num_layers: int) -> list[int] | None:
-    """The layer indices given LoRA: None (= all) for 'all', the upper ⌈L/2⌉ for 'top_half', else a list."""
-    if choice == "all":
-        return None
-    if choice == "top_half":
-        return list(range(num_layers // 2, num_layers))
-    layers = [int(i) for i in choice.split(",")]
-    if not layers or any(not 0 <= i < num_layers for i in layers):
-        raise ValueError(f"--lora_layers {choice!r}: indices must lie in [0, {num_layers})")
-    return layers
-
-
 def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path) -> dict | None:
     """Train one task; returns its summary on the process that writes the outputs, None on the others."""
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
@@ -138,16 +126,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                                  max_eval_samples=script.max_eval_samples, path=script.dataset_path)
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
-    model = load_sequence_classifier(
-        base_dir, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
-        ignore_mismatched_sizes=spec.num_labels != 2,
-        problem_type="regression" if spec.is_regression else "single_label_classification",
-    )
-    model = get_peft_model(model, LoraConfig(
-        r=script.lora_r, lora_alpha=script.lora_alpha, target_modules=script.lora_target_modules.split(","),
-        layers_to_transform=lora_layers(script.lora_layers, model.config.num_hidden_layers),
-        modules_to_save=["classifier"], task_type="SEQ_CLS",
-    ))
+    model = lora_sequence_classifier(base_dir, spec, r=script.lora_r, alpha=script.lora_alpha,
+                                     target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
     trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],

@@ -12,10 +12,10 @@ from transformers import DataCollatorWithPadding
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer
 
 
-def lora_classifier(seed: int = 0, **lora_kwargs: Any):
+def lora_classifier(seed: int = 0, num_labels: int = 2, **lora_kwargs: Any):
     config = dict(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"], task_type="SEQ_CLS")
     config.update(lora_kwargs)
-    return get_peft_model(tiny_bert(seed=seed), LoraConfig(**config))
+    return get_peft_model(tiny_bert(num_labels=num_labels, seed=seed), LoraConfig(**config))
 
 
 def text_dataset(copies: int = 25) -> Dataset:

@@ -11,6 +11,7 @@ VERBS: dict[str, str] = {
     "merge": "hf_dpmerge.cli.merge_command",
     "evaluate": "hf_dpmerge.cli.evaluate_command",
     "push": "hf_dpmerge.cli.push_command",
+    "audit": "hf_dpmerge.cli.audit_command",
 }
 
 

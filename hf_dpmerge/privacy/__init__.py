@@ -1,1 +1,1 @@
-"""The released privacy record and the base-weights fingerprint it carries."""
+"""The released privacy record, the base-weights fingerprint it carries, and the empirical privacy audit."""

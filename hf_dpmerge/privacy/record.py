@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from hf_dpmerge.privacy.atomic_write import write_text_atomic
 
 PRIVACY_RECORD_NAME = "dp_privacy.json"
 SCHEMA_VERSION = 1
@@ -117,19 +118,8 @@ class PrivacyRecord:
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``dp_privacy.json`` into ``directory`` atomically (temporary file, then rename)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        target = directory / PRIVACY_RECORD_NAME
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=True) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dp_privacy.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
+        return write_text_atomic(Path(directory) / PRIVACY_RECORD_NAME, text)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> PrivacyRecord:

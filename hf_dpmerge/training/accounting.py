@@ -21,6 +21,11 @@ class PrivacyBudgetExhausted(RuntimeError):
     """Another optimizer step would spend more than the configured ε budget."""
 
 
+def resolve_delta(target_delta: float | None, num_samples: int) -> float:
+    """δ of the guarantee: ``target_delta`` when given, else 1/(10·N)."""
+    return target_delta if target_delta is not None else 1 / (10 * num_samples)
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,

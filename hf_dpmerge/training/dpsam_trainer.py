@@ -35,7 +35,12 @@ from transformers import Trainer
 
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.accounting import PrivacyAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
+from hf_dpmerge.training.accounting import (
+    PrivacyAccountant,
+    PrivacyBudgetExhausted,
+    calibrate_noise_multiplier,
+    resolve_delta,
+)
 from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
 from hf_dpmerge.training.cross_process import main_process_value, shared_seed, sum_over_processes
 from hf_dpmerge.training.dp_state import (
@@ -134,7 +139,7 @@ class DPSAMTrainer(Trainer):
                 "DP training needs whole per-sample gradients of every trainable parameter on each process: "
                 "DeepSpeed and FSDP shard them; use plain multi-process (DDP) launching"
             )
-        self.delta = args.target_delta if args.target_delta is not None else 1 / (10 * self.num_samples)
+        self.delta = resolve_delta(args.target_delta, self.num_samples)
         if self.delta >= 1 / self.num_samples and not args.allow_large_delta:
             raise ValueError(
                 f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_samples:g}: such a δ allows releasing "

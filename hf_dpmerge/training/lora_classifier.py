@@ -1,0 +1,55 @@
+"""A peft LoRA sequence classifier for a task: the base encoder, the task's own head, LoRA on the encoder.
+
+The head (``classifier``) is trained in full as a ``modules_to_save`` copy and saved with the adapter; a base
+saved with another label count gets a freshly initialised head of the task's size. The head pools as the
+base's ``config.classifier_pooling`` says (see :mod:`hf_dpmerge.modeling.mean_pooling`) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.modeling import load_sequence_classifier
+
+
+def lora_layer_indices(choice: str, num_layers: int) -> list[int] | None:
+    """The layers given LoRA: None (= all) for 'all', the upper ⌈L/2⌉ for 'top_half', else the listed indices."""
+    if choice == "all":
+        return None
+    if choice == "top_half":
+        return list(range(num_layers // 2, num_layers))
+    try:
+        layers = [int(i) for i in choice.split(",")]
+    except ValueError:
+        raise ValueError(f"LoRA layers {choice!r}: give 'all', 'top_half' or comma-separated indices") from None
+    if any(not 0 <= i < num_layers for i in layers):
+        raise ValueError(f"LoRA layers {choice!r}: indices must lie in [0, {num_layers})")
+    return layers
+
+
+def lora_sequence_classifier(
+    base: str | os.PathLike,
+    spec: TaskSpec,
+    *,
+    r: int,
+    alpha: int,
+    target_modules: Sequence[str],
+    layers: str = "all",
+    classifier_pooling: str | None = None,
+) -> PeftModel:
+    """``base`` (a directory or Hub id) with ``spec``'s label space and LoRA(r, α) on ``target_modules`` of
+    ``layers`` ('all', 'top_half' or indices; see :func:`lora_layer_indices`)."""
+    pooling = {"classifier_pooling": classifier_pooling} if classifier_pooling else {}
+    model = load_sequence_classifier(
+        base, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
+        ignore_mismatched_sizes=True,
+        problem_type="regression" if spec.is_regression else "single_label_classification", **pooling,
+    )
+    return get_peft_model(model, LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
+        layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",
+    ))
