@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "compute_metrics": "hf_dpmerge.data.metrics",
     "default_model_path": "hf_dpmerge.data.model_path",
     "evaluate_runs": "hf_dpmerge.analysis.evaluation",
+    "diagnose_runs": "hf_dpmerge.analysis.diagnostics",
     "push_merged_model": "hf_dpmerge.hub.push",
     "build_model_card": "hf_dpmerge.hub.model_card",
 }
