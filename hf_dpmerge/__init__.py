@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "load_sequence_classifier": "hf_dpmerge.modeling.mean_pooling",
     "MeanPoolingBertForSequenceClassification": "hf_dpmerge.modeling.mean_pooling",
     "evaluate_runs": "hf_dpmerge.analysis.evaluation",
+    "diagnose_runs": "hf_dpmerge.analysis.diagnostics",
     "push_merged_model": "hf_dpmerge.hub.push",
     "build_model_card": "hf_dpmerge.hub.model_card",
 }

@@ -5,9 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from tiny_models import save_tiny_bert, tiny_tokenizer
-from transformers import AutoModelForSequenceClassification
+from runs_builders import MAX_LENGTH, build_fake_runs
+from tiny_models import tiny_tokenizer
 
 from hf_dpmerge.analysis.evaluation import (
     CHART_NAME,
@@ -15,63 +14,17 @@ from hf_dpmerge.analysis.evaluation import (
     EvaluationReport,
     TaskEvaluation,
     evaluate_runs,
-    load_individual_model,
-    load_merged_with_head,
     predict_logits,
-    task_head_state,
 )
+from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
-from hf_dpmerge.privacy.record import PrivacyRecord, PrivacyRecordError
-
-MAX_LENGTH = 32
-
-
-def _record(task: str, epsilon: float = 8.0, dp: bool = True, **extra) -> PrivacyRecord:
-    return PrivacyRecord(
-        epsilon=epsilon, delta=1e-5 if dp else 0.0, accountant="prv" if dp else "none", noise_multiplier=0.8,
-        effective_noise_multiplier=0.8, sample_rate=0.01, steps=10, max_grad_norm=1.0, expected_batch_size=16,
-        num_samples=1000, sam_mode="none", sam_rho=0.0, align_lambda=0.0, optimizer={"name": "adamw"},
-        sum_lr_squared=1e-4, base_model=None, base_model_hash=None, versions={}, dp=dp, task=task,
-        extra=dict(extra),
-    )
-
-
-def _train_fake_adapter(base: Path, out: Path, num_labels: int, seed: int) -> torch.nn.Module:
-    """A LoRA adapter with non-zero deltas and its own head, as training would save it."""
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=num_labels,
-                                                               ignore_mismatched_sizes=True)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
-                        task_type="SEQ_CLS")
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name or "modules_to_save" in name:
-                param.normal_(0, 0.5)
-    peft_model.save_pretrained(out)
-    return peft_model
+from hf_dpmerge.privacy.record import PrivacyRecordError
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """runs/base (2 labels), bbc_news (5 labels, DP) and election_tweets (2 labels, non-private) adapters;
-    merged = base + bbc_news's LoRA with a meaningless 2-label head (so bbc_news must be reproduced exactly)."""
-    root = tmp_path_factory.mktemp("eval")
-    runs_dir = root / "runs"
-    base = save_tiny_bert(runs_dir / "base", num_labels=2, seed=0)
-    bbc = _train_fake_adapter(base, runs_dir / "bbc" / "adapter", num_labels=5, seed=1)
-    _record("bbc_news", epsilon=4.0, max_length=MAX_LENGTH).save(runs_dir / "bbc" / "adapter")
-    _train_fake_adapter(base, runs_dir / "election_tweets" / "adapter", num_labels=2, seed=2)
-    _record("election_tweets", epsilon=math.inf, dp=False).save(runs_dir / "election_tweets" / "adapter")
-
-    merged_encoder = bbc.merge_and_unload()
-    merged = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2)
-    encoder_state = {k: v for k, v in merged_encoder.state_dict().items() if not k.startswith("classifier")}
-    merged.load_state_dict(encoder_state, strict=False)
-    torch.nn.init.normal_(merged.classifier.weight, std=3.0)
-    merged.save_pretrained(root / "merged")
-    return {"runs": runs_dir, "base": base, "merged": root / "merged"}
+    return build_fake_runs(tmp_path_factory.mktemp("eval"))
 
 
 def test_head_swap_reproduces_individual_logits(runs):

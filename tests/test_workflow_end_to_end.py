@@ -1,28 +1,19 @@
-"""The README flow on tiny settings: train_glue.py → mergekit-yaml → hf-dpmerge evaluate → push --dry-run."""
+"""The README flow on tiny settings: train_glue.py → mergekit-yaml → hf-dpmerge evaluate / diagnose → push --dry-run."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocess_helpers import run_offline as run
 from tiny_models import save_tiny_bert
 
 from hf_dpmerge import PrivacyRecord
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = "rotten_tomatoes,bbc_news"
-
-
-def run(cmd, cwd, **extra_env):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra_env}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done
-
-
 TINY_TRAINING = ["--max_train_samples", "96", "--max_eval_samples", "32", "--per_device_train_batch_size", "16",
                  "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--accountant", "rdp",
                  "--dp_seed", "0"]
@@ -55,6 +46,15 @@ def test_readme_flow_on_tiny_settings(tmp_path):
          "--output", "runs/eval", "--max_eval_samples", "32"], cwd=tmp_path)
     results = json.loads((tmp_path / "runs" / "eval" / "results.json").read_text())
     assert set(results["tasks"]) == set(TASKS.split(","))
+
+    run(["hf-dpmerge", "diagnose", "--runs", "runs", "--merged", "merged", "--tasks", TASKS, "--max-samples", "16",
+         "--hessian-iterations", "2", "--gammas", "0.5", "--output-dir", "runs/diagnostics"], cwd=tmp_path)
+    diagnostics = json.loads((tmp_path / "runs" / "diagnostics" / "diagnostics.json").read_text())
+    assert set(diagnostics["tasks"]) == set(TASKS.split(","))
+    for row in diagnostics["tasks"].values():
+        assert row["interpolation"]["gamma"] == [0.0, 0.5, 1.0] and row["drift"] > 0
+        assert None not in (row["sharpness"], row["hessian_top_eigenvalue"], row["merge_gap"])
+    assert (tmp_path / "runs" / "diagnostics" / "interpolation.png").is_file()
 
     run(["hf-dpmerge", "push", "merged", "--repo_id", "me/tiny", "--runs", "runs", "--tasks", TASKS,
          "--eval_json", "runs/eval/results.json", "--dry-run", "--staging_dir", "staged"], cwd=tmp_path)

@@ -1,16 +1,10 @@
 """Evaluate per-task adapters against the merged model, each task with its own classifier head.
 
-Layout read (as training and mergekit write it)::
-
-    runs/base/                      the saved sequence-classification base all adapters trained from
-    runs/<task>/adapter/            peft LoRA adapter, the task's head in ``modules_to_save``, dp_privacy.json
-    merged/                         mergekit output: a full model whose own classifier head is meaningless
-
-For each task, on its test split (:func:`hf_dpmerge.data.load_task`):
+Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split, it
+scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
 
 - **individual** — the base with that task's adapter (LoRA + head) applied;
-- **merged** — the merged encoder with that task's own head (the adapter's ``modules_to_save`` tensors)
-  put in place of the merged model's head, as in the DP-Merging paper;
+- **merged** — the merged encoder with that task's own head put in place of the merged model's head;
 - **retention** = merged / individual (1.0: merging lost nothing; undefined when individual ≤ 0);
 - **interference** = individual − merged, in points of the task's primary metric (positive: the merged
   model is worse on this task). It is the whole drop from the task's own model to the merge, i.e. what
@@ -34,16 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_dpmerge.analysis.batching import length_sorted_batches
+from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, find_tokenizer, load_split, task_runs
+from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
-from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec
-from hf_dpmerge.modeling.task_head import attach_head, task_head_state
-from hf_dpmerge.privacy.record import PrivacyRecord
 
-ADAPTER_DIR = "adapter"
-BASE_DIR = "base"
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"
-DEFAULT_MAX_LENGTH = 128
 
 
 @dataclass
@@ -154,81 +145,20 @@ def _row(task: str, metric: str, eps: str, individual, merged, retention, interf
     return f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {cells[3]:>12}"
 
 
-# ---------------------------------------------------------------------------------------------- models
-
-
-def _quiet_from_pretrained(directory: Path, spec: TaskSpec):
-    """A sequence classifier from ``directory`` sized for ``spec``; a head of another size is re-created."""
-    from transformers.utils import logging
-
-    from hf_dpmerge.modeling import load_sequence_classifier
-
-    labels = {"id2label": spec.id2label, "label2id": spec.label2id} if spec.label_names else {}
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # the re-created head is replaced right after; its warning is noise
-    logging.disable_progress_bar()
-    try:
-        model = load_sequence_classifier(directory, num_labels=spec.num_labels, ignore_mismatched_sizes=True, **labels)
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-    return model.eval()
-
-
-def load_individual_model(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, spec: TaskSpec):
-    """The base with the task's adapter (LoRA and head) applied and merged in, in eval mode."""
-    from peft import PeftModel
-
-    head = task_head_state(adapter_dir)
-    model = _quiet_from_pretrained(Path(base_dir), spec)
-    attach_head(model, head, source=str(adapter_dir))  # checks shapes before peft does, with a clearer error
-    return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload().eval()
-
-
-def load_merged_with_head(merged_dir: str | os.PathLike, adapter_dir: str | os.PathLike, spec: TaskSpec):
-    """The merged encoder with the task's own head (from the adapter's ``modules_to_save``), in eval mode."""
-    model = _quiet_from_pretrained(Path(merged_dir), spec)
-    attach_head(model, task_head_state(adapter_dir), source=str(adapter_dir))
-    return model
+# ---------------------------------------------------------------------------------------------- scoring
 
 
 @torch.inference_mode()
 def predict_logits(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 32) -> np.ndarray:
     """Logits for a tokenized dataset, batched by length (padding is per batch), in dataset order."""
-    from transformers import DataCollatorWithPadding
-
-    collate = DataCollatorWithPadding(tokenizer)
-    columns = {c: list(dataset[c]) for c in dataset.column_names if c != "labels"}
-    order = np.argsort([len(ids) for ids in columns["input_ids"]], kind="stable")
-    outputs = np.empty(len(order), dtype=object)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        batch = collate([{c: values[i] for c, values in columns.items()} for i in idx])
-        logits = model(**batch).logits.float().cpu().numpy()
-        for i, row in zip(idx, logits, strict=True):
+    device = next(model.parameters()).device
+    outputs = np.empty(len(dataset), dtype=object)
+    for batch in length_sorted_batches(dataset, tokenizer, batch_size):
+        inputs, _ = batch.to(device)
+        logits = model(**inputs).logits.float().cpu().numpy()
+        for i, row in zip(batch.indices, logits, strict=True):
             outputs[i] = row
     return np.stack(outputs) if len(outputs) else np.zeros((0, 1))
-
-
-# ---------------------------------------------------------------------------------------------- runs
-
-
-def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:
-    """Run folders ``<runs>/<name>/`` that hold an ``adapter/`` with a privacy record, sorted."""
-    runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
-        raise FileNotFoundError(f"runs folder {runs_dir} does not exist; train adapters first")
-    return sorted(d.name for d in runs_dir.iterdir() if (d / ADAPTER_DIR / "dp_privacy.json").is_file())
-
-
-def _find_tokenizer(candidates: Sequence[Path]):
-    from transformers import AutoTokenizer
-
-    for directory in candidates:
-        if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(directory)
-    raise FileNotFoundError(f"no tokenizer in {', '.join(map(str, candidates))}; pass a tokenizer")
 
 
 def evaluate_runs(
@@ -243,6 +173,7 @@ def evaluate_runs(
     data_seed: int | None = None,
     batch_size: int = 32,
     glue_path: str | None = None,
+    device: str | torch.device | None = None,
     log=print,
 ) -> EvaluationReport:
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's test split.
@@ -250,47 +181,32 @@ def evaluate_runs(
     ``tasks`` names run folders (default: every one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
+    Models run on ``device`` (default: CUDA when available, else CPU).
     """
-    from hf_dpmerge.data.load import DEFAULT_SPLIT_SEED, load_task
-    from hf_dpmerge.data.tokenize import tokenize_task
-
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
-    for what, directory in (("base model", base_dir), ("merged model", merged_dir)):
-        if not (directory / "config.json").is_file():
-            hint = "run mergekit-yaml first" if what == "merged model" else "train adapters first"
-            raise FileNotFoundError(f"{what} directory {directory} has no config.json ({hint})")
-    names = list(tasks) if tasks else discover_tasks(runs_dir)
-    if not names:
-        raise FileNotFoundError(f"no <task>/{ADAPTER_DIR}/dp_privacy.json under {runs_dir}")
+    check_model_dirs(base_dir, merged_dir)
+    device = resolve_device(device)
     results = []
-    for name in names:
-        adapter_dir = runs_dir / name / ADAPTER_DIR
-        if not (adapter_dir / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
-        record = PrivacyRecord.load(adapter_dir)
-        task = record.task or name
-        seed = data_seed if data_seed is not None else int(record.extra.get("data_seed", DEFAULT_SPLIT_SEED))
-        length = max_length or int(record.extra.get("max_length", DEFAULT_MAX_LENGTH))
-        splits, spec = load_task(task, seed=seed, max_eval_samples=max_eval_samples,
-                                 path=glue_path if task in GLUE_TASKS else None)
-        tok = tokenizer or _find_tokenizer([adapter_dir, base_dir, merged_dir])
-        test = tokenize_task(splits["test"], spec, tok, length)
+    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
+        spec, record = run.spec, run.record
+        tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
+        test = load_split(run, "test", tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(test["labels"])
         scores = {}
         for kind, loader, directory in (("individual", load_individual_model, base_dir),
                                         ("merged", load_merged_with_head, merged_dir)):
-            model = loader(directory, adapter_dir, spec)
+            model = loader(directory, run.adapter_dir, spec).to(device)
             predictions = predictions_from_logits(spec, predict_logits(model, test, tok, batch_size))
             scores[kind] = compute_metrics(spec, predictions, references)
             del model
         epsilon = record.epsilon if record.dp else math.inf
         result = TaskEvaluation(
-            task=task, metric=spec.metric, epsilon=float(epsilon), delta=record.delta if record.dp else None,
+            task=run.task, metric=spec.metric, epsilon=float(epsilon), delta=record.delta if record.dp else None,
             individual=scores["individual"][spec.metric], merged=scores["merged"][spec.metric],
             num_examples=len(test), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
         )
-        log(f"{task}: individual {result.individual:.4f}, merged {result.merged:.4f} ({spec.metric}, "
+        log(f"{run.task}: individual {result.individual:.4f}, merged {result.merged:.4f} ({spec.metric}, "
             f"n={len(test)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),

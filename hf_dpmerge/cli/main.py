@@ -10,6 +10,7 @@ import sys
 VERBS: dict[str, str] = {
     "merge": "hf_dpmerge.cli.merge_command",
     "evaluate": "hf_dpmerge.cli.evaluate_command",
+    "diagnose": "hf_dpmerge.cli.diagnose_command",
     "push": "hf_dpmerge.cli.push_command",
     "audit": "hf_dpmerge.cli.audit_command",
 }

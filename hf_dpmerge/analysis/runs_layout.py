@@ -1,0 +1,109 @@
+"""The runs layout that training and mergekit write, and how one task's run in it is resolved.
+
+    runs/base/                 the saved sequence-classification base all adapters trained from
+    runs/<task>/adapter/       peft LoRA adapter, the task's head in ``modules_to_save``, dp_privacy.json
+    merged/                    mergekit output: a full model whose own classifier head is meaningless
+
+A run folder's dataset is the task named in its privacy record (the folder name when it has none). The
+split seed and ``max_length`` come from the caller, else the record's ``extra`` (``data_seed``,
+``max_length``), else the defaults, so evaluation sees the splits training saw.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
+from hf_dpmerge.privacy.record import PrivacyRecord
+
+ADAPTER_DIR = "adapter"
+BASE_DIR = "base"
+DEFAULT_MAX_LENGTH = 128
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class TaskRun:
+    """One ``<runs>/<name>/adapter`` with its record, the dataset it was trained on and its data settings."""
+
+    name: str
+    adapter_dir: Path
+    record: PrivacyRecord
+    spec: TaskSpec
+    data_seed: int
+    max_length: int
+
+    @property
+    def task(self) -> str:
+        return self.spec.name
+
+
+def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:
+    """Run folders ``<runs>/<name>/`` that hold an ``adapter/`` with a privacy record, sorted."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise FileNotFoundError(f"runs folder {runs_dir} does not exist; train adapters first")
+    return sorted(d.name for d in runs_dir.iterdir() if (d / ADAPTER_DIR / "dp_privacy.json").is_file())
+
+
+def check_model_dirs(base_dir: Path, merged_dir: Path | None) -> None:
+    """Refuse a base or merged directory without ``config.json``, saying which step produces it."""
+    for what, directory in (("base model", base_dir), ("merged model", merged_dir)):
+        if directory is not None and not (directory / "config.json").is_file():
+            hint = "run mergekit-yaml first" if what == "merged model" else "train adapters first"
+            raise FileNotFoundError(f"{what} directory {directory} has no config.json ({hint})")
+
+
+def task_runs(
+    runs_dir: str | os.PathLike,
+    names: Sequence[str] | None = None,
+    *,
+    data_seed: int | None = None,
+    max_length: int | None = None,
+) -> list[TaskRun]:
+    """The runs named ``names`` (default: every run folder with an adapter and privacy record)."""
+    from hf_dpmerge.data.load import DEFAULT_SPLIT_SEED
+
+    runs_dir = Path(runs_dir)
+    names = list(names) if names else discover_tasks(runs_dir)
+    if not names:
+        raise FileNotFoundError(f"no <task>/{ADAPTER_DIR}/dp_privacy.json under {runs_dir}")
+    runs = []
+    for name in names:
+        adapter_dir = runs_dir / name / ADAPTER_DIR
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
+        record = PrivacyRecord.load(adapter_dir)
+        runs.append(TaskRun(
+            name=name, adapter_dir=adapter_dir, record=record, spec=get_task_spec(record.task or name),
+            data_seed=data_seed if data_seed is not None else int(record.extra.get("data_seed", DEFAULT_SPLIT_SEED)),
+            max_length=max_length or int(record.extra.get("max_length", DEFAULT_MAX_LENGTH)),
+        ))
+    return runs
+
+
+def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None = None,
+               glue_path: str | None = None):
+    """``split`` of the run's task, tokenized as in training; ``max_samples`` takes a seeded stratified subset."""
+    from hf_dpmerge.data.load import load_task
+    from hf_dpmerge.data.tokenize import tokenize_task
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    caps = {"max_train_samples": max_samples} if split == "train" else {"max_eval_samples": max_samples}
+    splits, spec = load_task(run.task, seed=run.data_seed, path=glue_path if run.task in GLUE_TASKS else None,
+                             **caps)
+    return tokenize_task(splits[split], spec, tokenizer, run.max_length)
+
+
+def find_tokenizer(candidates: Sequence[Path]):
+    """The tokenizer saved in the first of ``candidates`` that has one."""
+    from transformers import AutoTokenizer
+
+    for directory in candidates:
+        if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(directory)
+    raise FileNotFoundError(f"no tokenizer in {', '.join(map(str, candidates))}; pass a tokenizer")

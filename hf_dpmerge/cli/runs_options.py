@@ -1,0 +1,53 @@
+"""Options shared by the verbs that read a runs layout and a merged model (``evaluate``, ``diagnose``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_runs_options(parser: argparse.ArgumentParser) -> None:
+    """``--runs --merged --tasks --base --tokenizer --max_length --data_seed --batch_size --glue_path --device``."""
+    parser.add_argument("--runs", default="runs", help="training output folder with base/ and <task>/adapter/ "
+                        "(default: runs)")
+    parser.add_argument("--merged", default="merged", help="merged model directory written by mergekit-yaml "
+                        "(default: merged)")
+    parser.add_argument("--tasks", help="comma-separated run folders (default: every <runs>/<task>/ with "
+                        "adapter/dp_privacy.json)")
+    parser.add_argument("--base", help="base model directory (default: <runs>/base)")
+    parser.add_argument("--tokenizer", help="tokenizer directory or Hub id (default: the adapter's, the "
+                        "base's or the merged model's)")
+    parser.add_argument("--max_length", type=int, help="truncate inputs to this many tokens (default: the "
+                        "record's extra.max_length, else 128)")
+    parser.add_argument("--data_seed", type=int, help="split seed (default: the record's extra.data_seed, "
+                        "else 42); must match training's")
+    parser.add_argument("--batch_size", type=int, default=32, help="batch size (default: 32)")
+    parser.add_argument("--glue_path", help="GLUE dataset repository or local copy for GLUE tasks "
+                        "(default: nyu-mll/glue)")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+
+
+def parse_tasks(text: str | None) -> list[str] | None:
+    """``--tasks a,b`` as a list of distinct names (None: every run folder)."""
+    if not text:
+        return None
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    if not tasks or len(set(tasks)) != len(tasks):
+        raise ValueError(f"--tasks must name distinct tasks, got {text!r}")
+    return tasks
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a given option among ``names`` that is ≤ 0."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name} must be positive, got {value}")
+
+
+def load_tokenizer(name: str | None):
+    """The ``--tokenizer`` given, or None to let the runs layout supply one."""
+    if not name:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
