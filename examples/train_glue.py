@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     tasks = script.tasks.split(",") if script.tasks else [script.task]
     for task in tasks:
         train_task(task.strip(), script, config, base_dir)
+    # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
+    config.distributed_state.wait_for_everyone()
+    config.distributed_state.destroy_process_group()
 
 
 if __name__ == "__main__":
