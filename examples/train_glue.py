@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import PartialState
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -163,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         base_dir = shared_base(script)
     for task in tasks:
         train_task(task, script, config, base_dir)
-    PartialState().destroy_process_group()  # multi-process: no gloo/NCCL threads left running at exit
+    # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
+    config.distributed_state.wait_for_everyone()
+    config.distributed_state.destroy_process_group()
 
 
 if __name__ == "__main__":

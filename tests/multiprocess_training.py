@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import PartialState
 import torch.multiprocessing as mp
+from accelerate import PartialState
 from training_helpers import collate, make_trainer, text_dataset
 
 from hf_dpmerge.privacy.record import PrivacyRecord
@@ -129,7 +129,13 @@ def _process(rank: int, world_size: int, port: int, out: str, single_process_che
     torch.set_num_threads(1)
     results = two_process_scenarios(Path(out), single_process_checkpoint)
     torch.save(results, Path(out) / f"rank{rank}.pt")
-    PartialState().destroy_process_group()  # leave no gloo threads running at exit
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Leave together and release the process group (a process leaving early can abort in gloo)."""
+    PartialState().wait_for_everyone()
+    PartialState().destroy_process_group()
 
 
 def spawn_two_processes(out: Path, single_process_checkpoint: str) -> list[dict[str, Any]]:
@@ -141,4 +147,4 @@ if __name__ == "__main__":  # accelerate launch --num_processes 2 --cpu tests/mu
     target = Path(sys.argv[1])
     result = training_run(target, PER_PROCESS_BATCH)
     torch.save(result, target / f"rank{int(os.environ['RANK'])}.pt")
-    PartialState().destroy_process_group()
+    leave_process_group()
