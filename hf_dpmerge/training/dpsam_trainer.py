@@ -82,7 +82,7 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers
         if launched != args.world_size:
             raise RuntimeError(
                 f"{launched} processes were launched (WORLD_SIZE) but this one is in a process group of "
