@@ -193,3 +193,8 @@ def test_cli_audits_a_packaged_task_and_prints_bound_and_claim(tmp_path, capsys)
     assert data["privacy_record"]["sam_mode"] == "two_query" and data["privacy_record"]["align_lambda"] == 0.1
     assert data["claimed_epsilon"] <= 4 and data["epsilon_lower"] <= data["claimed_epsilon"]
     assert (tmp_path / "report" / "audit_adapter" / "adapter_config.json").exists()
+
+
+def test_cli_refuses_bad_audit_settings_before_training(capsys):
+    assert main(["audit", "--num_canaries", "0"]) == 1
+    assert "--num_canaries must be positive" in capsys.readouterr().err

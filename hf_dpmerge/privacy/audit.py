@@ -72,7 +72,8 @@ class AuditResult:
             f"claimed ε: {claim} (δ = {self.claimed_delta:.3g}, from {self.adapter_dir}/dp_privacy.json)\n"
             f"{self.num_correct} of {self.num_guesses} guesses correct (k₊ = {self.k_plus}, k₋ = {self.k_minus}); "
             f"{self.num_included} of {self.num_canaries} canaries trained on\n"
-            "A lower bound below the claim does not prove the guarantee; one above it refutes the claim."
+            "A lower bound below the claim does not prove the guarantee; one above it refutes the claim "
+            f"(at {self.confidence:.0%} confidence)."
         )
 
     def to_dict(self) -> dict[str, Any]:
