@@ -200,7 +200,7 @@ def train_arguments(ctx: Context, cell: Cell) -> list[str]:
     """The full train_glue.py command line of a cell (DP_DEFAULTS first; later flags win)."""
     argv = [*train_glue.DP_DEFAULTS, *ctx.grid.train_flags, *TRAINERS[cell.trainer],
             "--seed", str(cell.seed), "--dp_seed", str(cell.seed), "--disable_tqdm", "true",
-            "--runs_dir", str(ctx.runs_dir(cell))]
+            "--runs_dir", str(ctx.runs_dir(cell)), "--overwrite", "true"]  # a unit reruns only when stale
     if cell.epsilon is not None:
         argv += ["--target_epsilon", f"{cell.epsilon:g}"]
     if ctx.grid.max_eval_samples is not None:
@@ -222,11 +222,13 @@ def training_summary(script, config) -> dict[str, Any]:
     """The hyper-parameters a cell actually trains with, as parsed."""
     return {
         "dp": config.dp, "sam_mode": config.sam_mode, "sam_rho": config.sam_rho, "align_lambda": config.align_lambda,
-        "learning_rate": config.learning_rate, "per_sample_max_grad_norm": config.per_sample_max_grad_norm,
+        "learning_rate": config.learning_rate, "head_learning_rate": config.head_learning_rate,
+        "per_sample_max_grad_norm": config.per_sample_max_grad_norm,
         "expected_batch_size": config.per_device_train_batch_size, "physical_batch_size": config.physical_batch_size,
         "max_steps": config.max_steps, "lr_scheduler_type": str(config.lr_scheduler_type),
         "weight_decay": config.weight_decay, "max_length": script.max_length, "lora_r": script.lora_r,
         "lora_alpha": script.lora_alpha, "lora_target_modules": script.lora_target_modules,
+        "lora_layers": script.lora_layers, "classifier_pooling": script.classifier_pooling,
         "max_train_samples": script.max_train_samples,
     }
 
@@ -275,7 +277,9 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     if settings is None:
         return
     script, config = parse_train_arguments(settings["argv"])
-    base_dir = train_glue.shared_base(dataclasses.replace(script, runs_dir=str(ctx.work_dir)))
+    shared = dataclasses.replace(script, runs_dir=str(ctx.work_dir))
+    base_dir = train_glue.shared_base(shared)  # also resolves the default classifier pooling, as main() does
+    script = dataclasses.replace(script, classifier_pooling=shared.classifier_pooling)
     set_seed(cell.seed)  # LoRA and head initialisation do not depend on what ran before in this process
     start = time.perf_counter()
     summary = train_glue.train_task(task, script, config, base_dir)

@@ -281,8 +281,8 @@ def write_report(store: Store, grid: Grid, cells: Sequence[Cell], settings: Sett
     out += [f"- {name}: `{' '.join(flags)}`" for name, flags in trainer_flags.items() if name in grid.trainers]
     effective = _effective_hyperparameters(results)
     if effective:
-        keys = ["learning_rate", "per_sample_max_grad_norm", "expected_batch_size", "max_steps", "sam_mode", "sam_rho",
-                "align_lambda", "max_length", "lora_r"]
+        keys = ["learning_rate", "head_learning_rate", "per_sample_max_grad_norm", "expected_batch_size", "max_steps",
+                "sam_mode", "sam_rho", "align_lambda", "max_length", "lora_r", "lora_layers", "classifier_pooling"]
         out += ["", "Effective values:", "",
                 _table(["trainer", *keys], [[t, *(str(h.get(k, "–")) for k in keys)] for t, h in effective.items()])]
 
