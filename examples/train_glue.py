@@ -38,26 +38,11 @@ from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
 
-# Defaults tuned for DP on the packaged MiniLM on rotten_tomatoes' *validation* split (ε = 8): mean pooling,
-# LoRA on the top half of the layers, a 10× larger head learning rate, constant lr (see README "Tuning").
-# Any of them can be overridden on the command line (later flags win).
-DP_DEFAULTS = [
-    "--per_device_train_batch_size", "256",
-    "--physical_batch_size", "64",
-    "--max_steps", "40",
-    "--learning_rate", "2e-3",
-    "--head_learning_rate", "2e-2",
-    "--lr_scheduler_type", "constant",
-    "--weight_decay", "0.0",
-    "--per_sample_max_grad_norm", "1.0",
-    "--target_epsilon", "8",
-    "--logging_steps", "5",
-    "--save_strategy", "no",
-    "--report_to", "none",
-    "--seed", "0",
-]
+# The tuned DP recipe (hf_dpmerge/training/recipe.py); any of it can be overridden on the command line.
+DP_DEFAULTS = DP_RECIPE
 
 
 @dataclass

@@ -24,19 +24,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-# The training recipe of examples/train_glue.py, so that a default audit audits a default training run.
-TRAINING_DEFAULTS = [
-    "--per_device_train_batch_size", "512",
-    "--physical_batch_size", "64",
-    "--max_steps", "60",
-    "--learning_rate", "2e-3",
-    "--lr_scheduler_type", "constant",
-    "--weight_decay", "0.0",
-    "--target_epsilon", "8",
-    "--logging_steps", "5",
-    "--save_strategy", "no",
-    "--report_to", "none",
-]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.privacy.audit import audit_training
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+    from hf_dpmerge.training.recipe import DP_RECIPE
 
     for name in ("num_canaries", "canary_length", "max_length", "lora_r", "lora_alpha"):
         if getattr(args, name) <= 0:
@@ -82,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     adapter_dir = Path(args.adapter_dir) if args.adapter_dir else output.with_name(output.stem + "_adapter")
     with tempfile.TemporaryDirectory(prefix="hf_dpmerge_audit_") as workdir:
         (config,) = HfArgumentParser(DPSAMConfig).parse_args_into_dataclasses(
-            args=["--output_dir", workdir, *TRAINING_DEFAULTS, *args.extra]
+            args=["--output_dir", workdir, *DP_RECIPE, *args.extra]
         )
         splits, spec = load_task(args.task or DEFAULT_TASK, max_train_samples=args.max_train_samples,
                                  path=args.dataset_path)
