@@ -10,7 +10,7 @@ so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir
 ``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``), ``encoder_adapter/`` (LoRA only: what is
 merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
 
-Multi-process (``accelerate launch --num_processes N``): every process trains its share of each Poisson draw;
+Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process trains its share of each Poisson draw;
 the base, the adapters, the privacy record and the metrics are written once, by the main process.
 An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
 """
