@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a .bin adapter is read: the Hub release path stays light
+    import torch
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -34,6 +35,8 @@ def load_adapter_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor
                 from safetensors.torch import load_file
 
                 return load_file(str(path))
+            import torch
+
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files
             raise TaskHeadError(f"{path}: unreadable adapter weights ({err})") from None
