@@ -5,8 +5,7 @@ Names load lazily (PEP 562) so that ``import hf_dpmerge`` — and the mergekit s
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_dpmerge.lazy_exports import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -37,15 +36,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_dpmerge' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

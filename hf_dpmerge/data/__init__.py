@@ -5,8 +5,7 @@ Names load lazily (PEP 562): ``import hf_dpmerge.data`` does not import ``datase
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_dpmerge.lazy_exports import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "TaskSpec": "hf_dpmerge.data.tasks",
@@ -26,9 +25,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'hf_dpmerge.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())

@@ -4,8 +4,7 @@ release path) does not import transformers."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_dpmerge.lazy_exports import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "CLASSIFIER_POOLING_KEY": "hf_dpmerge.modeling.mean_pooling",
@@ -15,15 +14,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_dpmerge.modeling' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:
