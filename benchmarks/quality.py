@@ -277,9 +277,8 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     if settings is None:
         return
     script, config = parse_train_arguments(settings["argv"])
-    shared = dataclasses.replace(script, runs_dir=str(ctx.work_dir))
-    base_dir = train_glue.shared_base(shared)  # also resolves the default classifier pooling, as main() does
-    script = dataclasses.replace(script, classifier_pooling=shared.classifier_pooling)
+    script = train_glue.resolve_pooling(script)  # as train_glue.main() does
+    base_dir = train_glue.shared_base(dataclasses.replace(script, runs_dir=str(ctx.work_dir)))
     set_seed(cell.seed)  # LoRA and head initialisation do not depend on what ran before in this process
     start = time.perf_counter()
     summary = train_glue.train_task(task, script, config, base_dir)

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    AutoConfig,
     AutoTokenizer,
     DataCollatorWithPadding,
     HfArgumentParser,
@@ -36,7 +35,7 @@ from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, l
 from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
-from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.modeling import default_classifier_pooling, load_sequence_classifier
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
@@ -73,12 +72,19 @@ class ScriptArguments:
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
 
 
-def shared_base(script: ScriptArguments) -> Path:
-    """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
+def resolve_pooling(script: ScriptArguments) -> ScriptArguments:
+    """``script`` with ``classifier_pooling`` filled in: ``mean`` for BERT encoders, ``cls`` otherwise."""
+    if script.classifier_pooling is not None:
+        return script
     source = script.model_name_or_path or str(default_model_path())
     require_model_source(source)
-    if script.classifier_pooling is None:
-        script.classifier_pooling = "mean" if AutoConfig.from_pretrained(source).model_type == "bert" else "cls"
+    return dataclasses.replace(script, classifier_pooling=default_classifier_pooling(source))
+
+
+def shared_base(script: ScriptArguments) -> Path:
+    """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
+    script = resolve_pooling(script)
+    source = script.model_name_or_path or str(default_model_path())
     base_dir = Path(script.runs_dir) / "base"
     marker = base_dir / "hf_dpmerge_base.json"
     if marker.exists():
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
     script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
+    script = resolve_pooling(script)
     tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)

@@ -6,7 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, BertForSequenceClassification, GPT2Config
 
-from hf_dpmerge.modeling import MeanPoolingBertForSequenceClassification, load_sequence_classifier, masked_mean
+from hf_dpmerge.modeling import (
+    MeanPoolingBertForSequenceClassification,
+    default_classifier_pooling,
+    load_sequence_classifier,
+    masked_mean,
+)
 from tiny_models import tiny_bert, tiny_tokenizer
 
 
@@ -71,3 +76,9 @@ def test_cls_is_the_default_and_bad_choices_are_refused(saved_base, tmp_path):
     GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ValueError, match="implemented for BERT encoders, not 'gpt2'"):
         load_sequence_classifier(tmp_path / "gpt2", classifier_pooling="mean")
+
+
+def test_default_pooling_is_mean_for_bert_encoders_only(saved_base, tmp_path):
+    assert default_classifier_pooling(saved_base) == "mean"
+    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20).save_pretrained(tmp_path / "gpt2")
+    assert default_classifier_pooling(tmp_path / "gpt2") == "cls"

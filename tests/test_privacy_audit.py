@@ -192,7 +192,8 @@ def test_cli_audits_a_packaged_task_and_prints_bound_and_claim(tmp_path, capsys)
     assert data["num_canaries"] == 20 and data["k_plus"] == data["k_minus"] == 2
     assert data["privacy_record"]["sam_mode"] == "two_query" and data["privacy_record"]["align_lambda"] == 0.1
     assert data["claimed_epsilon"] <= 4 and data["epsilon_lower"] <= data["claimed_epsilon"]
-    assert (tmp_path / "report" / "audit_adapter" / "adapter_config.json").exists()
+    adapter_config = json.loads((tmp_path / "report" / "audit_adapter" / "adapter_config.json").read_text())
+    assert adapter_config["layers_to_transform"] == [1]  # train_glue.py's default: the top half of 2 layers
 
 
 def test_cli_refuses_bad_audit_settings_before_training(capsys):

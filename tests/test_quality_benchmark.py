@@ -27,7 +27,7 @@ def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
     assert merge["diagnostics"]["bbc_news"]["interpolation"]["gamma"] == [0.0, 0.5, 1.0]
     train = json.loads((work / "results" / "dp_merging-eps4-seed0" / "train_bbc_news.json").read_text())
     assert train["hyperparameters"]["sam_mode"] == "dp_sat" and 0 < train["summary"]["epsilon"] <= 4.0
-    assert train["hyperparameters"]["classifier_pooling"] == "mean"  # resolved by shared_base, as in train_glue.py
+    assert train["hyperparameters"]["classifier_pooling"] == "mean"  # resolved as train_glue.main() does
     record = json.loads((work / "cells" / "dp_merging-eps4-seed0" / "runs" / "bbc_news" / "adapter" /
                          "dp_privacy.json").read_text())
     assert record["extra"]["classifier_pooling"] == "mean"

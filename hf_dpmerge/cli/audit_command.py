@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora_r", type=int, default=8, help="LoRA rank (default: 8)")
     parser.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha (default: 16)")
     parser.add_argument("--lora_target_modules", default="query,value", help="default: query,value")
+    parser.add_argument("--lora_layers", default="top_half",
+                        help="layers that get LoRA: top_half, all or comma-separated indices (default: top_half)")
+    parser.add_argument("--classifier_pooling", choices=("mean", "cls"),
+                        help="what the task head reads (default: mean for BERT encoders, else cls)")
     parser.add_argument("--num_canaries", type=int, default=1000, help="m, canaries drawn (default: 1000)")
     parser.add_argument("--canary_length", type=int, default=8, help="words per canary text (default: 8)")
     parser.add_argument("--k_plus", type=int, help="'in' guesses on the highest scores (default: m/10)")
@@ -55,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
     from hf_dpmerge.data import DEFAULT_TASK, default_model_path, load_task
+    from hf_dpmerge.modeling import default_classifier_pooling
     from hf_dpmerge.privacy.audit import audit_training
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
@@ -77,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
         base = args.model_name_or_path or str(default_model_path())
         tokenizer = AutoTokenizer.from_pretrained(base)
         set_seed(config.seed)
-        model = lora_sequence_classifier(base, spec, r=args.lora_r, alpha=args.lora_alpha,
-                                         target_modules=args.lora_target_modules.split(","))
+        model = lora_sequence_classifier(
+            base, spec, r=args.lora_r, alpha=args.lora_alpha, target_modules=args.lora_target_modules.split(","),
+            layers=args.lora_layers, classifier_pooling=args.classifier_pooling or default_classifier_pooling(base),
+        )
         result = audit_training(
             model, tokenizer, splits["train"], spec, config,
             num_canaries=args.num_canaries, k_plus=k_plus, k_minus=k_minus, canary_length=args.canary_length,

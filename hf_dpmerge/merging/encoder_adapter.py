@@ -15,14 +15,11 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from hf_dpmerge.merging.staging import staged_directory
+from hf_dpmerge.modeling.task_head import in_modules
 from hf_dpmerge.privacy.record import PrivacyRecord
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def _is_head_weight(key: str, heads: list[str]) -> bool:
-    return any(f".{head}." in f".{key}" for head in heads)
 
 
 def export_encoder_adapter(adapter_dir: str | Path, out_dir: str | Path) -> Path:
@@ -34,7 +31,7 @@ def export_encoder_adapter(adapter_dir: str | Path, out_dir: str | Path) -> Path
     record = PrivacyRecord.load(adapter_dir)
     config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     heads = list(config.get("modules_to_save") or [])
-    weights = {k: v for k, v in load_file(adapter_dir / ADAPTER_WEIGHTS).items() if not _is_head_weight(k, heads)}
+    weights = {k: v for k, v in load_file(adapter_dir / ADAPTER_WEIGHTS).items() if not in_modules(k, heads)}
     if not weights:
         raise ValueError(f"{adapter_dir}: the adapter has no LoRA weights outside its task head")
     config.update(modules_to_save=None, task_type=None)

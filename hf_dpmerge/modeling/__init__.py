@@ -8,6 +8,7 @@ from hf_dpmerge.lazy_exports import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "CLASSIFIER_POOLING_KEY": "hf_dpmerge.modeling.mean_pooling",
+    "default_classifier_pooling": "hf_dpmerge.modeling.mean_pooling",
     "MeanPoolingBertForSequenceClassification": "hf_dpmerge.modeling.mean_pooling",
     "load_sequence_classifier": "hf_dpmerge.modeling.mean_pooling",
     "masked_mean": "hf_dpmerge.modeling.mean_pooling",

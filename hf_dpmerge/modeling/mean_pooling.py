@@ -85,6 +85,12 @@ class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
         return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
 
 
+def default_classifier_pooling(path: str | os.PathLike) -> str:
+    """The pooling a task head should read from ``path``'s encoder: ``"mean"`` for BERT encoders (sentence
+    encoders are trained on h̄), ``"cls"`` for others (the mean-pooling class is BERT's only)."""
+    return "mean" if AutoConfig.from_pretrained(path).model_type == "bert" else "cls"
+
+
 def load_sequence_classifier(path: str | os.PathLike, **kwargs: Any) -> BertForSequenceClassification:
     """``AutoModelForSequenceClassification.from_pretrained(path, **kwargs)``, or the mean-pooling BERT class
     when ``classifier_pooling`` (a keyword, else the checkpoint's ``config.json``) is ``"mean"``.
