@@ -23,7 +23,7 @@ MLP up-projections) the same iterates are computed in the N·d_in-dimensional du
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -38,24 +38,26 @@ def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, 
     return float(torch.log(gamma2 + residuals).sum() + jitter * zeta.square().sum())
 
 
-def _cholesky(system: torch.Tensor, jitter: float, name: str) -> torch.Tensor:
-    """Cholesky factor of ``system``; on failure add more jitter (×10, up to 3 times), then raise."""
-    factor, info = torch.linalg.cholesky_ex(system)
+def _cholesky(fill: Callable[[torch.Tensor, float], None], buffer: torch.Tensor, jitter: float, name: str) -> torch.Tensor:
+    """Cholesky factor of the system ``fill(buffer, extra)`` writes, computed in ``buffer`` (no second n×n
+    matrix); on failure refill with more jitter (×10, up to 3 times), then raise."""
+    info = torch.empty((), dtype=torch.int32, device=buffer.device)
     extra = 0.0
-    for attempt in range(1, _JITTER_RETRIES + 1):
+    for attempt in range(_JITTER_RETRIES + 1):
+        if attempt:
+            extra = max(jitter, 1e-12) * 10**attempt
+        fill(buffer, extra)
+        torch.linalg.cholesky_ex(buffer, out=(buffer, info))
         if int(info) == 0:
             break
-        extra = max(jitter, 1e-12) * 10**attempt
-        eye = torch.eye(system.shape[0], dtype=system.dtype, device=system.device)
-        factor, info = torch.linalg.cholesky_ex(system + extra * eye)
-    if int(info) != 0:
+    else:
         raise ValueError(
             f"cauchy_poe: {name}: Cholesky of Σα_iτ_iτ_iᵀ + jI failed even with jitter {extra:.3g}; "
             f"the task vectors may hold inf/NaN or the matrix is too ill-conditioned (raise `jitter`)"
         )
     if extra:
         warnings.warn(f"cauchy_poe: {name}: Cholesky needed extra jitter {extra:.3g}", stacklevel=3)
-    return factor
+    return buffer
 
 
 def fixed_point_iterates(
@@ -84,11 +86,15 @@ def fixed_point_iterates(
     constant = grams.square().sum(dim=1)
     alpha = torch.ones_like(gamma2)
     previous = None
+    buffer = torch.empty(rows, rows, dtype=torch.float64, device=taus.device)
+
+    def fill(system: torch.Tensor, extra: float) -> None:  # Σα_iG_i + (j + extra)I
+        torch.mv(grams.T, alpha, out=system.view(-1))
+        system.diagonal().add_(jitter + extra)
+
     for _ in range(max_iter):
-        system = (alpha @ grams).reshape(rows, rows)
-        system.diagonal().add_(jitter)
         rhs = (alpha @ targets).reshape(rows, -1)
-        zeta = torch.cholesky_solve(rhs, _cholesky(system, jitter, name))
+        zeta = torch.cholesky_solve(rhs, _cholesky(fill, buffer, jitter, name))
         yield zeta
         if previous is not None and float(torch.linalg.norm(zeta - previous)) < conv_tol:
             return
@@ -124,10 +130,13 @@ def dual_iterates(
     gamma2 = gamma2.double()
     alpha = torch.ones_like(gamma2)
     previous = None
+    buffer = torch.empty_like(kernel)
+
+    def fill(system: torch.Tensor, extra: float) -> None:  # K + jA⁻¹ + extra·I
+        system.copy_(kernel).diagonal().add_((jitter / alpha).repeat_interleave(cols) + extra)
+
     for _ in range(max_iter):
-        system = kernel.clone()
-        system.diagonal().add_((jitter / alpha).repeat_interleave(cols))
-        coords = torch.cholesky_solve(blocks, _cholesky(system, jitter, name))
+        coords = torch.cholesky_solve(blocks, _cholesky(fill, buffer, jitter, name))
         yield coords
         image = kernel @ coords
         if previous is not None:
