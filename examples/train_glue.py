@@ -72,19 +72,24 @@ class ScriptArguments:
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
 
 
+def model_source(script: ScriptArguments) -> str:
+    """The base encoder to load (``--model_name_or_path``, else the packaged MiniLM), refused if it is missing."""
+    source = script.model_name_or_path or str(default_model_path())
+    require_model_source(source)
+    return source
+
+
 def resolve_pooling(script: ScriptArguments) -> ScriptArguments:
     """``script`` with ``classifier_pooling`` filled in: ``mean`` for BERT encoders, ``cls`` otherwise."""
     if script.classifier_pooling is not None:
         return script
-    source = script.model_name_or_path or str(default_model_path())
-    require_model_source(source)
-    return dataclasses.replace(script, classifier_pooling=default_classifier_pooling(source))
+    return dataclasses.replace(script, classifier_pooling=default_classifier_pooling(model_source(script)))
 
 
 def shared_base(script: ScriptArguments) -> Path:
     """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
+    source = model_source(script)
     script = resolve_pooling(script)
-    source = script.model_name_or_path or str(default_model_path())
     base_dir = Path(script.runs_dir) / "base"
     marker = base_dir / "hf_dpmerge_base.json"
     if marker.exists():

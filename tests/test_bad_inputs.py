@@ -161,9 +161,11 @@ def train_glue(monkeypatch):
     return module
 
 
-def test_train_glue_names_a_nonexistent_model_path(train_glue, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pooling", [[], ["--classifier_pooling", "cls"]], ids=["default-pooling", "given-pooling"])
+def test_train_glue_names_a_nonexistent_model_path(train_glue, tmp_path: Path, pooling: list[str]) -> None:
     with pytest.raises(FileNotFoundError, match=f"model directory {re.escape(str(tmp_path / 'nope'))} does not"):
-        train_glue.main(["--model_name_or_path", str(tmp_path / "nope"), "--runs_dir", str(tmp_path / "runs")])
+        train_glue.main(["--model_name_or_path", str(tmp_path / "nope"), "--runs_dir", str(tmp_path / "runs"),
+                         *pooling])
     assert list(tmp_path.iterdir()) == []
 
 
