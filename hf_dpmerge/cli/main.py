@@ -13,6 +13,8 @@ VERBS: dict[str, str] = {
     "diagnose": "hf_dpmerge.cli.diagnose_command",
     "push": "hf_dpmerge.cli.push_command",
     "audit": "hf_dpmerge.cli.audit_command",
+    "similarity": "hf_dpmerge.cli.similarity_command",
+    "recommend": "hf_dpmerge.cli.recommend_command",
 }
 
 

@@ -1,0 +1,93 @@
+"""Task grouping: cosine similarity and sign conflicts of adapters' task vectors, merge groups and their configs.
+
+Each RUN is a run folder (``runs/<task>``: its ``encoder_adapter/``, else ``adapter/``) or a peft adapter
+folder. Prints the cosine similarity of the dense task vectors τ = s·B·A (computed from r×r Gram matrices,
+ΔW is never built) and the exact sign-conflict rate of every pair, clusters the adapters (average linkage
+on 1 − cos, joined while the mean cosine is ≥ --threshold) and writes to --output_dir:
+``similarity.json``, ``similarity.png`` (heatmap) and one mergekit config ``merge_group_<k>.yaml`` per group
+of two or more adapters (merge method: --method). Reads released adapters only: no privacy cost.
+
+Example::
+
+    hf-dpmerge similarity runs/reuters_r8 runs/reuters_r52 runs/bbc_news runs/rotten_tomatoes --method dp_aware
+    mergekit-yaml similarity/merge_group_1.yaml merged/group_1 --lora-merge-cache lora_cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hf_dpmerge.analysis.merge_groups import DEFAULT_THRESHOLD
+from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
+
+RESULTS_NAME = "similarity.json"
+HEATMAP_NAME = "similarity.png"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<task>) or peft adapter folders")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"cosine similarity at which adapters group (default: {DEFAULT_THRESHOLD})")
+    parser.add_argument("--method", default="dp_aware", choices=sorted(METHOD_PARAMETERS),
+                        help="merge method of the generated configs, with merge_configs/' parameters "
+                             "(default: dp_aware)")
+    parser.add_argument("--base", help="base model the adapters were trained from (default: the runs' "
+                                       "shared <runs>/base)")
+    parser.add_argument("--output_dir", default="similarity", help="where the results go (default: similarity)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous similarity output in --output_dir")
+
+
+def default_base(runs: list[str]) -> Path:
+    """``<runs>/base`` shared by every run given (an adapter folder is taken as ``<runs>/<task>/<adapter>``)."""
+    folders = {Path(run).parent if (Path(run) / "adapter_config.json").is_file() else Path(run) for run in runs}
+    parents = {folder.parent for folder in folders}
+    base = next(iter(parents)) / "base"
+    if len(parents) != 1 or not (base / "config.json").is_file():
+        raise FileNotFoundError("the runs given share no <runs>/base/config.json: pass --base")
+    return base
+
+
+def check_output_dir(directory: Path, overwrite: bool) -> None:
+    """Refuse a non-empty --output_dir unless --overwrite and it holds a previous similarity output."""
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"--output_dir {directory} exists and is not a directory")
+    if not directory.is_dir() or not any(directory.iterdir()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"--output_dir {directory} is not empty; pass --overwrite to replace a previous "
+                              "similarity output, or choose another --output_dir")
+    if not (directory / RESULTS_NAME).is_file():
+        raise FileExistsError(f"--output_dir {directory} holds no previous similarity output (no {RESULTS_NAME}); "
+                              "refusing to replace it: choose another --output_dir")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_dpmerge.analysis.merge_groups import merge_groups, write_group_configs
+    from hf_dpmerge.analysis.task_similarity import load_task_vector, plot_similarity, task_similarity
+    from hf_dpmerge.merging.staging import staged_directory
+
+    output = Path(args.output_dir)
+    check_output_dir(output, args.overwrite)
+    report = task_similarity([load_task_vector(run) for run in args.runs])
+    base = Path(args.base) if args.base else default_base(args.runs)
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"--base {base} has no config.json: give the base model the adapters trained from")
+    groups = merge_groups(report, args.threshold)
+    print(report.table())
+    print(f"\nmerge groups at cosine ≥ {args.threshold:g} (average linkage):")
+    with staged_directory(output) as staged:
+        staged.mkdir()
+        results = {**report.to_dict(), "threshold": args.threshold, "groups": groups, "method": args.method}
+        (staged / RESULTS_NAME).write_text(json.dumps(results, indent=2) + "\n")
+        plot_similarity(report, staged / HEATMAP_NAME, groups)
+        configs = iter(write_group_configs(report, groups, base, args.method, staged))
+        for group in groups:
+            where = f"-> {output / next(configs).name}" if len(group) > 1 else "(alone: use its adapter as it is)"
+            print(f"  {', '.join(group)} {where}")
+    print(f"\nsaved {output / RESULTS_NAME}, {output / HEATMAP_NAME} and the group configs in {output}")
+    return 0

@@ -1,0 +1,80 @@
+"""Generated mergekit configurations for LoRA adapters on one base, in the shape of ``merge_configs/*.yaml``.
+
+Each input is ``<base>+<adapter>`` (mergekit applies the LoRA with peft before merging); shared
+``parameters:`` are the method's defaults from :data:`METHOD_PARAMETERS` (the values in
+``merge_configs/<method>.yaml``), and per-model ``weight:`` values are written when given. Under task
+arithmetic a LoRA weight matrix becomes W = W₀ + λ·Σᵢ wᵢ·τᵢ with τᵢ = sᵢ·Bᵢ·Aᵢ. Every config is parsed
+with mergekit's ``MergeConfiguration`` before it is returned, so a written file is one mergekit accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mergekit.config import MergeConfiguration
+
+METHOD_PARAMETERS: dict[str, dict[str, Any]] = {
+    "task_arithmetic": {"weight": 1.0, "lambda": 0.3},
+    "ties": {"weight": 1.0, "density": 0.2},
+    "dp_aware": {"lambda": 0.3, "consensus": "none", "noise": "record"},
+    "cauchy_poe": {"lambda": 1.0, "tol": 0.01, "dp_calibrated": True},
+}
+"""Shared parameters per merge method: those of ``merge_configs/<method>.yaml`` (dp_aware: ``dp.yaml``)."""
+
+
+def mergekit_path(path: str | os.PathLike) -> str:
+    """``path`` as a mergekit model reference: relative paths start with ``./`` (mergekit's model card
+    reads a relative path with exactly one ``/`` as a Hub repo id and fails offline)."""
+    text = Path(path).as_posix()
+    if Path(path).is_absolute() or text.startswith(("./", "../")):
+        return text
+    return f"./{text}"
+
+
+def lora_merge_config(
+    method: str,
+    base: str | os.PathLike,
+    adapters: Sequence[str | os.PathLike],
+    *,
+    weights: Sequence[float] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The mergekit config merging ``adapters`` (LoRA directories) on ``base`` with ``method``.
+
+    ``weights`` (one per adapter) become per-model ``weight:`` values; ``parameters`` update the method's
+    shared defaults. Raises ``ValueError`` for an unknown method, a weight count that does not match, or
+    a config mergekit rejects.
+    """
+    if method not in METHOD_PARAMETERS:
+        raise ValueError(f"unknown merge method {method!r}; choose one of {sorted(METHOD_PARAMETERS)} (--method)")
+    if weights is not None and len(weights) != len(adapters):
+        raise ValueError(f"{len(weights)} weights for {len(adapters)} adapters: give one weight per adapter")
+    base_ref = mergekit_path(base)
+    models = []
+    for index, adapter in enumerate(adapters):
+        entry: dict[str, Any] = {"model": f"{base_ref}+{mergekit_path(adapter)}"}
+        if weights is not None:
+            entry["parameters"] = {"weight": float(weights[index])}
+        models.append(entry)
+    config = {
+        "merge_method": method,
+        "base_model": base_ref,
+        "models": models,
+        "dtype": "float32",
+        "parameters": {**METHOD_PARAMETERS[method], **(parameters or {})},
+    }
+    try:
+        MergeConfiguration.model_validate(config)
+    except Exception as err:  # pydantic's ValidationError; report it as bad input
+        raise ValueError(f"mergekit rejects the generated {method} config: {err}") from None
+    return config
+
+
+def merge_config_yaml(config: Mapping[str, Any], comment: str = "") -> str:
+    """``config`` as YAML, after ``comment`` lines (each prefixed with ``# ``)."""
+    header = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
+    return header + yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True)
