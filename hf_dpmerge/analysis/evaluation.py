@@ -169,6 +169,7 @@ def evaluate_runs(
     base_dir: str | os.PathLike | None = None,
     tokenizer=None,
     max_eval_samples: int | None = None,
+    split: str = "test",
     max_length: int | None = None,
     data_seed: int | None = None,
     batch_size: int = 32,
@@ -176,7 +177,8 @@ def evaluate_runs(
     device: str | torch.device | None = None,
     log=print,
 ) -> EvaluationReport:
-    """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's test split.
+    """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``
+    (test by default; validation when the scores select something, e.g. a merge weight).
 
     ``tasks`` names run folders (default: every one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
@@ -191,23 +193,23 @@ def evaluate_runs(
     for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
-        test = load_split(run, "test", tok, max_samples=max_eval_samples, glue_path=glue_path)
-        references = np.asarray(test["labels"])
+        examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
+        references = np.asarray(examples["labels"])
         scores = {}
         for kind, loader, directory in (("individual", load_individual_model, base_dir),
                                         ("merged", load_merged_with_head, merged_dir)):
             model = loader(directory, run.adapter_dir, spec).to(device)
-            predictions = predictions_from_logits(spec, predict_logits(model, test, tok, batch_size))
+            predictions = predictions_from_logits(spec, predict_logits(model, examples, tok, batch_size))
             scores[kind] = compute_metrics(spec, predictions, references)
             del model
         epsilon = record.epsilon if record.dp else math.inf
         result = TaskEvaluation(
             task=run.task, metric=spec.metric, epsilon=float(epsilon), delta=record.delta if record.dp else None,
             individual=scores["individual"][spec.metric], merged=scores["merged"][spec.metric],
-            num_examples=len(test), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
+            num_examples=len(examples), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
         )
         log(f"{run.task}: individual {result.individual:.4f}, merged {result.merged:.4f} ({spec.metric}, "
-            f"n={len(test)})")
+            f"n={len(examples)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
                             max_eval_samples=max_eval_samples)
