@@ -7,6 +7,8 @@
   README privacy section;
 - :mod:`.encoder_adapter`: an adapter's encoder LoRA weights without its task head; :mod:`.staging`:
   atomic directory output; :mod:`.output_dir`: when an existing merge output may be replaced.
+- :mod:`.task_similarity`, :mod:`.merge_groups`, :mod:`.merge_recommendation`: which adapters to merge together
+  and with what (``hf-dpmerge similarity`` / ``recommend``); :mod:`.merge_config`: generated mergekit configs.
 
 Nothing here is imported by ``import hf_dpmerge``; mergekit is imported only by the modules that use it.
 """

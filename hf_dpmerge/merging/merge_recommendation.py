@@ -3,7 +3,7 @@
 Measured on the adapters (post-processing of released weights and records, no privacy cost):
 
 - interference: cosine similarity and sign-conflict rate of every pair of task vectors
-  (:mod:`hf_dpmerge.analysis.task_similarity`);
+  (:mod:`hf_dpmerge.merging.task_similarity`);
 - noise: the noise-to-signal ratio of each task vector, √(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F, with the per-coordinate
   DP-SGD noise variance its privacy record predicts (:mod:`hf_dpmerge.merging.noise_variance`, docs/design.md
   §6; an upper bound where curvature damps the walk);
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_dpmerge.analysis.task_similarity import SimilarityReport, TaskVector
+from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 from hf_dpmerge.merging.noise_variance import parameter_noise_variance
 
 BENCHMARK_EPSILONS = (4.0, 8.0)

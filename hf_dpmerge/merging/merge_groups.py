@@ -1,7 +1,7 @@
 """Merge groups: adapters whose task vectors point the same way, found by hierarchical clustering.
 
 Average-linkage agglomerative clustering (scipy) on the distance 1 − cos(τᵢ, τⱼ) of
-:mod:`hf_dpmerge.analysis.task_similarity`, cut at 1 − ``threshold``: two clusters join while the mean
+:mod:`hf_dpmerge.merging.task_similarity`, cut at 1 − ``threshold``: two clusters join while the mean
 cosine similarity between their members is at least ``threshold``. Each group of two or more adapters gets
 one mergekit config; an adapter alone in its group needs no merge (use it as it is).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_dpmerge.analysis.task_similarity import SimilarityReport
+from hf_dpmerge.merging.task_similarity import SimilarityReport
 from hf_dpmerge.merging.merge_config import lora_merge_config, merge_config_yaml
 
 DEFAULT_THRESHOLD = 0.1

@@ -19,9 +19,9 @@ from task_vector_builders import (
     save_runs_base,
 )
 
-from hf_dpmerge.analysis import task_similarity
-from hf_dpmerge.analysis.merge_groups import merge_groups
-from hf_dpmerge.analysis.task_similarity import (
+from hf_dpmerge.merging import task_similarity
+from hf_dpmerge.merging.merge_groups import merge_groups
+from hf_dpmerge.merging.task_similarity import (
     SimilarityReport,
     lora_inner_product,
     lora_sign_conflicts,
