@@ -19,17 +19,17 @@ from task_vector_builders import (
     save_runs_base,
 )
 
+from hf_dpmerge.cli.main import main
 from hf_dpmerge.merging import task_similarity
 from hf_dpmerge.merging.merge_groups import merge_groups
+from hf_dpmerge.merging.merge_inputs import LoraFactors
 from hf_dpmerge.merging.task_similarity import (
     SimilarityReport,
+    load_task_vector,
     lora_inner_product,
     lora_sign_conflicts,
     lora_sq_norm,
-    load_task_vector,
 )
-from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging.merge_inputs import LoraFactors
 
 
 def _random_lora(seed: int, rank: int, scaling: float, d_out: int = 24, d_in: int = 40) -> LoraFactors:
@@ -42,7 +42,8 @@ def _dense(factors: LoraFactors) -> torch.Tensor:
     return factors.scaling * factors.lora_b.double() @ factors.lora_a.double()
 
 
-@pytest.mark.parametrize(("rank_1", "rank_2", "scaling_1", "scaling_2"), [(3, 5, 2.0, 0.5), (8, 8, 1.0, 1 / math.sqrt(8))])
+@pytest.mark.parametrize(("rank_1", "rank_2", "scaling_1", "scaling_2"),
+                         [(3, 5, 2.0, 0.5), (8, 8, 1.0, 1 / math.sqrt(8))])
 def test_gram_trace_statistics_equal_the_dense_ones(monkeypatch, rank_1, rank_2, scaling_1, scaling_2) -> None:
     first, second = _random_lora(1, rank_1, scaling_1), _random_lora(2, rank_2, scaling_2)
     dense_1, dense_2 = _dense(first), _dense(second)

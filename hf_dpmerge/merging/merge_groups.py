@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_dpmerge.merging.task_similarity import SimilarityReport
 from hf_dpmerge.merging.merge_config import lora_merge_config, merge_config_yaml
+from hf_dpmerge.merging.task_similarity import SimilarityReport
 
 DEFAULT_THRESHOLD = 0.1
 """Default cosine similarity at which adapters group (see the README section "Task grouping")."""

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 from hf_dpmerge.merging.noise_variance import parameter_noise_variance
+from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 
 BENCHMARK_EPSILONS = (4.0, 8.0)
 """ε values of the benchmark's private cells."""
