@@ -41,8 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output_dir", default="runs/domain_weighting")
     args = parser.parse_args(argv)
     args.task_list = parse_tasks(args.tasks)
-    if args.target not in args.task_list:
-        raise SystemExit(f"--target {args.target} is not one of --tasks {args.tasks}")
+    if args.target not in args.task_list or len(args.task_list) < 2:
+        raise SystemExit(f"--tasks {args.tasks} must hold --target {args.target} and at least one other task")
     try:
         args.weight_list = [float(w) for w in args.weights.split(",")]
     except ValueError:

@@ -29,11 +29,12 @@ from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 
 BENCHMARK_EPSILONS = (4.0, 8.0)
 """ε values of the benchmark's private cells."""
-BENCHMARK_MAX_ABS_COSINE = 0.0
-"""Largest |cos| between the benchmark's four task vectors (rotten_tomatoes, election_tweets, reuters_r8,
-bbc_news; README "Task grouping")."""
-BENCHMARK_MAX_SIGN_CONFLICT = 0.0
-"""Largest sign-conflict rate between the benchmark's four task vectors (same measurement)."""
+BENCHMARK_MAX_ABS_COSINE = 0.011
+"""Largest |cos| between private packaged-task adapters (rotten_tomatoes, reuters_r8, reuters_r52, bbc_news;
+DP-Merging, ε = 8; README "Task grouping": 0.0104, rounded up): the interference under which BENCHMARKS.md
+ranked the merge methods, whose LoRA adapters come from the same recipe (independent A initialisations)."""
+BENCHMARK_MAX_SIGN_CONFLICT = 0.501
+"""Largest sign-conflict rate between the same adapters (0.4999, rounded up): unrelated vectors' ≈ 0.5."""
 NOISE_TO_SIGNAL_FLOOR = 0.05
 """Below this predicted noise-to-signal ratio dp_aware's SURE threshold is ≈ 0 and it reduces to task arithmetic."""
 ANTI_ALIGNED_COSINE = -0.1
@@ -181,8 +182,8 @@ RULES: tuple[Rule, ...] = (
          lambda m: m.max_abs_cosine > BENCHMARK_MAX_ABS_COSINE or m.max_sign_conflict > BENCHMARK_MAX_SIGN_CONFLICT,
          "group first (hf-dpmerge similarity) and validate each group's merge",
          lambda m: f"max |cos| {m.max_abs_cosine:.3f} / max sign conflict {m.max_sign_conflict:.3f} exceed the "
-                   f"benchmark tasks' {BENCHMARK_MAX_ABS_COSINE:.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f}: no measured "
-                   "evidence ranks the methods at this interference"),
+                   f"packaged tasks' {BENCHMARK_MAX_ABS_COSINE:.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f}, the "
+                   "interference the benchmark ranked the methods at: no measured evidence ranks them here"),
     Rule("caution", "anti_aligned_pair",
          lambda m: m.min_cosine < ANTI_ALIGNED_COSINE,
          "do not merge the anti-aligned pair into one model",

@@ -196,7 +196,7 @@ def plot_similarity(report: SimilarityReport, path: str | os.PathLike, groups: S
     image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
     for i in range(len(order)):
         for j in range(len(order)):
-            ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=8)
+            ax.text(j, i, f"{matrix[i, j]:.3f}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_title("cosine similarity of task vectors (colour range: off-diagonal max)", fontsize=9)
