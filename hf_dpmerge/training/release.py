@@ -33,7 +33,7 @@ RELEASE_FILES = (PRIVACY_RECORD_NAME, "adapter_config.json", "adapter_model.safe
 # as repository paths with shell wildcards per path component. Logs, trainer_state.json, training_args.bin
 # (it holds dp_seed), checkpoints, optimizer/scheduler/RNG states and dp_state.pt (the noise generator's state)
 # and metrics computed on private data are left out: nothing private leaves except through the accounted
-# mechanism (docs/design.md §release).
+# mechanism (docs/design.md §10).
 RELEASE_ALLOW_LIST = (
     # weights: a LoRA adapter, or a merged model (one file or shards with their index)
     "adapter_model.safetensors", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",

@@ -9,7 +9,7 @@ with the data files and every transform applied), else a SHA-256 of its rows. So
 benchmark) draws independent masks and noise — parallel composition and the dp_aware merge's
 independent-noise model hold — while one ``dp_seed`` on one dataset reproduces every draw. A seeded run is
 still not private against whoever holds the seed and the data's identity: both are enough to regenerate
-and subtract the noise (docs/design.md §privacy; the record's ``seeded`` field says so).
+and subtract the noise (docs/design.md §10; the record's ``seeded`` field says so).
 """
 
 from __future__ import annotations
