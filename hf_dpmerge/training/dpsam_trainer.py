@@ -441,7 +441,8 @@ class DPSAMTrainer(Trainer):
         """Under DP, upload the release only: the allow-listed adapter files, ``dp_privacy.json`` and a card with
         the privacy statement (no logs, ``trainer_state.json``, ``training_args.bin``, checkpoints or "Training
         Loss" card). A run with a fixed ``dp_seed`` is refused unless ``allow_seeded`` (the card then warns).
-        The upload is always blocking (it is made from a temporary folder). Without DP: Trainer's push."""
+        The upload is always blocking (it is made from a temporary folder) and ``kwargs`` (Trainer's model-card
+        fields) are not used. Without DP: Trainer's push."""
         if not self.args.dp:
             return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
         record = self.privacy_record()
@@ -480,5 +481,6 @@ class DPSAMTrainer(Trainer):
                     "checkpoint (interrupted while being written?); cannot continue the privacy accounting"
                 )
             load_dp_state(self, Path(resume_from_checkpoint) / DP_STATE_NAME)
-            self.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
+            if self.args.dp:  # DP skips no data on resume, so Trainer does not re-sync the RNG itself
+                self.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

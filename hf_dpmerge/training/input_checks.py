@@ -20,6 +20,7 @@ import datasets
 import numpy as np
 import torch
 from torch import nn
+from transformers import EarlyStoppingCallback
 
 from hf_dpmerge.training.alignment import UnsupportedAdapterError
 
@@ -121,8 +122,6 @@ def check_no_gradient_checkpointing(model: nn.Module) -> None:
 
 def check_no_model_selection(callbacks: Sequence[Any]) -> None:
     """Refuse early stopping under DP: it selects the model on evaluation data the guarantee does not cover."""
-    from transformers import EarlyStoppingCallback
-
     stopping = [type(c).__name__ for c in callbacks if isinstance(c, EarlyStoppingCallback)]
     if stopping:
         raise ValueError(
