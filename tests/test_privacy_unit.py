@@ -7,7 +7,8 @@ import torch
 from datasets import Dataset
 from opacus.accountants import create_accountant
 from tiny_models import CORPUS, tiny_tokenizer
-from training_helpers import lora_classifier, make_trainer, text_dataset
+from training_helpers import UNITS as NUM_UNITS
+from training_helpers import lora_classifier, make_trainer, unit_dataset
 
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
 from hf_dpmerge.data.tasks import TaskSpec
@@ -15,14 +16,6 @@ from hf_dpmerge.privacy.audit import audit_training
 from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import UNIT_KEY, UnitPoissonSampler
 from hf_dpmerge.training.privatizer import GradientPrivatizer
-
-NUM_UNITS = 40  # text_dataset() has 200 rows: unit u holds rows u, u+40, u+80, u+120, u+160
-
-
-def unit_dataset():
-    ds = text_dataset()
-    return ds.add_column("author", [f"author-{i % NUM_UNITS}" for i in range(len(ds))])
-
 
 def unit_trainer(tmp_path, dataset=None, **overrides):
     """A tiny trainer over 40 authors of 5 rows each, drawing 4 authors (20 rows) per step on average."""
