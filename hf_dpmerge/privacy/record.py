@@ -4,7 +4,7 @@ The record is the contract between training, merging and release: the DP-aware m
 left in each task vector from it (``noise_multiplier``, ``max_grad_norm``, ``expected_batch_size``,
 ``sum_lr_squared``, ``optimizer``), the merge checks ``base_model_hash`` against its base, and model
 cards quote ``epsilon``/``delta``/``accountant``/``num_samples`` and what ε covers (``privacy_unit``,
-``num_units``, ``neighbouring_relation``, ``epsilon_replace_one``; docs/design.md §privacy unit).
+``num_units``, ``neighbouring_relation``, ``epsilon_replace_one``; docs/design.md §9).
 
 Schema history: 1 had no unit or relation fields. A schema-1 record is read as what its training was:
 example-level (one row is the unit, ``num_units = num_samples``), ε under add/remove-one, and its ε under

@@ -4,7 +4,7 @@ Releases trained on disjoint datasets compose in parallel: the set {w_t} is (max
 to one privacy unit's data (each unit lives in one dataset), and merging released weights is
 post-processing (DP-Merging paper, §3.1), so the merged model inherits that guarantee.
 
-The statement says what ε covers (docs/design.md §privacy unit): the privacy unit of each input (one
+The statement says what ε covers (docs/design.md §9): the privacy unit of each input (one
 training row, or all rows sharing a value of a unit column, e.g. an author) and both neighbouring
 relations: ε for add/remove-one (the calibrated one) and for replace-one. A per-row ε does not protect a
 person, author or film with many rows: group privacy scales it by up to the number of their rows.

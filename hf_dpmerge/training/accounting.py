@@ -3,7 +3,7 @@
 One optimizer step is one subsampled Gaussian mechanism with sample rate q = B_exp/N. With k privatised
 queries of the same Poisson batch per step (``two_query`` mode, DP-Merging Algorithm 1), the k queries
 together have ℓ2 sensitivity √k·C against noise σC per query, i.e. one step at the effective noise
-multiplier σ/√k (docs/design.md §accounting). The accountant is stepped once per optimizer step at that σ_eff.
+multiplier σ/√k (docs/design.md §9). The accountant is stepped once per optimizer step at that σ_eff.
 
 Which ε: opacus' accountants (and so ``target_epsilon``, the budget and the record's ``epsilon``) bound the
 add/remove-one neighbouring relation (datasets differing by one privacy unit present or absent).

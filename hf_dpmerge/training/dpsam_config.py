@@ -23,7 +23,7 @@ class DPSAMConfig(TrainingArguments):
     ``privacy_unit_column`` (e.g. an author or patient id) makes the guarantee user-level: the units are the
     column's distinct values, each step Poisson-samples *units* and takes all their rows, each unit's summed
     gradient is clipped to C, and q = B_exp/N_units where ``per_device_train_batch_size``·world_size is then
-    the expected number of *units* per draw (docs/design.md §privacy unit).
+    the expected number of *units* per draw (docs/design.md §9).
     """
 
     dp: bool = field(default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."})

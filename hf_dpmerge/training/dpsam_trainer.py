@@ -17,7 +17,7 @@ steps with the same g̃ and the accountant sees the single-process (q, σ_eff, s
 
 User-level (``privacy_unit_column``): the unit column is read and removed from the training set up front;
 draws sample units (q = B_exp/N_units), each unit's summed gradient is clipped to C, δ defaults to
-1/(10·N_units) and the record's ``privacy_unit`` is ``unit:<column>`` (docs/design.md §privacy unit).
+1/(10·N_units) and the record's ``privacy_unit`` is ``unit:<column>`` (docs/design.md §9).
 """
 
 from __future__ import annotations
