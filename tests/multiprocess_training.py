@@ -109,12 +109,12 @@ def calibration_error(out: Path, batch: int) -> str:
 
 def unit_level_run(out: Path, batch: int) -> dict[str, Any]:
     """User-level DP (units = authors, 2 expected per process and draw): the first draw's share, then 3 steps."""
-    trainer = make_trainer(out, dataset=unit_dataset(), privacy_unit_column="author", per_device_train_batch_size=batch // 5,
-                           max_steps=3, sam_mode="dp_sat", sam_rho=0.1)
+    trainer = make_trainer(out, dataset=unit_dataset(), privacy_unit_column="author",
+                           per_device_train_batch_size=batch // 5, max_steps=3, sam_mode="dp_sat", sam_rho=0.1)
     rows = first_draw(trainer)
     trainer.train()
-    return {"rows": rows, "params": [p.detach().clone() for p in trainer._params], "epsilon": trainer.accountant.epsilon(),
-            "sample_rate": trainer.sample_rate}
+    params = [p.detach().clone() for p in trainer._params]
+    return {"rows": rows, "params": params, "epsilon": trainer.accountant.epsilon(), "sample_rate": trainer.sample_rate}
 
 
 def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from hf_dpmerge.training.accounting import pld_epsilon, replace_one_epsilon
 
 
 def independent_replace_one_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
-    """ε of ``steps`` compositions of the replace-one pair P = (1−q)N(0,σ²)+qN(1,σ²), Q = (1−q)N(0,σ²)+qN(−1,σ²).
+    """ε of ``steps`` compositions of the replace-one pair P = (1−q)N(0,σ²)+qN(1,σ²),
+    Q = (1−q)N(0,σ²)+qN(−1,σ²).
 
     Built here from scratch: the privacy loss L(x) = log P(x)/Q(x) on a fine x grid, its law under P
     histogrammed on a loss grid (rounded up: pessimistic), composed by FFT, and δ(ε) = E_P[(1 − e^{ε−L})₊]
@@ -54,7 +55,8 @@ RT_N, RT_B, RT_STEPS, RT_SIGMA = 9243, 256, 40, 0.52276611328125
 
 @pytest.fixture(scope="module")
 def rotten_tomatoes_run():
-    return {"effective_noise_multiplier": RT_SIGMA, "sample_rate": RT_B / RT_N, "steps": RT_STEPS, "delta": 1 / (10 * RT_N)}
+    return {"effective_noise_multiplier": RT_SIGMA, "sample_rate": RT_B / RT_N, "steps": RT_STEPS,
+            "delta": 1 / (10 * RT_N)}
 
 
 def test_add_remove_pld_matches_opacus_prv(rotten_tomatoes_run):

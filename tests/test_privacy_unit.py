@@ -17,6 +17,7 @@ from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import UNIT_KEY, UnitPoissonSampler
 from hf_dpmerge.training.privatizer import GradientPrivatizer
 
+
 def unit_trainer(tmp_path, dataset=None, **overrides):
     """A tiny trainer over 40 authors of 5 rows each, drawing 4 authors (20 rows) per step on average."""
     dataset = unit_dataset() if dataset is None else dataset

@@ -131,7 +131,9 @@ class DPSAMTrainer(Trainer):
         self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
         self.expected_batch_size = args.per_device_train_batch_size * args.world_size
         if self.expected_batch_size > self.num_units:
-            what = "dataset size" if self.unit_of_row is None else f"number of privacy units ({args.privacy_unit_column})"
+            what = "dataset size"
+            if self.unit_of_row is not None:
+                what = f"number of privacy units ({args.privacy_unit_column})"
             raise ValueError(f"expected batch size {self.expected_batch_size} exceeds the {what} {self.num_units}")
         self.sample_rate = self.expected_batch_size / self.num_units
         self.steps_per_epoch = int(1 / self.sample_rate)
@@ -181,7 +183,8 @@ class DPSAMTrainer(Trainer):
         logger.info(
             "DP-SGD: N=%d rows, %d privacy units (%s), B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, "
             "δ=%.3g, accountant=%s",
-            self.num_samples, self.num_units, privacy_unit_name(args.privacy_unit_column), self.expected_batch_size, self.sample_rate, self.planned_steps,
+            self.num_samples, self.num_units, privacy_unit_name(args.privacy_unit_column), self.expected_batch_size,
+            self.sample_rate, self.planned_steps,
             self.noise_multiplier, self.effective_noise_multiplier, args.per_sample_max_grad_norm,
             self.delta, args.accountant,
         )

@@ -58,7 +58,9 @@ class GradientPrivatizer:
         self._unit_sums = None
         self.num_examples = 0
 
-    def accumulate_units(self, per_sample_grads: Sequence[torch.Tensor], unit_positions: torch.Tensor, num_units: int) -> None:
+    def accumulate_units(
+        self, per_sample_grads: Sequence[torch.Tensor], unit_positions: torch.Tensor, num_units: int
+    ) -> None:
         """Add each row's gradient, unclipped, to the sum of its unit (``unit_positions`` ∈ [0, num_units) per row);
         the unit sums are clipped at :meth:`release`."""
         if len(per_sample_grads) != len(self.params):
