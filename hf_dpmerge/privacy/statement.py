@@ -37,21 +37,21 @@ def describe_unit(record: PrivacyRecord) -> str:
 
 
 def privacy_table(records: Mapping[str, PrivacyRecord]) -> str:
-    """A markdown table: one row per input with (unit, ε add/remove-one, ε replace-one, δ, accountant,
-    N rows, N units, steps, σ, sam mode)."""
+    """A markdown table: one row per input with (ε add/remove-one, δ, accountant, N rows, steps, σ, sam mode,
+    ε replace-one, privacy unit, N units)."""
     lines = [
         (
-            "| input | privacy unit | ε (add/remove-one) | ε (replace-one) | δ | accountant | N rows | N units | "
-            "steps | σ (effective) | SAM mode |"
+            "| input | ε (add/remove-one) | δ | accountant | N rows | steps | σ (effective) | SAM mode | "
+            "ε (replace-one) | privacy unit | N units |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rec in records.items():
         delta = f"{rec.delta:.3g}" if rec.dp else "–"
         lines.append(
-            f"| {name} | {rec.privacy_unit} | {_format_epsilon(rec)} | {_format_replace_one(rec)} | {delta} | "
-            f"{rec.accountant if rec.dp else '–'} | {rec.num_samples} | {rec.num_units} | {rec.steps} | "
-            f"{rec.effective_noise_multiplier:.4g} | {rec.sam_mode} |"
+            f"| {name} | {_format_epsilon(rec)} | {delta} | {rec.accountant if rec.dp else '–'} | "
+            f"{rec.num_samples} | {rec.steps} | {rec.effective_noise_multiplier:.4g} | {rec.sam_mode} | "
+            f"{_format_replace_one(rec)} | {rec.privacy_unit} | {rec.num_units} |"
         )
     return "\n".join(lines)
 
