@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 MAX_BODY = 8 * 1024 * 1024
 MAX_REQUESTS = 200

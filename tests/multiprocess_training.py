@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from accelerate import PartialState
 from training_helpers import collate, make_trainer, text_dataset
 
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 SINGLE_PROCESS_BATCH = 20
 PER_PROCESS_BATCH = SINGLE_PROCESS_BATCH // 2

@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 from tiny_models import save_tiny_bert
 from transformers import AutoModelForSequenceClassification
 
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 MAX_LENGTH = 32
 

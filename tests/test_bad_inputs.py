@@ -23,9 +23,9 @@ from tiny_models import save_tiny_bert, tiny_bert, tiny_gpt2, tiny_tokenizer
 from training_helpers import lora_classifier, make_trainer, text_dataset
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.training.alignment import UnsupportedAdapterError
+from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.lora import UnsupportedAdapterError
 
 REPO = Path(__file__).resolve().parents[1]
 

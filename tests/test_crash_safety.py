@@ -26,8 +26,8 @@ from training_helpers import make_trainer
 from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
 from hf_dpmerge.merging.output_dir import OVERWRITE_ENV
 from hf_dpmerge.merging.registration import guard_run_merge
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.training.dp_state import DP_STATE_NAME, last_complete_checkpoint, missing_checkpoint_files
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.training.dp.state import DP_STATE_NAME, last_complete_checkpoint, missing_checkpoint_files
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

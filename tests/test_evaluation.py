@@ -19,7 +19,7 @@ from hf_dpmerge.analysis.evaluation import (
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
-from hf_dpmerge.privacy.record import PrivacyRecordError
+from hf_dpmerge.records.record import PrivacyRecordError
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hf_dpmerge.hub.model_card import (
     evaluation_table,
     hub_model_id,
 )
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 
 def _record(task: str, epsilon: float = 3.0, dp: bool = True) -> PrivacyRecord:

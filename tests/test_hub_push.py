@@ -20,7 +20,7 @@ from tiny_models import save_tiny_bert, tiny_bert
 from hub_helpers import privacy_record
 
 from hf_dpmerge.cli import main as cli_main
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 TOKEN = "hf_loopback_dummy_token"
 REPO = "alice/dp-merged"

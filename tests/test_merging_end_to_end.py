@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 
 pytestmark = pytest.mark.slow
 

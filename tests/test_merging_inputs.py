@@ -15,7 +15,7 @@ from mergekit.config import MergeConfiguration
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
-from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.merge_inputs import (
     RECORD_OVERRIDES,
     adapter_weights,
@@ -26,7 +26,7 @@ from hf_dpmerge.merging.merge_inputs import (
 )
 from hf_dpmerge.merging.model_card import privacy_section
 from hf_dpmerge.merging.noise_variance import lora_noise_variance
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 
 QUERY = "bert.encoder.layer.0.attention.self.query.weight"
 

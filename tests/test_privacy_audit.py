@@ -12,11 +12,11 @@ from training_helpers import lora_classifier
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.tasks import TaskSpec
-from hf_dpmerge.privacy.audit import audit_training
-from hf_dpmerge.privacy.canaries import canary_vocabulary, make_canaries
-from hf_dpmerge.privacy.membership import one_run_guesses
-from hf_dpmerge.privacy.one_run_bound import audit_p_value, epsilon_lower_bound
-from hf_dpmerge.training.privatizer import GradientPrivatizer
+from hf_dpmerge.audit.audit import audit_training
+from hf_dpmerge.audit.canaries import canary_vocabulary, make_canaries
+from hf_dpmerge.audit.membership import one_run_guesses
+from hf_dpmerge.audit.one_run_bound import audit_p_value, epsilon_lower_bound
+from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 
 BETA = 0.05
 

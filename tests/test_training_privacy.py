@@ -11,8 +11,9 @@ from tiny_models import tiny_bert
 from training_helpers import lora_classifier, make_trainer, text_dataset
 
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
-from hf_dpmerge.privacy.fingerprint import base_fingerprint
-from hf_dpmerge.training.alignment import UnsupportedAdapterError, alignment_penalty
+from hf_dpmerge.records.fingerprint import base_fingerprint
+from hf_dpmerge.lora import UnsupportedAdapterError
+from hf_dpmerge.training.alignment import alignment_penalty
 
 
 def opacus_epsilon(mechanism, sigma, q, steps, delta):

@@ -1,12 +1,12 @@
 """One-run empirical privacy audit of a training configuration (Steinke, Nasr & Jagielski 2023).
 
 1. Draw m random-word canaries with random labels; include each in the training set with probability 1/2
-   (:mod:`hf_dpmerge.privacy.canaries`).
+   (:mod:`hf_dpmerge.audit.canaries`).
 2. Train once with :class:`~hf_dpmerge.DPSAMTrainer` and the given :class:`~hf_dpmerge.DPSAMConfig` on the task
    data plus the included canaries; save the adapter with its ``dp_privacy.json`` (the claimed (ε, δ)).
 3. Score every canary from the trained adapter against its base and guess "in" for the k₊ highest scores,
-   "out" for the k₋ lowest (:mod:`hf_dpmerge.privacy.membership`).
-4. Turn the number of correct guesses into ε_lo at the claimed δ (:mod:`hf_dpmerge.privacy.one_run_bound`):
+   "out" for the k₋ lowest (:mod:`hf_dpmerge.audit.membership`).
+4. Turn the number of correct guesses into ε_lo at the claimed δ (:mod:`hf_dpmerge.audit.one_run_bound`):
    with probability ≥ confidence over the inclusion draw, an (ε, δ)-DP training has ε ≥ ε_lo.
 
 ε_lo > claimed ε (beyond the confidence level) means the claim is wrong (a bug in noise, clipping, sampling or
@@ -30,12 +30,12 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.data.tokenize import tokenize_task
-from hf_dpmerge.privacy.atomic_write import write_text_atomic
-from hf_dpmerge.privacy.canaries import make_canaries
-from hf_dpmerge.privacy.membership import loss_reduction_scores, one_run_guesses
-from hf_dpmerge.privacy.one_run_bound import epsilon_lower_bound
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.accounting import resolve_delta
+from hf_dpmerge.utils.io import write_text_atomic
+from hf_dpmerge.audit.canaries import make_canaries
+from hf_dpmerge.audit.membership import loss_reduction_scores, one_run_guesses
+from hf_dpmerge.audit.one_run_bound import epsilon_lower_bound
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dp.accounting import resolve_delta
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 

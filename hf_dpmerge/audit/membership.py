@@ -20,7 +20,7 @@ import datasets
 import numpy as np
 import torch
 
-from hf_dpmerge.training.per_example_loss import per_example_loss
+from hf_dpmerge.modeling.per_example_loss import per_example_loss
 
 
 @torch.no_grad()

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_dpmerge.data import DEFAULT_TASK, default_model_path, load_task
     from hf_dpmerge.modeling import default_classifier_pooling
-    from hf_dpmerge.privacy.audit import audit_training
+    from hf_dpmerge.audit.audit import audit_training
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
     from hf_dpmerge.training.recipe import DP_RECIPE

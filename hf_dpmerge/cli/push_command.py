@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:
     found = {
         d.name: d / "adapter"
         for d in sorted(runs.iterdir())
-        if (d / "adapter" / "adapter_config.json").is_file()
+        if (d / "adapter" / ADAPTER_CONFIG_NAME).is_file()
     }
     if not found:
         raise PushError(f"no adapters under {runs}/<task>/adapter/: train some first, or pass --runs/--tasks")

@@ -32,15 +32,14 @@ from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
-from hf_dpmerge.data.model_path import require_model_source
+from hf_dpmerge.utils.io import require_model_source
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
-from hf_dpmerge.privacy.fingerprint import base_fingerprint, directory_base_tensors
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.fingerprint import base_fingerprint, directory_base_tensors
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, without_peft_prefix
 
 NOISE_STD = "noise_std"
 _OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
-_ADAPTER_WEIGHTS = "adapter_model.safetensors"
-_PEFT_PREFIX = "base_model.model."
 _MAD_TO_STD = 0.6744897501960817
 
 
@@ -128,9 +127,9 @@ class AdapterWeights:
 def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
     """The adapter saved in ``adapter_dir`` (cached until its weights file changes)."""
     directory = Path(adapter_dir)
-    if not (directory / _ADAPTER_WEIGHTS).exists():
-        raise FileNotFoundError(f"no {_ADAPTER_WEIGHTS} in {directory}")
-    return _load_adapter(str(directory), _stamp(directory / _ADAPTER_WEIGHTS))
+    if not (directory / ADAPTER_SAFETENSORS_NAME).exists():
+        raise FileNotFoundError(f"no {ADAPTER_SAFETENSORS_NAME} in {directory}")
+    return _load_adapter(str(directory), _stamp(directory / ADAPTER_SAFETENSORS_NAME))
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,17 +138,17 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
     from safetensors.torch import load_file
 
     directory = Path(adapter_dir)
-    config = json.loads((directory / "adapter_config.json").read_text())
+    config = json.loads((directory / ADAPTER_CONFIG_NAME).read_text())
     if config.get("peft_type") != "LORA" or config.get("use_dora"):
         kind = "a DoRA adapter (use_dora: true)" if config.get("use_dora") else f"a {config.get('peft_type')} adapter"
         raise ValueError(
             f"{directory} is {kind}: cauchy_poe and dp_aware support plain LoRA adapters only (their task "
             "vector s·B·A and its noise model)"
         )
-    tensors = load_file(directory / _ADAPTER_WEIGHTS)
+    tensors = load_file(directory / ADAPTER_SAFETENSORS_NAME)
     factors, trained = {}, set()
     for key, value in tensors.items():
-        module = key.removeprefix(_PEFT_PREFIX).rsplit(".", 1)[0]
+        module = without_peft_prefix(key).rsplit(".", 1)[0]
         if ".lora_A." in key:
             module = module.removesuffix(".lora_A")
             patterns = config.get("alpha_pattern") or {}

@@ -2,7 +2,7 @@
 
 It states the merge method with its resolved shared parameters and per-model settings, and each input's
 (ε, δ) from its privacy record (with per-model YAML overrides applied, and listed), followed by the
-composed guarantee of :func:`~hf_dpmerge.privacy.statement.privacy_statement`.
+composed guarantee of :func:`~hf_dpmerge.records.statement.privacy_statement`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from mergekit import merge_methods
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.merging.merge_inputs import RECORD_OVERRIDES, apply_overrides, input_record, input_settings
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.privacy.statement import privacy_statement, privacy_table
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.statement import privacy_statement, privacy_table
 
 HEADING = "## Differential privacy"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 
 def parameter_noise_variance(record: PrivacyRecord) -> float:

@@ -71,7 +71,7 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
         from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
         from hf_dpmerge.merging.model_card import append_privacy_section
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
-        from hf_dpmerge.merging.staging import staged_directory
+        from hf_dpmerge.utils.io import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
         check_merge_output(out_path, overwrite_requested())

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from hf_dpmerge.utils.adapter_files import without_peft_prefix
 
-_PEFT_PREFIX = "base_model.model."
 
 
 def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
@@ -31,7 +31,7 @@ def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def _canonical(module_name: str) -> str:
-    return module_name[len(_PEFT_PREFIX):] if module_name.startswith(_PEFT_PREFIX) else module_name
+    return without_peft_prefix(module_name)
 
 
 def peft_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

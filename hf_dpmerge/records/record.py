@@ -15,7 +15,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.privacy.atomic_write import write_text_atomic
+from hf_dpmerge.utils.io import write_text_atomic
 
 PRIVACY_RECORD_NAME = "dp_privacy.json"
 SCHEMA_VERSION = 1
@@ -32,7 +32,7 @@ class PrivacyRecord:
     ``noise_multiplier`` is σ per privatised query; ``effective_noise_multiplier`` is the σ of the single
     subsampled Gaussian step that one iteration amounts to (σ/√2 for ``two_query``, σ otherwise).
     ``sum_lr_squared`` is Σ_t η_t² over the optimizer steps taken. ``dp`` is False for non-private
-    baselines, whose ``epsilon`` is ``inf``. ``base_model_hash`` is :func:`~hf_dpmerge.privacy.fingerprint.
+    baselines, whose ``epsilon`` is ``inf``. ``base_model_hash`` is :func:`~hf_dpmerge.records.fingerprint.
     base_fingerprint` of the base tensors named in ``base_model_hash_tensors`` (those the adapter modifies).
     """
 

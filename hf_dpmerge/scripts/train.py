@@ -32,9 +32,9 @@ from transformers import (
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
-from hf_dpmerge.data.model_path import require_model_source
-from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.merging.staging import staged_directory
+from hf_dpmerge.utils.io import require_model_source
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.modeling import default_classifier_pooling, load_sequence_classifier
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_dpmerge.training.alignment import UnsupportedAdapterError
+from hf_dpmerge.lora import UnsupportedAdapterError
 
 LABEL_COLUMNS = ("label", "labels", "label_ids")
 

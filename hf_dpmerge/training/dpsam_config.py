@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from hf_dpmerge.training.accounting import ACCOUNTANTS
-from hf_dpmerge.training.sharpness import SAM_MODES
+from hf_dpmerge.training.dp.accounting import ACCOUNTANTS
+from hf_dpmerge.training.sam import SAM_MODES
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Releasing an adapter: its weights and its ``dp_privacy.json`` appear together, or no record appears.
 
 The release is written into a scratch directory beside the target first
-(:func:`~hf_dpmerge.merging.staging.staged_directory`). A missing or empty target is then replaced by a
+(:func:`~hf_dpmerge.utils.io.staged_directory`). A missing or empty target is then replaced by a
 single rename. A non-empty target (e.g. a run's ``output_dir``, which holds its checkpoints) receives the
 files one atomic rename each: its old ``dp_privacy.json`` is removed first and the new one is moved in last,
 so a process killed half-way leaves a directory without a record, which merging, evaluation and push refuse.
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from hf_dpmerge.merging.staging import staged_directory
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME
+from hf_dpmerge.utils.io import staged_directory
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
 
-RELEASE_FILES = (PRIVACY_RECORD_NAME, "adapter_config.json", "adapter_model.safetensors")
+RELEASE_FILES = (PRIVACY_RECORD_NAME, ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME)
 
 
 def check_finite_weights(names: Sequence[str], params: Sequence[torch.Tensor]) -> None:

@@ -7,45 +7,18 @@
 - ``per_example``: example i ascends along its own gradient, w_i = w + ρ·g_i/‖g_i‖, and its gradient at w_i is
   clipped once (one query, 2× compute), computed with torch.func since each example has its own weights.
 
-Perturbations are restored by copying the saved tensors back, so restoration is bit-exact.
+The ascent step and its bit-exact restore are :mod:`hf_dpmerge.modeling.sam_ascent`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 SAM_MODES = ("none", "dp_sat", "per_example", "two_query")
-
-
-def ascent_step(direction: Sequence[torch.Tensor], rho: float) -> list[torch.Tensor] | None:
-    """e = ρ·d/‖d‖ over all tensors jointly; None when ρ = 0 or d = 0."""
-    norm = torch.sqrt(sum(d.pow(2).sum() for d in direction))
-    if rho == 0 or norm == 0:
-        return None
-    return [rho * d / norm for d in direction]
-
-
-@contextlib.contextmanager
-def perturbed(params: Sequence[nn.Parameter], step: Sequence[torch.Tensor] | None) -> Iterator[None]:
-    """Temporarily set w ← w + e; the original values are copied back on exit."""
-    if step is None:
-        yield
-        return
-    saved = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, e in zip(params, step):
-            p.add_(e)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, original in zip(params, saved):
-                p.copy_(original)
 
 
 def additive_4d_mask(mask: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:

@@ -16,19 +16,34 @@ process writes one file and every process loads it on resume, whatever the numbe
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-if TYPE_CHECKING:
-    from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+from hf_dpmerge.utils.io import write_bytes_atomic
 
 DP_STATE_NAME = "dp_state.pt"
+
+
+class DPSAMTrainer(Protocol):
+    """What this module reads and restores of a :class:`~hf_dpmerge.training.dpsam_trainer.DPSAMTrainer`."""
+
+    accountant: PrivacyAccountant | None
+    allowed_steps: int
+    previous_gradient: list[torch.Tensor] | None
+    sum_lr_squared: float
+    sample_generator: torch.Generator
+    noise_generator: torch.Generator
+    state: TrainerState
+
+    def log(self, logs: dict[str, float]) -> None: ...
 
 
 def dp_state(trainer: DPSAMTrainer) -> dict[str, Any]:
@@ -42,10 +57,9 @@ def dp_state(trainer: DPSAMTrainer) -> dict[str, Any]:
 
 
 def save_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
-    target = Path(directory) / DP_STATE_NAME
-    tmp = target.with_suffix(".tmp")
-    torch.save(dp_state(trainer), tmp)
-    os.replace(tmp, target)
+    buffer = io.BytesIO()
+    torch.save(dp_state(trainer), buffer)
+    write_bytes_atomic(Path(directory) / DP_STATE_NAME, buffer.getvalue())
 
 
 def save_checkpoint_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
