@@ -1,4 +1,5 @@
-"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks.
+"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks: the workflow
+behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :func:`main`).
 
     accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
@@ -30,66 +31,37 @@ from transformers import (
     HfArgumentParser,
 )
 
-from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
-from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
-from hf_dpmerge.utils.io import require_model_source
+from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.utils.io import staged_directory
-from hf_dpmerge.modeling import default_classifier_pooling, load_sequence_classifier
+from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.release import check_release_target
-
-# The tuned DP recipe (hf_dpmerge/training/recipe.py); any of it can be overridden on the command line.
-DP_DEFAULTS = DP_RECIPE
 
 
 @dataclass
-class ScriptArguments:
-    task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
+class TrainArguments:
     tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Base encoder (Hub id or path); default: the packaged all-MiniLM-L6-v2."}
-    )
     runs_dir: str = field(default="runs", metadata={"help": "Where base/ and <task>/ are written."})
-    dataset_path: str | None = field(default=None, metadata={"help": "GLUE only: dataset repo id or local copy."})
-    max_length: int = field(default=64)
-    max_train_samples: int | None = field(default=None)
     max_eval_samples: int | None = field(default=None)
-    lora_r: int = field(default=8)
-    lora_alpha: int = field(default=16)
-    lora_target_modules: str = field(default="query,value")
-    lora_layers: str = field(
-        default="top_half",
-        metadata={"help": "Layers that get LoRA: 'top_half' (backprop stops halfway: faster steps, fewer noisy "
-                  "coordinates), 'all', or comma-separated indices."},
-    )
     base_seed: int = field(default=0, metadata={"help": "Seed of the shared base's (unused) head initialisation."})
-    classifier_pooling: str | None = field(
-        default=None,
-        metadata={"help": "'mean' (masked token mean; BERT encoders) or 'cls' (pooler). Default: mean for BERT."},
-    )
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
 
 
-def model_source(script: ScriptArguments) -> str:
-    """The base encoder to load (``--model_name_or_path``, else the packaged MiniLM), refused if it is missing."""
-    source = script.model_name_or_path or str(default_model_path())
-    require_model_source(source)
-    return source
-
-
-def resolve_pooling(script: ScriptArguments) -> ScriptArguments:
-    """``script`` with ``classifier_pooling`` filled in: ``mean`` for BERT encoders, ``cls`` otherwise."""
-    if script.classifier_pooling is not None:
-        return script
-    return dataclasses.replace(script, classifier_pooling=default_classifier_pooling(model_source(script)))
+@dataclass
+class ScriptArguments(TrainArguments, LoraArguments, TaskArguments):
+    """Every flag of the training script besides DPSAMConfig's: task and base, LoRA, and the run's outputs."""
 
 
 def shared_base(script: ScriptArguments) -> Path:
     """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
-    source = model_source(script)
-    script = resolve_pooling(script)
+    source = script.model_source()
+    script = script.with_pooling()
     base_dir = Path(script.runs_dir) / "base"
     marker = base_dir / "hf_dpmerge_base.json"
     if marker.exists():
@@ -147,11 +119,16 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
+def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
+    """The script's flags after the tuned DP recipe (``DP_RECIPE`` first, so every later flag overrides it)."""
+    return HfArgumentParser((ScriptArguments, DPSAMConfig)).parse_args_into_dataclasses(args=[*DP_RECIPE, *argv])
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Train every task of ``argv`` (default: the command line) from one shared base."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
-    script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
-    script = resolve_pooling(script)
+    script, config = parse_arguments(argv)
+    script = script.with_pooling()
     tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)

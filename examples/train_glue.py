@@ -1,0 +1,16 @@
+"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks.
+
+    accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
+    accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
+    accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
+
+Every ScriptArguments / DPSAMConfig / TrainingArguments field is a flag (``--target_epsilon``, ``--sam_mode``,
+``--no-dp``, ``--lora_r``…); the tuned DP recipe (hf_dpmerge/training/recipe.py) comes first, so any flag overrides
+it. Per task it writes ``<runs_dir>/<task>/{adapter,encoder_adapter}/`` and ``eval_metrics.json`` from one shared
+base under ``<runs_dir>/base``; the workflow is :mod:`hf_dpmerge.scripts.train`.
+"""
+
+from hf_dpmerge.scripts.train import main
+
+if __name__ == "__main__":
+    main()
