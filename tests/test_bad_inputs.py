@@ -4,13 +4,11 @@ error that names the problem and leaves nothing half-written."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,8 +24,8 @@ from hf_dpmerge.cli.main import main
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.lora import UnsupportedAdapterError
+from hf_dpmerge.scripts import train as train_script
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -151,30 +149,20 @@ def test_record_write_on_a_full_disk_keeps_the_previous_record(tmp_path: Path, m
     assert [p.name for p in tmp_path.iterdir()] == [PRIVACY_RECORD_NAME]
 
 
-@pytest.fixture
-def train_glue(monkeypatch):
-    """examples/train_glue.py as a module."""
-    spec = importlib.util.spec_from_file_location("train_glue", REPO / "examples" / "train_glue.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "train_glue", module)  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("pooling", [[], ["--classifier_pooling", "cls"]], ids=["default-pooling", "given-pooling"])
-def test_train_glue_names_a_nonexistent_model_path(train_glue, tmp_path: Path, pooling: list[str]) -> None:
+def test_train_glue_names_a_nonexistent_model_path(tmp_path: Path, pooling: list[str]) -> None:
     with pytest.raises(FileNotFoundError, match=f"model directory {re.escape(str(tmp_path / 'nope'))} does not"):
-        train_glue.main(["--model_name_or_path", str(tmp_path / "nope"), "--runs_dir", str(tmp_path / "runs"),
+        train_script.main(["--model_name_or_path", str(tmp_path / "nope"), "--runs_dir", str(tmp_path / "runs"),
                          *pooling])
     assert list(tmp_path.iterdir()) == []
 
 
-def test_train_glue_refuses_to_replace_a_release_before_training(train_glue, tmp_path: Path) -> None:
+def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path) -> None:
     adapter = tmp_path / "runs" / "rotten_tomatoes" / "adapter"
     make_record(task="rotten_tomatoes").save(adapter)
     base = save_tiny_bert(tmp_path / "tiny")
     with pytest.raises(FileExistsError, match="already holds a released adapter .*overwrite"):
-        train_glue.main(["--model_name_or_path", str(base), "--runs_dir", str(tmp_path / "runs")])
+        train_script.main(["--model_name_or_path", str(base), "--runs_dir", str(tmp_path / "runs")])
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rotten_tomatoes"]  # no base built
 
 

@@ -1,6 +1,7 @@
-"""benchmarks/quality.py: the smoke grid runs end to end, writes its report, and a rerun skips every unit."""
+"""python -m benchmarks.quality: the smoke grid runs end to end, writes its report, and a rerun skips every unit."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -9,15 +10,16 @@ from subprocess_helpers import run_offline
 from tiny_models import save_tiny_bert
 
 REPO = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # -m benchmarks.quality
 
 
 @pytest.mark.slow
 def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
     base = save_tiny_bert(tmp_path / "tiny-base")
     work = tmp_path / "work"
-    command = [sys.executable, str(REPO / "benchmarks" / "quality.py"), "--grid", "smoke", "--work-dir", str(work),
+    command = [sys.executable, "-m", "benchmarks.quality", "--grid", "smoke", "--work-dir", str(work),
                "--model_name_or_path", str(base), "--trainers", "non_private,dp_merging", "--merges", "ties,dp_aware"]
-    first = run_offline(command, cwd=tmp_path)
+    first = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
     assert "ran 8 units, skipped 0" in first.stdout  # 2 cells × (2 trainings + 2 merges)
     stored = sorted((work / "results").rglob("*.json"))
     assert len(stored) == 8
@@ -27,14 +29,14 @@ def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
     assert merge["diagnostics"]["bbc_news"]["interpolation"]["gamma"] == [0.0, 0.5, 1.0]
     train = json.loads((work / "results" / "dp_merging-eps4-seed0" / "train_bbc_news.json").read_text())
     assert train["hyperparameters"]["sam_mode"] == "dp_sat" and 0 < train["summary"]["epsilon"] <= 4.0
-    assert train["hyperparameters"]["classifier_pooling"] == "mean"  # resolved as train_glue.main() does
+    assert train["hyperparameters"]["classifier_pooling"] == "mean"  # resolved as the training script's main() does
     record = json.loads((work / "cells" / "dp_merging-eps4-seed0" / "runs" / "bbc_news" / "adapter" /
                          "dp_privacy.json").read_text())
     assert record["extra"]["classifier_pooling"] == "mean"
     assert train["diagnostics"]["drift"] > 0 and train["diagnostics"]["sharpness"] is not None
     assert not (work / "cells" / "dp_merging-eps4-seed0" / "merged" / "ties").exists()  # scored, then removed
 
-    second = run_offline(command, cwd=tmp_path)
+    second = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
     assert "ran 0 units, skipped 8" in second.stdout
     assert {path: path.stat().st_mtime_ns for path in stored} == before
     report = (work / "BENCHMARKS.md").read_text()

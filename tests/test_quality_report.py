@@ -1,16 +1,12 @@
-"""benchmarks/quality_report.py: the issue's targets are judged on the stored numbers, tables show mean ± std."""
+"""benchmarks/quality/report.py: the issue's targets are judged on the stored numbers, tables show mean ± std."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from quality import GRIDS, Cell, Store  # noqa: E402
-from quality_report import Results, targets, write_report  # noqa: E402
+from benchmarks.quality.grid import GRIDS, Cell
+from benchmarks.quality.report import Results, targets, write_report
+from benchmarks.quality.store import Store
 
 TASKS = ("rotten_tomatoes", "bbc_news")
 GRID = dataclasses.replace(GRIDS["cpu"], tasks=TASKS, merges=("task_arithmetic", "ties", "cauchy_poe", "dp_aware"))

@@ -1,4 +1,4 @@
-"""Reference-point drift of a LoRA adapter from its base (DP-Merging §3.2 diagnostics; DESIGN-NOTES §1, §4).
+"""Reference-point drift of a LoRA adapter from its base (DP-Merging §3.2 diagnostics; docs/design.md §1, §4).
 
 Per adapted weight matrix W_0 with LoRA delta ΔW = s·B·A:   drift = ‖ΔW‖_F / ‖W_0‖_F;
 in total:   drift = sqrt(Σ‖ΔW‖_F²) / sqrt(Σ‖W_0‖_F²) over the adapted matrices — the paper's ‖w_t − w_0‖/‖w_0‖

@@ -1,4 +1,4 @@
-"""Sharpness and top Hessian eigenvalue of a task loss at an adapter's weights (DP-Merging §3.2; DESIGN-NOTES §1).
+"""Sharpness and top Hessian eigenvalue of a task loss at an adapter's weights (DP-Merging §3.2; docs/design.md §1).
 
 - Sharp_t = L_t(w + ρ·∇L_t(w)/‖∇L_t(w)‖) − L_t(w): the loss rise after one SAM ascent step of radius ρ along
   the full-set gradient (the ascent and restore are those of training's SAM step, :mod:`hf_dpmerge.modeling.sam_ascent`).

@@ -1,4 +1,4 @@
-"""Reference-point alignment penalty on LoRA deltas (DP-Merging §4, adapted to LoRA; DESIGN-NOTES §4).
+"""Reference-point alignment penalty on LoRA deltas (DP-Merging §4, adapted to LoRA; docs/design.md §4).
 
     R(w) = λ · Σ_layers ‖ΔW‖_F²,   ΔW = s·B·A  (s = α/r, or α/√r with rsLoRA)
 

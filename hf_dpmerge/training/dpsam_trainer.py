@@ -1,6 +1,6 @@
 """``DPSAMTrainer``: DP-SGD + DP-compatible sharpness-aware steps + drift alignment for peft LoRA models.
 
-One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of DESIGN-NOTES §2):
+One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of docs/design.md §2):
 
     B ~ Poisson(q) over the training set                         (one draw per step)
     e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)

@@ -1,6 +1,6 @@
 """Export the shared-encoder part of a task adapter, the input mergekit merges as ``base+encoder_adapter``.
 
-Task heads (peft ``modules_to_save``) differ in shape across tasks and are never merged (DESIGN-NOTES §8),
+Task heads (peft ``modules_to_save``) differ in shape across tasks and are never merged (docs/design.md §8),
 and peft cannot apply an adapter whose saved head does not match the base's. The export keeps only the
 LoRA weights, clears ``modules_to_save`` and ``task_type`` (a sequence-classification adapter without
 them would make peft re-add the head), and copies the privacy record. It is written to a temporary

@@ -1,4 +1,4 @@
-"""Sharpness-aware perturbations compatible with DP (DESIGN-NOTES §1–2).
+"""Sharpness-aware perturbations compatible with DP (docs/design.md §1–2).
 
 - ``dp_sat`` (Park et al., ICML 2023): ascend w + ρ·g̃_{t−1}/‖g̃_{t−1}‖ along the previous step's
   *privatised* gradient (post-processing: no privacy cost), take the usual DP gradient there, restore w.
@@ -25,7 +25,7 @@ def additive_4d_mask(mask: torch.Tensor, causal: bool, dtype: torch.dtype) -> to
     """[b, T] 0/1 padding mask → ready [b, 1, T|1, T] additive mask (0 attend, dtype-min masked).
 
     transformers 5.x builds masks with data-dependent checks that vmap cannot trace; a prepared 4-D mask is
-    passed through untouched (DESIGN-NOTES §3)."""
+    passed through untouched (docs/design.md §3)."""
     allowed = mask[:, None, None, :].bool()
     if causal:
         length = mask.shape[-1]

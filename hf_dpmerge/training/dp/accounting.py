@@ -3,7 +3,7 @@
 One optimizer step is one subsampled Gaussian mechanism with sample rate q = B_exp/N. With k privatised
 queries of the same Poisson batch per step (``two_query`` mode, DP-Merging Algorithm 1), the k queries
 together have ℓ2 sensitivity √k·C against noise σC per query, i.e. one step at the effective noise
-multiplier σ/√k (DESIGN-NOTES §1). The accountant is stepped once per optimizer step at that σ_eff.
+multiplier σ/√k (docs/design.md §1). The accountant is stepped once per optimizer step at that σ_eff.
 """
 
 from __future__ import annotations

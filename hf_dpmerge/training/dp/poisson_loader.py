@@ -1,4 +1,4 @@
-"""Poisson-sampled logical batches: one independent draw per optimizer step (DESIGN-NOTES §3).
+"""Poisson-sampled logical batches: one independent draw per optimizer step (docs/design.md §3).
 
 Each example joins a step's batch independently with probability q = B_exp/N (opacus
 ``UniformWithReplacementSampler``). A draw may be empty; it is collated as a batch of zero rows so the
