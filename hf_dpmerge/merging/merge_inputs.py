@@ -17,7 +17,6 @@ import dataclasses
 import difflib
 import functools
 import json
-import math
 import os
 import shutil
 import types
@@ -33,10 +32,11 @@ from mergekit.config import MergeConfiguration
 from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
 from hf_dpmerge.utils.io import require_model_source
+from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
 from hf_dpmerge.records.fingerprint import base_fingerprint, directory_base_tensors
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, without_peft_prefix
+from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
 
 NOISE_STD = "noise_std"
 _OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
@@ -100,31 +100,13 @@ def apply_overrides(record: PrivacyRecord, overrides: Mapping[str, Any]) -> Priv
     return dataclasses.replace(record, optimizer=optimizer, **top)
 
 
-@dataclasses.dataclass(frozen=True)
-class LoraFactors:
-    """One LoRA layer: ΔW = scaling·B·A, transposed into the weight's layout when ``fan_in_fan_out``."""
-
-    lora_a: torch.Tensor
-    lora_b: torch.Tensor
-    scaling: float
-    fan_in_fan_out: bool
-
-    def noise_variance(self, factor_variance: float) -> torch.Tensor:
-        variance = lora_noise_variance(self.lora_a, self.lora_b, self.scaling, factor_variance)
-        return variance.T if self.fan_in_fan_out else variance
+def factor_noise_variance(factor: LoraFactor, factor_variance: float) -> torch.Tensor:
+    """Per-coordinate noise variance of ``factor``'s ΔW, in the weight's layout."""
+    variance = lora_noise_variance(factor.lora_a, factor.lora_b, factor.scaling, factor_variance)
+    return variance.T if factor.fan_in_fan_out else variance
 
 
-@dataclasses.dataclass(frozen=True)
-class AdapterWeights:
-    """What a saved peft adapter changes, by base weight name: LoRA layers, and fully trained weights
-    (``modules_to_save`` heads, other PEFT parameters). Everything else stayed frozen, so carries no noise."""
-
-    factors: dict[str, LoraFactors]
-    trained: frozenset[str]
-    tensors: dict[str, torch.Tensor]
-
-
-def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
+def adapter_weights(adapter_dir: str | Path) -> SavedAdapter:
     """The adapter saved in ``adapter_dir`` (cached until its weights file changes)."""
     directory = Path(adapter_dir)
     if not (directory / ADAPTER_SAFETENSORS_NAME).exists():
@@ -133,33 +115,14 @@ def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
-    from peft.utils.other import get_pattern_key
-    from safetensors.torch import load_file
-
-    directory = Path(adapter_dir)
-    config = json.loads((directory / ADAPTER_CONFIG_NAME).read_text())
-    if config.get("peft_type") != "LORA" or config.get("use_dora"):
-        kind = "a DoRA adapter (use_dora: true)" if config.get("use_dora") else f"a {config.get('peft_type')} adapter"
+def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> SavedAdapter:
+    try:
+        return load_saved_adapter(adapter_dir)
+    except UnsupportedAdapterError as err:
         raise ValueError(
-            f"{directory} is {kind}: cauchy_poe and dp_aware support plain LoRA adapters only (their task "
-            "vector s·B·A and its noise model)"
-        )
-    tensors = load_file(directory / ADAPTER_SAFETENSORS_NAME)
-    factors, trained = {}, set()
-    for key, value in tensors.items():
-        module = without_peft_prefix(key).rsplit(".", 1)[0]
-        if ".lora_A." in key:
-            module = module.removesuffix(".lora_A")
-            patterns = config.get("alpha_pattern") or {}
-            alpha = float(patterns.get(get_pattern_key(patterns, module), config["lora_alpha"]))
-            rank = value.shape[0]
-            scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-            lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
-            factors[f"{module}.weight"] = LoraFactors(value, lora_b, scaling, bool(config.get("fan_in_fan_out")))
-        elif ".lora_B." not in key:
-            trained.add(f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight")
-    return AdapterWeights(factors, frozenset(trained), tensors)
+            f"{err}: cauchy_poe and dp_aware support plain LoRA adapters only (their task vector s·B·A and its "
+            "noise model)"
+        ) from None
 
 
 def _missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
@@ -197,7 +160,7 @@ def input_noise_variance(
         return variance
     adapter = adapter_weights(input_directory(reference))
     if tensor_name in adapter.factors:
-        return adapter.factors[tensor_name].noise_variance(variance)
+        return factor_noise_variance(adapter.factors[tensor_name], variance)
     return variance if tensor_name in adapter.trained else 0.0
 
 

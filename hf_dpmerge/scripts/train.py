@@ -32,6 +32,7 @@ from transformers import (
 )
 
 from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.tasks import parse_task_list
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.modeling import load_sequence_classifier
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
     script = script.with_pooling()
-    tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
+    tasks = parse_task_list(script.tasks) if script.tasks else [script.task]
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
