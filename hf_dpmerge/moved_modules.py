@@ -32,6 +32,7 @@ MOVED: dict[str, str] = {
     "hf_dpmerge.training.per_example_loss": "hf_dpmerge.modeling.per_example_loss",
     "hf_dpmerge.merging.staging": "hf_dpmerge.utils.io",
     "hf_dpmerge.merging.encoder_adapter": "hf_dpmerge.training.encoder_adapter",
+    "hf_dpmerge.merging.merge_inputs": "hf_dpmerge.merging.inputs",
 }
 
 

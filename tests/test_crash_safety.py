@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tiny_models import tiny_bert
 from training_helpers import make_trainer
 
-from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
+from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
 from hf_dpmerge.merging.output_dir import OVERWRITE_ENV
 from hf_dpmerge.merging.registration import guard_run_merge
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
