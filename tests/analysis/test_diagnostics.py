@@ -10,9 +10,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from runs_builders import MAX_LENGTH, build_fake_runs
-from tiny_models import tiny_tokenizer
-from training_helpers import lora_classifier, text_dataset
 
 from hf_dpmerge.analysis.batching import Batch, length_sorted_batches
 from hf_dpmerge.analysis.diagnostics import CHART_NAME, PRIVACY_NOTE, RESULTS_NAME, diagnose_runs
@@ -23,6 +20,9 @@ from hf_dpmerge.analysis.sharpness import hessian_top_eigenvalue, sharpness
 from hf_dpmerge.analysis.task_loss import evaluate_loss
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head
 from hf_dpmerge.cli import diagnose_command
+from tests.utils.runs_builders import MAX_LENGTH, build_fake_runs
+from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, text_dataset
 
 
 def _trained_like(seed: int = 0, **lora):

@@ -5,8 +5,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runs_builders import MAX_LENGTH, build_fake_runs
-from tiny_models import tiny_tokenizer
 
 from hf_dpmerge.analysis.evaluation import (
     CHART_NAME,
@@ -20,6 +18,8 @@ from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_w
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
 from hf_dpmerge.records.record import PrivacyRecordError
+from tests.utils.runs_builders import MAX_LENGTH, build_fake_runs
+from tests.utils.tiny_models import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

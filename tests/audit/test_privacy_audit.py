@@ -6,17 +6,17 @@ import math
 import numpy as np
 import pytest
 from datasets import Dataset
-from tiny_models import CORPUS, save_tiny_bert, tiny_tokenizer
-from training_helpers import lora_classifier
 
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
-from hf_dpmerge.cli.main import main
-from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.audit.audit import audit_training
 from hf_dpmerge.audit.canaries import canary_vocabulary, make_canaries
 from hf_dpmerge.audit.membership import one_run_guesses
 from hf_dpmerge.audit.one_run_bound import audit_p_value, epsilon_lower_bound
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from tests.utils.tiny_models import CORPUS, save_tiny_bert, tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier
 
 BETA = 0.05
 

@@ -6,10 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_helpers import run_offline
-from tiny_models import save_tiny_bert
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.utils.subprocess_helpers import run_offline
+from tests.utils.tiny_models import save_tiny_bert
+
+REPO = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # -m benchmarks.quality
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-from tiny_models import tiny_tokenizer
 
 from hf_dpmerge.data import MissingAssetPackage, default_model_path, load_task, tokenize_task
+from tests.utils.tiny_models import tiny_tokenizer
 
 
 def _write_glue(root: Path, name: str, splits: dict[str, dict], label_names: list[str] | None) -> list[str]:

@@ -7,8 +7,6 @@ import math
 import pytest
 from huggingface_hub import ModelCard
 
-from hub_helpers import privacy_record
-
 from hf_dpmerge.hub.model_card import (
     HeadInfo,
     MergeRecipe,
@@ -17,6 +15,7 @@ from hf_dpmerge.hub.model_card import (
     hub_model_id,
 )
 from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.records import privacy_record
 
 
 def _record(task: str, epsilon: float = 3.0, dp: bool = True) -> PrivacyRecord:

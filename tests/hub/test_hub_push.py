@@ -1,4 +1,4 @@
-"""`hf-dpmerge push` end to end through the CLI, against a loopback Hub (tests/hub_helpers.py)."""
+"""`hf-dpmerge push` end to end through the CLI, against a loopback Hub (tests/utils/hub_helpers.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from huggingface_hub import ModelCard
 from peft import LoraConfig, TaskType, get_peft_model
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
-from tiny_models import save_tiny_bert, tiny_bert
-
-from hub_helpers import privacy_record
 
 from hf_dpmerge.cli import main as cli_main
 from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.records import privacy_record
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert
 
 TOKEN = "hf_loopback_dummy_token"
 REPO = "alice/dp-merged"
@@ -96,9 +95,8 @@ def cli(monkeypatch):
 @pytest.fixture
 def hub(monkeypatch):
     """A loopback Hub set through HF_ENDPOINT, with a dummy token and offline mode lifted for the test."""
-    from huggingface_hub import constants
-
     from hub_helpers import FakeHub
+    from huggingface_hub import constants
 
     with FakeHub(token=TOKEN) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from merging_builders import full_config_yaml, lora_config_yaml, save_base, save_task_adapter, save_variant
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from tests.utils.merging_builders import full_config_yaml, lora_config_yaml, save_base, save_task_adapter, save_variant
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASKS = {"rotten_tomatoes": 2, "election_tweets": 3, "reuters_r8": 8, "bbc_news": 5}
 ADAPTERS = [f"./runs/{task}/encoder_adapter" for task in TASKS]
 

@@ -9,18 +9,18 @@ import peft
 import pytest
 import torch
 import yaml
-from merging_builders import lora_config_yaml, save_base, save_task_adapter, save_variant
 from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
-from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
-from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.merging.model_card import privacy_section
 from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter, save_variant
 
 QUERY = "bert.encoder.layer.0.attention.self.query.weight"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from merging_builders import make_record
 from opacus.optimizers import DPOptimizer
 
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
+from tests.utils.merging_builders import make_record
 
 SIGMA, CLIP, BATCH, STEPS, COORDS = 1.2, 0.5, 16, 400, 4000
 

@@ -15,7 +15,7 @@ import pytest
 
 from hf_dpmerge.merging.registration import guard_run_merge
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HOOK_FILES = ("_hf_dpmerge_mergekit.py", "_hf_dpmerge_mergekit.pth", "_hf_dpmerge_mergekit.start")
 
 

@@ -12,7 +12,7 @@ from hf_dpmerge.modeling import (
     load_sequence_classifier,
     masked_mean,
 )
-from tiny_models import tiny_bert, tiny_tokenizer
+from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 
 
 @pytest.fixture

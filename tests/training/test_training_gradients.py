@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tiny_models import tiny_gpt2, tiny_tokenizer
-from training_helpers import collate, make_trainer
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
+from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from tests.utils.tiny_models import tiny_gpt2, tiny_tokenizer
+from tests.utils.training_helpers import collate, make_trainer
 
 
 def naive_clipped_sum(model, params, examples, max_grad_norm):

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiprocess_training import (
+from opacus.accountants import create_accountant
+from transformers import DataCollatorWithPadding
+
+from hf_dpmerge import DPSAMConfig, DPSAMTrainer
+from tests.utils.multiprocess_training import (
     NOISE,
     NOISE_DRAWS,
     SINGLE_PROCESS_BATCH,
@@ -18,14 +22,10 @@ from multiprocess_training import (
     spawn_two_processes,
     training_run,
 )
-from opacus.accountants import create_accountant
-from tiny_models import tiny_tokenizer
-from training_helpers import lora_classifier, text_dataset
-from transformers import DataCollatorWithPadding
+from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, text_dataset
 
-from hf_dpmerge import DPSAMConfig, DPSAMTrainer
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAM_MODES = ("none", "per_example")
 
 
@@ -168,7 +168,7 @@ def test_accelerate_launch_of_two_cpu_processes_trains_like_one_process(tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), str(REPO / "tests" / "multiprocess_training.py"),
+               "--main_process_port", str(free_port()), "--module", "tests.utils.multiprocess_training",
                str(tmp_path)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

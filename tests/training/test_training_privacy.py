@@ -7,13 +7,13 @@ import pytest
 import torch
 from opacus.accountants import create_accountant
 from peft import LoraConfig, get_peft_model
-from tiny_models import tiny_bert
-from training_helpers import lora_classifier, make_trainer, text_dataset
 
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
-from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.lora import UnsupportedAdapterError
+from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.training.alignment import alignment_penalty
+from tests.utils.tiny_models import tiny_bert
+from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
 
 def opacus_epsilon(mechanism, sigma, q, steps, delta):

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from training_helpers import make_trainer
 from transformers import Trainer
+
+from tests.utils.training_helpers import make_trainer
 
 PAUSE_STEP = 6
 

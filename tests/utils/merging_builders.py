@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hub_helpers import privacy_record
 from peft import LoraConfig, get_peft_model
-from tiny_models import save_tiny_bert, tiny_bert
 
-from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from tests.utils.records import privacy_record
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert
 
 HASHED = ["bert.encoder.layer.0.attention.self.query.weight", "bert.encoder.layer.1.attention.self.value.weight"]
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 from accelerate import PartialState
-from training_helpers import collate, make_trainer, text_dataset
 
 from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.training_helpers import collate, make_trainer, text_dataset
 
 SINGLE_PROCESS_BATCH = 20
 PER_PROCESS_BATCH = SINGLE_PROCESS_BATCH // 2
@@ -143,7 +143,7 @@ def spawn_two_processes(out: Path, single_process_checkpoint: str) -> list[dict[
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-if __name__ == "__main__":  # accelerate launch --num_processes 2 --cpu tests/multiprocess_training.py OUT
+if __name__ == "__main__":  # accelerate launch ... --module tests.utils.multiprocess_training OUT
     target = Path(sys.argv[1])
     result = training_run(target, PER_PROCESS_BATCH)
     torch.save(result, target / f"rank{int(os.environ['RANK'])}.pt")

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from tiny_models import save_tiny_bert
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.records import privacy_record
+from tests.utils.tiny_models import save_tiny_bert
 
 MAX_LENGTH = 32
 
 
-def privacy_record(task: str, epsilon: float = 8.0, dp: bool = True, **extra) -> PrivacyRecord:
-    return PrivacyRecord(
-        epsilon=epsilon, delta=1e-5 if dp else 0.0, accountant="prv" if dp else "none", noise_multiplier=0.8,
-        effective_noise_multiplier=0.8, sample_rate=0.01, steps=10, max_grad_norm=1.0, expected_batch_size=16,
-        num_samples=1000, sam_mode="none", sam_rho=0.0, align_lambda=0.0, optimizer={"name": "adamw"},
-        sum_lr_squared=1e-4, base_model=None, base_model_hash=None, versions={}, dp=dp, task=task,
-        extra=dict(extra),
+def runs_record(task: str, epsilon: float = 8.0, dp: bool = True, **extra) -> PrivacyRecord:
+    """The record of a fake run: the PRV accountant (none without DP), ``extra`` as the record's extra fields."""
+    return privacy_record(
+        task, epsilon, delta=1e-5 if dp else 0.0, accountant="prv" if dp else "none", noise_multiplier=0.8,
+        effective_noise_multiplier=0.8, sample_rate=0.01, steps=10, expected_batch_size=16, num_samples=1000,
+        optimizer={"name": "adamw"}, sum_lr_squared=1e-4, base_model=None, versions={}, dp=dp, extra=dict(extra),
     )
 
 
@@ -47,9 +47,9 @@ def build_fake_runs(root: Path) -> dict[str, Path]:
     runs_dir = root / "runs"
     base = save_tiny_bert(runs_dir / "base", num_labels=2, seed=0)
     bbc = save_fake_adapter(base, runs_dir / "bbc" / "adapter", num_labels=5, seed=1)
-    privacy_record("bbc_news", epsilon=4.0, max_length=MAX_LENGTH).save(runs_dir / "bbc" / "adapter")
+    runs_record("bbc_news", epsilon=4.0, max_length=MAX_LENGTH).save(runs_dir / "bbc" / "adapter")
     save_fake_adapter(base, runs_dir / "election_tweets" / "adapter", num_labels=2, seed=2)
-    privacy_record("election_tweets", epsilon=math.inf, dp=False).save(runs_dir / "election_tweets" / "adapter")
+    runs_record("election_tweets", epsilon=math.inf, dp=False).save(runs_dir / "election_tweets" / "adapter")
 
     merged_encoder = bbc.merge_and_unload()
     merged = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2)

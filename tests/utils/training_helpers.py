@@ -6,10 +6,10 @@ from typing import Any
 
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
-from tiny_models import CORPUS, tiny_bert, tiny_tokenizer
 from transformers import DataCollatorWithPadding
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer
+from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
 
 
 def lora_classifier(seed: int = 0, num_labels: int = 2, **lora_kwargs: Any):

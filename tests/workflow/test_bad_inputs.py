@@ -14,18 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from merging_builders import lora_config_yaml, make_record, save_base, save_task_adapter
 from mergekit.io.tensor_writer import TensorWriter
 from peft import IA3Config, LoraConfig, get_peft_model
-from tiny_models import save_tiny_bert, tiny_bert, tiny_gpt2, tiny_tokenizer
-from training_helpers import lora_classifier, make_trainer, text_dataset
 
 from hf_dpmerge.cli.main import main
+from hf_dpmerge.lora import UnsupportedAdapterError
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.lora import UnsupportedAdapterError
 from hf_dpmerge.scripts import train as train_script
-
+from tests.utils.merging_builders import lora_config_yaml, make_record, save_base, save_task_adapter
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert, tiny_gpt2, tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
 
 @pytest.fixture

@@ -12,24 +12,24 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import crash_training
 import peft
 import pytest
 import torch
-from merging_builders import lora_config_yaml, save_base, save_task_adapter
 from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 from safetensors.torch import load_file
-from tiny_models import tiny_bert
-from training_helpers import make_trainer
 
 from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
 from hf_dpmerge.merging.output_dir import OVERWRITE_ENV
 from hf_dpmerge.merging.registration import guard_run_merge
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.training.dp.state import DP_STATE_NAME, last_complete_checkpoint, missing_checkpoint_files
+from tests.utils import crash_training
+from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter
+from tests.utils.tiny_models import tiny_bert
+from tests.utils.training_helpers import make_trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1"}
 
@@ -67,20 +67,20 @@ def _files(directory: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_training_killed_while_checkpointing_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
-    script = str(REPO / "tests" / "crash_training.py")
+    script = ["-m", "tests.utils.crash_training"]
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     full.mkdir()
     crashed.mkdir()
     crash_training.main(full, "full")  # the uninterrupted reference, in this process
 
-    victim = _start([script, str(crashed), "pause"], crashed / "log.txt")
+    victim = _start([*script, str(crashed), "pause"], crashed / "log.txt")
     _kill_when(crashed / "paused", victim, crashed / "log.txt")
     checkpoints = crashed / "out"
     assert missing_checkpoint_files(checkpoints / "checkpoint-6") == ["trainer_state.json"]  # killed mid-write
     assert last_complete_checkpoint(checkpoints).name == "checkpoint-4"
     assert not (crashed / "adapter").exists()
 
-    _finish([script, str(crashed), "resume"], crashed / "resume-log.txt")
+    _finish([*script, str(crashed), "resume"], crashed / "resume-log.txt")
     resumed, reference = PrivacyRecord.load(crashed / "adapter"), PrivacyRecord.load(full / "adapter")
     assert resumed.steps == reference.steps == 8
     assert resumed.epsilon == pytest.approx(reference.epsilon, rel=1e-12) and resumed.epsilon > 0
@@ -215,7 +215,7 @@ def merge_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_merge_killed_after_writing_leaves_no_complete_looking_output(merge_workdir: Path) -> None:
-    args = [str(REPO / "tests" / "crash_merge.py"), "paused", "merge.yaml", "merged", "--lora-merge-cache", "cache"]
+    args = ["-m", "tests.utils.crash_merge", "paused", "merge.yaml", "merged", "--lora-merge-cache", "cache"]
     log, marker, out = merge_workdir / "log.txt", merge_workdir / "paused", merge_workdir / "merged"
     _kill_when(marker, _start(args, log), log)
     assert not out.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hf_dpmerge"
 
 _LOW = {"utils", "lazy_exports", "moved_modules"}

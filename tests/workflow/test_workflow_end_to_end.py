@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_helpers import run_offline as run
-from tiny_models import save_tiny_bert
 
 from hf_dpmerge import PrivacyRecord
+from tests.utils.subprocess_helpers import run_offline as run
+from tests.utils.tiny_models import save_tiny_bert
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASKS = "rotten_tomatoes,bbc_news"
 TINY_TRAINING = ["--max_train_samples", "96", "--max_eval_samples", "32", "--per_device_train_batch_size", "16",
                  "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--accountant", "rdp",
