@@ -91,7 +91,8 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
     directory = Path(adapter_dir)
     config = PeftConfig.from_pretrained(str(directory))
     if config.peft_type != "LORA" or getattr(config, "use_dora", False):
-        kind = "a DoRA adapter (use_dora: true)" if getattr(config, "use_dora", False) else f"a {config.peft_type} adapter"
+        dora = getattr(config, "use_dora", False)
+        kind = "a DoRA adapter (use_dora: true)" if dora else f"a {config.peft_type} adapter"
         raise UnsupportedAdapterError(f"{directory} is {kind}")
     tensors = load_peft_weights(str(directory), device="cpu")
     patterns = config.alpha_pattern or {}

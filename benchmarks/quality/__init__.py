@@ -2,10 +2,10 @@
 
 For every training cell (trainer × ε × seed) it trains one LoRA adapter per task through the code path of
 ``examples/train_glue.py`` (:func:`hf_dpmerge.scripts.train.train_task` from one shared base; ``DP_RECIPE`` + the
-grid's flags + the trainer's flags), measures each adapter's sharpness, top Hessian eigenvalue and drift on a validation subset
-(:func:`hf_dpmerge.analysis.diagnostics.diagnose_runs`), then merges the cell's adapters with every merge method
-(configs generated from ``merge_configs/*.yaml``, merged by ``hf-dpmerge merge``, i.e. ``mergekit-yaml``),
-scores individual, merged and normalised accuracy on the test split (:func:`hf_dpmerge.analysis.evaluation.
+grid's flags + the trainer's flags), measures each adapter's sharpness, top Hessian eigenvalue and drift on a
+validation subset (:func:`hf_dpmerge.analysis.diagnostics.diagnose_runs`), then merges the cell's adapters with
+every merge method (configs generated from ``merge_configs/*.yaml``, merged by ``hf-dpmerge merge``, i.e.
+``mergekit-yaml``), scores individual, merged and normalised accuracy on the test split (:func:`hf_dpmerge.analysis.evaluation.
 evaluate_runs`) and the merge gap and interpolation curve on the validation subset.
 
 Each finished unit (one task's training, one cell's merge) writes a JSON under ``<work-dir>/results``; a rerun

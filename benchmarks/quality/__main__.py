@@ -21,7 +21,8 @@ from .time_model import TOKENS_PER_SECOND, estimate_seconds
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=DESCRIPTION.splitlines()[0], epilog=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=DESCRIPTION.splitlines()[0],
+                                     epilog=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", choices=sorted(GRIDS), default="cpu", help="which grid to run (default: cpu)")
     parser.add_argument("--work-dir", type=Path, help="where adapters and results go (default: runs/quality/<grid>)")

@@ -132,7 +132,8 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     ctx.ran += 1
     gc.collect()
     ctx.store.save(cell, f"train_{task}", settings, {
-        "summary": summary, "diagnostics": report.tasks[0].to_dict(), "hyperparameters": training_summary(script, config),
+        "summary": summary, "diagnostics": report.tasks[0].to_dict(),
+        "hyperparameters": training_summary(script, config),
         "seconds": seconds, "host": _host(),
     })
 

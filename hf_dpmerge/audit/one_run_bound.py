@@ -64,7 +64,9 @@ def audit_p_value(*, num_canaries: int, num_guesses: int, num_correct: int, epsi
     return min(tail + 2 * num_canaries * delta * slack, 1.0)
 
 
-def _rejection_ceiling(num_canaries: int, num_guesses: int, num_correct: int, delta: float, beta: float) -> float | None:
+def _rejection_ceiling(
+    num_canaries: int, num_guesses: int, num_correct: int, delta: float, beta: float
+) -> float | None:
     """An ε beyond which p(ε) > β for good (via the monotone g_⌈c⌉ ≤ p), or None when p ≡ 1."""
     c = 2 * num_canaries * delta
     if num_correct == 0 or c >= num_correct:

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit_seed", type=int, default=0, help="seed of the canaries and the inclusion draw")
     parser.add_argument("--output", default="audit/audit.json", help="result JSON (default: audit/audit.json)")
     parser.add_argument("--adapter_dir", help="where the audited adapter is saved (default: beside --output)")
-    parser.epilog = (f"task and LoRA options, as for examples/train_glue.py:\n{flags_help(TaskArguments, LoraArguments)}\n"
+    parser.epilog = ("task and LoRA options, as for examples/train_glue.py:\n"
+                     f"{flags_help(TaskArguments, LoraArguments)}\n"
                      "other options are DPSAMConfig fields (--target_epsilon, --sam_mode, --no_dp, --max_steps, ...).")
     parser.set_defaults(accepts_extra=True)
 

@@ -60,7 +60,7 @@ def _stamp(path: Path) -> tuple[int, int]:
     return stat.st_mtime_ns, stat.st_size
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_record(path: str, _stamp: tuple[int, int]) -> PrivacyRecord:
     return PrivacyRecord.load(path)
 
@@ -103,7 +103,7 @@ def adapter_weights(adapter_dir: str | Path) -> SavedAdapter:
     return _load_adapter(str(directory), _stamp(directory / ADAPTER_SAFETENSORS_NAME))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> SavedAdapter:
     try:
         return load_saved_adapter(adapter_dir)
@@ -141,7 +141,7 @@ def input_noise_variance(
     if record is None:
         if estimate_from is None:
             raise missing_record(reference, "or set `noise: estimate`")
-        warnings.warn(f"input {reference} has no privacy record: estimating its noise from the weights")
+        warnings.warn(f"input {reference} has no privacy record: estimating its noise from the weights", stacklevel=2)
         deviation = (estimate_from - estimate_from.median()).abs().median()
         return float(deviation / _MAD_TO_STD) ** 2
     variance = parameter_noise_variance(apply_overrides(record, values))

@@ -48,5 +48,6 @@ def drop_stale_lora_merges(config: MergeConfiguration, cache_dir: str) -> None:
         built = [f.stat().st_mtime_ns for f in entry.iterdir() if f.suffix == ".safetensors"]
         stale = any(f.stat().st_mtime_ns > min(built) for f in sources) if built else True
         if stale or not _complete_model_dir(entry):
-            warnings.warn(f"{entry}: stale or incomplete LoRA merge cache entry for {reference}; rebuilding it")
+            warnings.warn(f"{entry}: stale or incomplete LoRA merge cache entry for {reference}; rebuilding it",
+                          stacklevel=2)
             shutil.rmtree(entry)

@@ -111,7 +111,7 @@ def _check_record_matches_adapter(reference: ModelReference, record: PrivacyReco
 
 def _check_fingerprint(reference: ModelReference, record: PrivacyRecord, base_dir: str) -> None:
     if not record.base_model_hash or not record.base_model_hash_tensors:
-        warnings.warn(f"input {reference}: its privacy record has no base fingerprint; base not checked")
+        warnings.warn(f"input {reference}: its privacy record has no base fingerprint; base not checked", stacklevel=2)
         return
     try:
         actual = base_fingerprint(directory_base_tensors(base_dir, record.base_model_hash_tensors))

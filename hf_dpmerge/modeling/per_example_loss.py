@@ -28,4 +28,6 @@ def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
         ).view(shift_labels.shape)
         counts = (shift_labels != -100).sum(dim=1).clamp(min=1)
         return token_loss.sum(dim=1) / counts
-    raise ValueError(f"cannot derive per-example losses from logits {tuple(logits.shape)} and labels {tuple(labels.shape)}")
+    raise ValueError(
+        f"cannot derive per-example losses from logits {tuple(logits.shape)} and labels {tuple(labels.shape)}"
+    )

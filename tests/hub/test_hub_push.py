@@ -150,7 +150,7 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     assert "- max_epsilon: 7.75" in text and "- definitions.retention: merged / individual" in text
     assert "Not covered by the guarantee" in text
 
-    for seed, (task, (num_labels, eps, n, labels)) in enumerate(TASKS.items()):
+    for task, (num_labels, eps, _n, labels) in TASKS.items():
         adapter = release.runs / task / "adapter"
         # the record travels byte for byte
         assert repo.files[f"heads/{task}/dp_privacy.json"] == (adapter / "dp_privacy.json").read_bytes()

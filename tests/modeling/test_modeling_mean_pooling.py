@@ -49,7 +49,8 @@ def test_loss_matches_cross_entropy_and_mse(saved_base):
     labels = torch.tensor([2, 0])
     out = model(**batch, labels=labels)
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
-    regressor = load_sequence_classifier(saved_base, classifier_pooling="mean", num_labels=1, ignore_mismatched_sizes=True,
+    regressor = load_sequence_classifier(saved_base, classifier_pooling="mean", num_labels=1,
+                                         ignore_mismatched_sizes=True,
                                          problem_type="regression").eval()
     target = torch.tensor([0.3, -1.0])
     out = regressor(**batch, labels=target)

@@ -1,10 +1,11 @@
-"""Helpers of the hub tests: a privacy-record factory, and a loopback stand-in for the Hugging Face Hub: just the endpoints ``create_repo``, ``repo_info`` and
-``upload_folder`` call in huggingface_hub 2.4, recording everything it is sent.
+"""Helpers of the hub tests: a loopback stand-in for the Hugging Face Hub: just the endpoints ``create_repo``,
+``repo_info`` and ``upload_folder`` call in huggingface_hub 2.4, recording everything it is sent.
 
 ``upload_folder`` first validates README.md's metadata (``POST /api/validate-yaml``), then (hf_xet
 installed or not) asks ``POST /api/models/<repo>/preupload/<rev>`` how to send each file, then commits
-with ``POST /api/models/<repo>/commit/<rev>`` (ndjson: a header line, then one line per file). This server answers ``uploadMode: regular`` for every file, so contents travel base64-inline in the
-commit and no LFS/xet storage is needed (keep test files small). ``lfsFile`` lines are refused.
+with ``POST /api/models/<repo>/commit/<rev>`` (ndjson: a header line, then one line per file). This server answers
+``uploadMode: regular`` for every file, so contents travel base64-inline in the commit and no LFS/xet storage is
+needed (keep test files small). ``lfsFile`` lines are refused.
 
 The server binds 127.0.0.1 only, caps request bodies and request count, and shuts itself down after
 ``lifetime_s`` even if a test forgets to.
@@ -88,7 +89,8 @@ class FakeHub:
             self.requests.append((method, path))
             if len(self.requests) > MAX_REQUESTS:
                 return 403, {"error": "too many requests for a test"}, {}
-            route = next(((name, m) for verb, rx, name in _ROUTES if verb == method for m in [rx.match(path)] if m), None)
+            matches = ((name, rx.match(path)) for verb, rx, name in _ROUTES if verb == method)
+            route = next(((name, m) for name, m in matches if m), None)
             if route is None:
                 self.unhandled.append((method, path))
                 return 404, {"error": f"not implemented by the loopback hub: {method} {path}"}, {}

@@ -13,7 +13,8 @@ from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
 
 
 def lora_classifier(seed: int = 0, num_labels: int = 2, **lora_kwargs: Any):
-    config = dict(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"], task_type="SEQ_CLS")
+    config = dict(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
+                  task_type="SEQ_CLS")
     config.update(lora_kwargs)
     return get_peft_model(tiny_bert(num_labels=num_labels, seed=seed), LoraConfig(**config))
 

@@ -216,7 +216,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
     [
         (None, "no merge config at absent.yaml"),
         ("", "merge config bad.yaml is empty or not a mapping"),
-        (lora_config_yaml("dp_awre", "./runs/base", ADAPTERS), "unknown merge_method 'dp_awre' (did you mean 'dp_aware'?)"),
+        (lora_config_yaml("dp_awre", "./runs/base", ADAPTERS),
+         "unknown merge_method 'dp_awre' (did you mean 'dp_aware'?)"),
         (lora_config_yaml("dp_aware", "./runs/nobase", ADAPTERS), "base model directory ./runs/nobase does not exist"),
         (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/newer_schema"]),
          "privacy record schema 99 is newer than this hf_dpmerge understands"),

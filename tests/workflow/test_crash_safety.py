@@ -271,7 +271,8 @@ def test_merge_output_is_replaced_only_when_it_is_a_previous_merge_and_overwrite
 
 
 def test_truncated_lora_merge_cache_entry_is_rebuilt(merge_workdir: Path, tmp_path: Path) -> None:
-    reference = ModelReference.parse(f"{merge_workdir / 'runs' / 'base'}+{merge_workdir / 'runs' / 'a' / 'encoder_adapter'}")
+    runs = merge_workdir / "runs"
+    reference = ModelReference.parse(f"{runs / 'base'}+{runs / 'a' / 'encoder_adapter'}")
     entry = Path(reference.merged(cache_dir=str(tmp_path)).model.path)
     config = MergeConfiguration.model_validate(
         {"merge_method": "linear", "models": [{"model": str(reference), "parameters": {"weight": 1.0}}]}

@@ -146,7 +146,8 @@ def test_an_upward_import_is_caught(tmp_path: Path, importer: str, line: str, pr
 def test_a_cycle_is_caught(tmp_path: Path) -> None:
     copy = _copy_package(tmp_path)
     state = copy / "training" / "dp" / "state.py"
-    state.write_text(state.read_text() + "\nif False:\n    from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer\n")
+    upward = "\nif False:\n    from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer\n"
+    state.write_text(state.read_text() + upward)
     assert any("hf_dpmerge.training.dp.state" in cycle for cycle in cycles(import_graph(copy)))
 
 
@@ -164,7 +165,8 @@ def _python_files(*folders: str) -> Iterable[Path]:
         yield from (REPO / folder).rglob("*.py")
 
 
-@pytest.mark.parametrize("path", sorted(_python_files("benchmarks", "examples")), ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", sorted(_python_files("benchmarks", "examples")),
+                         ids=lambda path: str(path.relative_to(REPO)))
 def test_scripts_reach_the_package_by_name_only(path: Path) -> None:
     """No sys.path edits and no loading of files by path: what a script needs lives in hf_dpmerge."""
     source = path.read_text()

@@ -22,7 +22,8 @@ TINY_TRAINING = ["--max_train_samples", "96", "--max_eval_samples", "32", "--per
 def trim_merge_config(path: Path) -> None:
     """Keep the plan's entries for the two tasks trained here."""
     lines = path.read_text().splitlines()
-    path.write_text("\n".join(l for l in lines if not any(t in l for t in ("election_tweets", "reuters_r8"))) + "\n")
+    kept = [line for line in lines if not any(t in line for t in ("election_tweets", "reuters_r8"))]
+    path.write_text("\n".join(kept) + "\n")
 
 
 @pytest.mark.slow
