@@ -33,6 +33,7 @@ MOVED: dict[str, str] = {
     "hf_dpmerge.merging.staging": "hf_dpmerge.utils.io",
     "hf_dpmerge.merging.encoder_adapter": "hf_dpmerge.training.encoder_adapter",
     "hf_dpmerge.merging.merge_inputs": "hf_dpmerge.merging.inputs",
+    "hf_dpmerge.merging.model_card": "hf_dpmerge.merging.privacy_section",
 }
 
 

@@ -5,7 +5,7 @@
 - :mod:`.inputs`: privacy records and LoRA factors of each input, per-model overrides (``RECORD_OVERRIDES``);
 - :mod:`.validation`: checks of a merge configuration and its inputs before anything is written;
 - :mod:`.lora_cache`: stale ``--lora-merge-cache`` entries are dropped before a merge;
-- :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.model_card`: the
+- :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.privacy_section`: the
   README privacy section; :mod:`.output_dir`: when an existing merge output may be replaced.
 
 It imports only :mod:`hf_dpmerge.records`, :mod:`hf_dpmerge.lora` and :mod:`hf_dpmerge.utils` from the package.

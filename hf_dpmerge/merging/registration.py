@@ -69,7 +69,7 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(run_merge)
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
         from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
-        from hf_dpmerge.merging.model_card import append_privacy_section
+        from hf_dpmerge.merging.privacy_section import append_privacy_section
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
         from hf_dpmerge.utils.io import staged_directory
 
