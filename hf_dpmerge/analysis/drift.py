@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_dpmerge.utils.adapter_files import without_peft_prefix
 from hf_dpmerge.lora import lora_delta_sq_norm, lora_factors
+from hf_dpmerge.utils.adapter_files import without_peft_prefix
 
 
 @dataclass

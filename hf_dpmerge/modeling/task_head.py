@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAMES, without_peft_prefix
 
 if TYPE_CHECKING:  # torch is imported where a .bin adapter is read: the Hub release path stays light

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from hf_dpmerge.utils.adapter_files import without_peft_prefix
 
+from hf_dpmerge.utils.adapter_files import without_peft_prefix
 
 
 def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:

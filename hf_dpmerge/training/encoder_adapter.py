@@ -14,11 +14,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.modeling.task_head import in_modules
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
-
+from hf_dpmerge.utils.io import staged_directory
 
 
 def export_encoder_adapter(adapter_dir: str | Path, out_dir: str | Path) -> Path:

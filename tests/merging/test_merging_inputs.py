@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
-from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
