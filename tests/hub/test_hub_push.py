@@ -95,7 +95,7 @@ def cli(monkeypatch):
 @pytest.fixture
 def hub(monkeypatch):
     """A loopback Hub set through HF_ENDPOINT, with a dummy token and offline mode lifted for the test."""
-    from hub_helpers import FakeHub
+    from tests.utils.hub_helpers import FakeHub
     from huggingface_hub import constants
 
     with FakeHub(token=TOKEN) as server:
