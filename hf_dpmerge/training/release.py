@@ -1,5 +1,9 @@
 """Releasing an adapter: its weights and its ``dp_privacy.json`` appear together, or no record appears.
 
+A release holds only the files of ``RELEASE_ALLOW_LIST`` (:mod:`hf_dpmerge.records.release_files`) (weights, adapter/model configuration, tokenizer
+files, the privacy record and the card); anything else the writer produced (Trainer's ``training_args.bin``,
+which holds ``dp_seed``) is dropped before the release appears.
+
 The release is written into a scratch directory beside the target first
 (:func:`~hf_dpmerge.utils.io.staged_directory`). A missing or empty target is then replaced by a
 single rename. A non-empty target (e.g. a run's ``output_dir``, which holds its checkpoints) receives the
@@ -18,11 +22,25 @@ from pathlib import Path
 
 import torch
 
-from hf_dpmerge.utils.io import staged_directory
-from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
+from hf_dpmerge.utils.io import staged_directory
 
 RELEASE_FILES = (PRIVACY_RECORD_NAME, ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME)
+
+
+def keep_release_files(directory: str | os.PathLike) -> list[str]:
+    """Delete from ``directory`` every file the allow-list does not name (and emptied folders); returns them."""
+    root = Path(directory)
+    removed = unlisted_files(root)
+    for rel in removed:
+        (root / rel).unlink()
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    return removed
 
 
 def check_finite_weights(names: Sequence[str], params: Sequence[torch.Tensor]) -> None:
@@ -65,6 +83,20 @@ def release_adapter(target: str | os.PathLike, write: Callable[[Path], None], ov
     with staged_directory(target) as staged:
         staged.mkdir()
         write(staged)
+        keep_release_files(staged)
         if target.is_dir() and any(target.iterdir()):
             _move_into(staged, target)
     return target
+
+
+def adapter_card(record: PrivacyRecord, name: str) -> str:
+    """The README.md of an adapter pushed by ``DPSAMTrainer.push_to_hub``: its privacy statement and nothing
+    computed on private data (no losses, no metrics; Trainer's generated card would list them)."""
+    notes = "".join(f"\n{note}" for note in (seeded_warning({name: record}), public_eval_note({name: record})) if note)
+    return (
+        f"---\nlibrary_name: peft\ntags: [hf_dpmerge, differential-privacy, lora]\n---\n\n# {name}\n\n"
+        f"A LoRA adapter trained with `hf_dpmerge`'s `DPSAMTrainer`; its privacy record is `{PRIVACY_RECORD_NAME}`.\n\n"
+        f"## Privacy\n\n{privacy_statement({name: record})}{notes}\n"
+        "Training losses, evaluation metrics and other statistics computed on the private training data are not "
+        "covered by the guarantee and are not published here.\n"
+    )
