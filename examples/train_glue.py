@@ -8,6 +8,7 @@ Every ScriptArguments / DPSAMConfig / TrainingArguments field is a flag (``--tar
 ``--no-dp``, ``--lora_r``…); the tuned DP recipe (hf_dpmerge/training/recipe.py) comes first, so any flag overrides
 it. Per task it writes ``<runs_dir>/<task>/{adapter,encoder_adapter}/`` and ``eval_metrics.json`` from one shared
 base under ``<runs_dir>/base``; the workflow is :mod:`hf_dpmerge.scripts.train`.
+``--privacy_unit_column movie`` (rotten_tomatoes) makes each film, not each row, the privacy unit.
 """
 
 from hf_dpmerge.scripts.train import main
