@@ -5,8 +5,9 @@ For every training cell (trainer × ε × seed) it trains one LoRA adapter per t
 grid's flags + the trainer's flags), measures each adapter's sharpness, top Hessian eigenvalue and drift on a
 validation subset (:func:`hf_dpmerge.analysis.diagnostics.diagnose_runs`), then merges the cell's adapters with
 every merge method (configs generated from ``merge_configs/*.yaml``, merged by ``hf-dpmerge merge``, i.e.
-``mergekit-yaml``), scores individual, merged and normalised accuracy on the test split (:func:`hf_dpmerge.analysis.evaluation.
-evaluate_runs`) and the merge gap and interpolation curve on the validation subset.
+``mergekit-yaml``), scores individual, merged and normalised accuracy on the test split
+(:func:`hf_dpmerge.analysis.evaluation.evaluate_runs`) and the merge gap and interpolation curve on the validation
+subset.
 
 Each finished unit (one task's training, one cell's merge) writes a JSON under ``<work-dir>/results``; a rerun
 skips every unit whose JSON exists with the same settings, so an interrupted run resumes. The report

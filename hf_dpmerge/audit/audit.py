@@ -33,16 +33,16 @@ import datasets
 import numpy as np
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from hf_dpmerge.data.tasks import TaskSpec
-from hf_dpmerge.data.tokenize import tokenize_task
-from hf_dpmerge.utils.io import write_text_atomic
 from hf_dpmerge.audit.canaries import make_canaries
 from hf_dpmerge.audit.membership import loss_reduction_scores, one_run_guesses
 from hf_dpmerge.audit.one_run_bound import epsilon_lower_bound
+from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.data.tokenize import tokenize_task
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.training.dp.accounting import resolve_delta
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+from hf_dpmerge.utils.io import write_text_atomic
 
 
 @dataclass
@@ -74,7 +74,8 @@ class AuditResult:
     def summary(self) -> str:
         claim = "∞ (not private)" if math.isinf(self.claimed_epsilon) else f"{self.claimed_epsilon:.3g}"
         return (
-            f"empirical ε lower bound: {self.epsilon_lower:.3f} at {self.confidence:.0%} confidence, δ = {self.delta:.3g}\n"
+            f"empirical ε lower bound: {self.epsilon_lower:.3f} at {self.confidence:.0%} confidence, "
+            f"δ = {self.delta:.3g}\n"
             f"claimed ε: {claim} (δ = {self.claimed_delta:.3g}, from {self.adapter_dir}/dp_privacy.json)\n"
             f"{self.num_correct} of {self.num_guesses} guesses correct (k₊ = {self.k_plus}, k₋ = {self.k_minus}); "
             f"{self.num_included} of {self.num_canaries} canaries trained on"

@@ -4,8 +4,9 @@ A canary is ``length`` words drawn at random from the tokenizer's whole-word voc
 ``[unused…]`` or ``##`` continuation tokens) in every text column of the task, labelled with a uniformly random
 class. Words are drawn without replacement across all canaries when the vocabulary is large enough, so no two
 canaries share a word (less interference between them), else with replacement. Such an example has a label
-that nothing else predicts, so a model that fits it has memorised that one example. The inclusion draw S ∈ {in, out}^m (i.i.d. fair coins) is what the one-run
-audit of Steinke, Nasr & Jagielski (2023) needs; canaries and draw come from one seeded generator.
+that nothing else predicts, so a model that fits it has memorised that one example. The inclusion draw
+S ∈ {in, out}^m (i.i.d. fair coins) is what the one-run audit of Steinke, Nasr & Jagielski (2023) needs;
+canaries and draw come from one seeded generator.
 
 For auditing user-level DP a canary is a *unit*: ``rows_per_canary`` such rows (each its own random words)
 sharing the canary's label and one unit id; the inclusion draw is per canary, all its rows in or all out.

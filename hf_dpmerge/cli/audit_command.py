@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-    from hf_dpmerge.data import load_task
     from hf_dpmerge.audit.audit import audit_training
+    from hf_dpmerge.data import load_task
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
     from hf_dpmerge.training.recipe import DP_RECIPE

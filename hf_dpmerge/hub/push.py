@@ -34,8 +34,8 @@ from hf_dpmerge.hub.model_card import (
 )
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.records.statement import check_unseeded_release
 from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.statement import check_unseeded_release
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
@@ -82,7 +82,8 @@ def _check_merged_dir(merged_dir: Path) -> None:
 
 def _skipped(rel: PurePosixPath) -> bool:
     """Merged-directory files the release does not take over: hidden ones, heads/ (rebuilt), mergekit's card."""
-    return any(part.startswith(".") for part in rel.parts) or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
+    hidden = any(part.startswith(".") for part in rel.parts)
+    return hidden or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:

@@ -15,8 +15,9 @@ User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes eac
 privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw. The other
 packaged tasks have no natural unit column (election_tweets' author is its label).
 
-Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process trains its share of each Poisson draw;
-the base, the adapters, the privacy record and the metrics are written once, by the main process.
+Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process
+trains its share of each Poisson draw; the base, the adapters, the privacy record and the metrics are written
+once, by the main process.
 An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
 """
 
@@ -37,16 +38,16 @@ from transformers import (
 
 from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
 from hf_dpmerge.data.tasks import parse_task_list
-from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.modeling import load_sequence_classifier
-from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
-from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
+from hf_dpmerge.utils.io import staged_directory
 
 
 @dataclass

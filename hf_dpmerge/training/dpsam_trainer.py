@@ -40,19 +40,31 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.utils import hf_api
 
+from hf_dpmerge.lora import lora_factors
+from hf_dpmerge.modeling.per_example_loss import per_example_loss
+from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
 from hf_dpmerge.records.statement import check_unseeded_release
+from hf_dpmerge.training.alignment import alignment_penalty
+from hf_dpmerge.training.checks import (
+    check_adapter_type,
+    check_finite_step,
+    check_labels,
+    check_no_gradient_checkpointing,
+    check_no_model_selection,
+    check_sized_dataset,
+)
 from hf_dpmerge.training.dp.accounting import (
     PrivacyAccountant,
     PrivacyBudgetExhausted,
     calibrate_noise_multiplier,
     resolve_delta,
 )
-from hf_dpmerge.lora import lora_factors
-from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
-from hf_dpmerge.training.alignment import alignment_penalty
 from hf_dpmerge.training.dp.cross_process import main_process_value, shared_seed, sum_over_processes
+from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
+from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
 from hf_dpmerge.training.dp.state import (
     DP_STATE_NAME,
     DPStateCallback,
@@ -63,19 +75,7 @@ from hf_dpmerge.training.dp.state import (
     save_checkpoint_dp_state,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.checks import (
-    check_adapter_type,
-    check_finite_step,
-    check_labels,
-    check_no_gradient_checkpointing,
-    check_no_model_selection,
-    check_sized_dataset,
-)
-from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
-from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
-from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
 from hf_dpmerge.training.sam import per_example_sam_grads
 
 logger = logging.getLogger(__name__)
@@ -243,7 +243,8 @@ class DPSAMTrainer(Trainer):
             args.accountant, noise_multiplier / math.sqrt(self.queries_per_step), self.sample_rate, self.delta
         )
         budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
-        allowed_steps = accountant.max_steps_within(budget, self.planned_steps) if budget is not None else self.planned_steps
+        allowed_steps = (accountant.max_steps_within(budget, self.planned_steps) if budget is not None
+                         else self.planned_steps)
         if allowed_steps < self.planned_steps:
             logger.warning(
                 "ε budget %.3g allows %d of the %d planned steps at σ=%.4g; training will stop there",

@@ -1,8 +1,8 @@
 """Releasing an adapter: its weights and its ``dp_privacy.json`` appear together, or no record appears.
 
-A release holds only the files of ``RELEASE_ALLOW_LIST`` (:mod:`hf_dpmerge.records.release_files`) (weights, adapter/model configuration, tokenizer
-files, the privacy record and the card); anything else the writer produced (Trainer's ``training_args.bin``,
-which holds ``dp_seed``) is dropped before the release appears.
+A release holds only the files of ``RELEASE_ALLOW_LIST`` (:mod:`hf_dpmerge.records.release_files`: weights,
+adapter/model configuration, tokenizer files, the privacy record and the card); anything else the writer
+produced (Trainer's ``training_args.bin``, which holds ``dp_seed``) is dropped before the release appears.
 
 The release is written into a scratch directory beside the target first
 (:func:`~hf_dpmerge.utils.io.staged_directory`). A missing or empty target is then replaced by a

@@ -96,8 +96,9 @@ def cli(monkeypatch):
 @pytest.fixture
 def hub(monkeypatch):
     """A loopback Hub set through HF_ENDPOINT, with a dummy token and offline mode lifted for the test."""
-    from tests.utils.hub_helpers import FakeHub
     from huggingface_hub import constants
+
+    from tests.utils.hub_helpers import FakeHub
 
     with FakeHub(token=TOKEN) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)

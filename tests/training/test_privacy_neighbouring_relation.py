@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from opacus.accountants import create_accountant
 from scipy.stats import norm
-from tests.utils.training_helpers import make_trainer
 
 from hf_dpmerge import PrivacyRecord
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecordError
 from hf_dpmerge.records.statement import privacy_statement
 from hf_dpmerge.training.dp.accounting import pld_epsilon, replace_one_epsilon
+from tests.utils.training_helpers import make_trainer
 
 
 def independent_replace_one_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:

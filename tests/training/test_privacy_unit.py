@@ -6,16 +6,16 @@ import pytest
 import torch
 from datasets import Dataset
 from opacus.accountants import create_accountant
-from tests.utils.tiny_models import CORPUS, tiny_tokenizer
-from tests.utils.training_helpers import UNITS as NUM_UNITS
-from tests.utils.training_helpers import lora_classifier, make_trainer, unit_dataset
 
 from hf_dpmerge import DPSAMConfig, PrivacyRecord
-from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.audit.audit import audit_training
+from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, UnitPoissonSampler
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from tests.utils.tiny_models import CORPUS, tiny_tokenizer
+from tests.utils.training_helpers import UNITS as NUM_UNITS
+from tests.utils.training_helpers import lora_classifier, make_trainer, unit_dataset
 
 
 def unit_trainer(tmp_path, dataset=None, **overrides):

@@ -13,14 +13,14 @@ import datasets
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
-from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 from transformers import DataCollatorWithPadding, EarlyStoppingCallback
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.hub.model_card import build_model_card
 from hf_dpmerge.records.release_files import is_release_file
 from hf_dpmerge.training.dp.run_streams import dataset_identity
+from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
 TOKEN = "hf_loopback_dummy_token"
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 from accelerate import PartialState
-from tests.utils.training_helpers import collate, make_trainer, text_dataset, unit_dataset
 
 from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.training_helpers import collate, make_trainer, text_dataset, unit_dataset
 
 SINGLE_PROCESS_BATCH = 20
 PER_PROCESS_BATCH = SINGLE_PROCESS_BATCH // 2

@@ -5,8 +5,8 @@ Without ``dp_seed`` each stream is seeded from OS entropy. With ``dp_seed`` the 
     seed_s = first 63 bits of SHA-256(dp_seed, run identity, s)
 
 where the run identity is the training dataset's identity: its ``datasets`` ``_fingerprint`` (which changes
-with the data files and every transform applied), else a SHA-256 of its rows. So one ``dp_seed`` on two datasets (two tasks of a
-benchmark) draws independent masks and noise — parallel composition and the dp_aware merge's
+with the data files and every transform applied), else a SHA-256 of its rows. So one ``dp_seed`` on two datasets
+(two tasks of a benchmark) draws independent masks and noise — parallel composition and the dp_aware merge's
 independent-noise model hold — while one ``dp_seed`` on one dataset reproduces every draw. A seeded run is
 still not private against whoever holds the seed and the data's identity: both are enough to regenerate
 and subtract the noise (docs/design.md §10; the record's ``seeded`` field says so).
