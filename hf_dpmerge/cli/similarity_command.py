@@ -68,8 +68,8 @@ def check_output_dir(directory: Path, overwrite: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.merging.merge_groups import merge_groups, write_group_configs
-    from hf_dpmerge.merging.staging import staged_directory
     from hf_dpmerge.merging.task_similarity import load_task_vector, plot_similarity, task_similarity
+    from hf_dpmerge.utils.io import staged_directory
 
     output = Path(args.output_dir)
     check_output_dir(output, args.overwrite)

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_dpmerge.merging.merge_inputs import LoraFactors, adapter_weights
-from hf_dpmerge.privacy.record import PrivacyRecord, find_privacy_record
+from hf_dpmerge.lora import LoraFactor
+from hf_dpmerge.merging.inputs import adapter_weights
+from hf_dpmerge.records.record import PrivacyRecord, find_privacy_record
 
 BLOCK_ELEMENTS = 1 << 22
 """Largest block of ΔW entries (rows × d_in) materialised at once for the sign-conflict count."""
@@ -44,7 +45,7 @@ class TaskVector:
 
     name: str
     adapter_dir: Path
-    factors: dict[str, LoraFactors]
+    factors: dict[str, LoraFactor]
     record: PrivacyRecord | None
 
 
@@ -69,7 +70,7 @@ def load_task_vector(path: str | os.PathLike) -> TaskVector:
     return TaskVector(name, adapter_dir, factors, find_privacy_record(adapter_dir))
 
 
-def _check_shapes(layer: str, first: LoraFactors, second: LoraFactors) -> None:
+def _check_shapes(layer: str, first: LoraFactor, second: LoraFactor) -> None:
     if first.lora_b.shape[0] != second.lora_b.shape[0] or first.lora_a.shape[1] != second.lora_a.shape[1]:
         raise ValueError(
             f"layer {layer}: ΔW shapes {tuple(first.lora_b.shape[:1]) + tuple(first.lora_a.shape[1:])} and "
@@ -78,20 +79,20 @@ def _check_shapes(layer: str, first: LoraFactors, second: LoraFactors) -> None:
         )
 
 
-def lora_inner_product(first: LoraFactors, second: LoraFactors) -> float:
+def lora_inner_product(first: LoraFactor, second: LoraFactor) -> float:
     """⟨s₁B₁A₁, s₂B₂A₂⟩_F = s₁s₂·tr((B₁ᵀB₂)(A₂A₁ᵀ)), from r₁×r₂ Gram matrices only."""
     b_gram = first.lora_b.double().T @ second.lora_b.double()  # r₁×r₂
     a_gram = second.lora_a.double() @ first.lora_a.double().T  # r₂×r₁
     return first.scaling * second.scaling * float(torch.trace(b_gram @ a_gram))
 
 
-def lora_sq_norm(factors: LoraFactors) -> float:
+def lora_sq_norm(factors: LoraFactor) -> float:
     """‖s·B·A‖²_F = s²·Σᵢⱼ (BᵀB)ᵢⱼ(AAᵀ)ᵢⱼ."""
     b, a = factors.lora_b.double(), factors.lora_a.double()
     return factors.scaling**2 * float(((b.T @ b) * (a @ a.T)).sum())
 
 
-def lora_sign_conflicts(first: LoraFactors, second: LoraFactors) -> tuple[int, int]:
+def lora_sign_conflicts(first: LoraFactor, second: LoraFactor) -> tuple[int, int]:
     """(coordinates where s₁B₁A₁ and s₂B₂A₂ have opposite signs, coordinates compared), exact, in row blocks."""
     d_out, d_in = first.lora_b.shape[0], first.lora_a.shape[1]
     rows = max(1, BLOCK_ELEMENTS // d_in)

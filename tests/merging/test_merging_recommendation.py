@@ -1,0 +1,118 @@
+"""``hf-dpmerge recommend``: each rule on constructed measurements, the noise ratio, and the command."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.merging import merge_recommendation as mr
+from hf_dpmerge.merging.task_similarity import load_task_vector, task_similarity
+from tests.utils.task_vector_builders import ALPHA, RANK, orthogonal_pair, random_factors, save_adapter, save_runs_base
+
+QUIET = dict(max_abs_cosine=0.0, min_cosine=0.0, mean_sign_conflict=0.5, max_sign_conflict=0.5)
+
+
+def _measurements(trainers: list[str], noise: float | None = 0.5, epsilon: float = 8.0, **overrides) -> mr.Measurements:
+    private = [None if t == "unknown" else t != "non_private" for t in trainers]
+    interference = {**QUIET, "max_abs_cosine": mr.BENCHMARK_MAX_ABS_COSINE,
+                    "max_sign_conflict": mr.BENCHMARK_MAX_SIGN_CONFLICT}
+    return mr.Measurements(
+        names=[f"t{i}" for i in range(len(trainers))], private=private, trainers=trainers,
+        epsilons=[epsilon if p else math.inf for p in private],
+        noise_to_signal=[None if t == "unknown" else (0.0 if t == "non_private" else noise) for t in trainers],
+        **{**interference, **overrides},
+    )
+
+
+def _rules(measurements: mr.Measurements) -> dict[str, list[str]]:
+    chosen: dict[str, list[str]] = {}
+    for item in mr.recommend(measurements):
+        chosen.setdefault(item.topic, []).append(item.rule)
+    return chosen
+
+
+@pytest.mark.parametrize(("trainers", "noise", "trainer_rule", "merge_rule", "cautions"), [
+    (["dp_sgd", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
+     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+    (["dp_merging", "dp_merging"], 0.5, "keep_dp_merging", "noisy_private_dp_aware", ["avoid_cauchy_poe_on_private"]),
+    (["dp_merging", "dp_merging"], 0.01, "keep_dp_merging", "quiet_private_task_arithmetic",
+     ["avoid_cauchy_poe_on_private"]),
+    (["dp_merging", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
+     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+    (["non_private", "non_private"], None, "non_private", "non_private_task_arithmetic", []),
+    (["dp_merging", "unknown"], 0.5, None, "quiet_private_task_arithmetic",
+     ["unknown_records", "avoid_cauchy_poe_on_private"]),
+])
+def test_each_trainer_and_merge_rule_fires_on_its_measurements(trainers, noise, trainer_rule, merge_rule,
+                                                               cautions) -> None:
+    chosen = _rules(_measurements(trainers, noise))
+    assert chosen.get("trainer") == ([trainer_rule] if trainer_rule else None)
+    assert chosen["merge"] == [merge_rule]
+    assert chosen.get("caution", []) == cautions
+
+
+@pytest.mark.parametrize(("overrides", "caution"), [
+    ({"epsilon": 1.0}, "epsilon_outside_benchmark"),
+    ({"max_abs_cosine": mr.BENCHMARK_MAX_ABS_COSINE + 0.2}, "interference_outside_benchmark"),
+    ({"max_sign_conflict": mr.BENCHMARK_MAX_SIGN_CONFLICT + 0.05}, "interference_outside_benchmark"),
+    ({"min_cosine": -0.5}, "anti_aligned_pair"),
+])
+def test_each_caution_fires_only_past_its_threshold(overrides, caution) -> None:
+    assert caution not in _rules(_measurements(["dp_merging", "dp_merging"]))["caution"]
+    assert caution in _rules(_measurements(["dp_merging", "dp_merging"], **overrides))["caution"]
+
+
+def test_every_rule_is_reachable_and_explains_itself() -> None:
+    cases = [_measurements(t, n, **o) for t, n, o in [
+        (["dp_sgd", "dp_merging"], 0.5, {"epsilon": 1.0, "min_cosine": -0.5, "max_abs_cosine": 0.9}),
+        (["dp_merging", "dp_merging"], 0.01, {}), (["non_private", "non_private"], None, {}),
+        (["dp_merging", "unknown"], 0.5, {})]]
+    fired = {item.rule: item.because for m in cases for item in mr.recommend(m)}
+    assert set(fired) == {rule.name for rule in mr.RULES}
+    assert all(because for because in fired.values())
+
+
+def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
+    """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² + r·s⁴)."""
+    factors = random_factors(5)
+    save_adapter(tmp_path, "adam", factors, sum_lr_squared=4e-4)
+    save_adapter(tmp_path, "open", factors, dp=False, epsilon=math.inf)
+    vector, public = load_task_vector(tmp_path / "adam"), load_task_vector(tmp_path / "open")
+    scaling, variance = ALPHA / RANK, 4e-4
+    total, norm_sq = 0.0, 0.0
+    for lora_a, lora_b in factors.values():
+        a, b = lora_a.double(), lora_b.double()
+        d_out, d_in = b.shape[0], a.shape[1]
+        total += scaling**2 * (variance * (d_out * a.square().sum() + d_in * b.square().sum())
+                               + d_out * d_in * RANK * variance**2)
+        norm_sq += float((scaling * b @ a).square().sum())
+    assert mr.noise_to_signal(vector, math.sqrt(norm_sq)) == pytest.approx(math.sqrt(total) / math.sqrt(norm_sq),
+                                                                           rel=1e-5)
+    assert mr.noise_to_signal(public, math.sqrt(norm_sq)) == 0.0
+    assert mr.trainer_kind(vector) == "dp_sgd" and mr.trainer_kind(public) == "non_private"
+    assert mr.trainer_kind(replace(vector, record=replace(vector.record, sam_mode="dp_sat"))) == "dp_merging"
+
+
+def test_recommend_command_prints_measurements_and_reasons(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    save_runs_base(runs)
+    first, second = orthogonal_pair(seed=6)
+    save_adapter(runs, "a", first, sam_mode="dp_sat", align_lambda=0.05)
+    save_adapter(runs, "b", {m: (a, -b * torch.tensor(0.5)) for m, (a, b) in first.items()}, sam_mode="dp_sat")
+    save_adapter(runs, "c", second, sam_mode="dp_sat")
+    out = tmp_path / "advice.json"
+    assert main(["recommend", str(runs / "a"), str(runs / "b"), str(runs / "c"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "[trainer] keep the DP-Merging trainer" in printed
+    assert "why (anti_aligned_pair): min cos -1.000" in printed
+    saved = json.loads(out.read_text())
+    assert saved["measurements"]["trainers"] == ["dp_merging"] * 3
+    assert saved["measurements"]["min_cosine"] == pytest.approx(-1.0)
+    report = task_similarity([load_task_vector(runs / n) for n in "abc"])
+    assert saved["measurements"]["max_abs_cosine"] == pytest.approx(float(abs(report.cosine[0, 1])))

@@ -1,0 +1,148 @@
+"""Task grouping: Gram-trace similarity vs the dense one, sign conflicts, clusters and ``hf-dpmerge similarity``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mergekit.config import MergeConfiguration
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.lora import LoraFactor
+from hf_dpmerge.merging import task_similarity
+from hf_dpmerge.merging.merge_groups import merge_groups
+from hf_dpmerge.merging.task_similarity import (
+    SimilarityReport,
+    load_task_vector,
+    lora_inner_product,
+    lora_sign_conflicts,
+    lora_sq_norm,
+)
+from tests.utils.task_vector_builders import (
+    delta,
+    lora_modules,
+    orthogonal_pair,
+    random_factors,
+    save_adapter,
+    save_runs_base,
+)
+
+
+def _random_lora(seed: int, rank: int, scaling: float, d_out: int = 24, d_in: int = 40) -> LoraFactor:
+    generator = torch.Generator().manual_seed(seed)
+    lora_a, lora_b = torch.randn(rank, d_in, generator=generator), torch.randn(d_out, rank, generator=generator)
+    return LoraFactor("layer", lora_a, lora_b, scaling)
+
+
+def _dense(factors: LoraFactor) -> torch.Tensor:
+    return factors.scaling * factors.lora_b.double() @ factors.lora_a.double()
+
+
+@pytest.mark.parametrize(("rank_1", "rank_2", "scaling_1", "scaling_2"),
+                         [(3, 5, 2.0, 0.5), (8, 8, 1.0, 1 / math.sqrt(8))])
+def test_gram_trace_statistics_equal_the_dense_ones(monkeypatch, rank_1, rank_2, scaling_1, scaling_2) -> None:
+    first, second = _random_lora(1, rank_1, scaling_1), _random_lora(2, rank_2, scaling_2)
+    dense_1, dense_2 = _dense(first), _dense(second)
+    assert lora_inner_product(first, second) == pytest.approx(float((dense_1 * dense_2).sum()), rel=1e-10)
+    assert lora_sq_norm(first) == pytest.approx(float(dense_1.square().sum()), rel=1e-10)
+    monkeypatch.setattr(task_similarity, "BLOCK_ELEMENTS", 3 * 40)  # 3-row blocks, the last one partial (24 rows)
+    assert lora_sign_conflicts(first, second) == (int((dense_1 * dense_2 < 0).sum()), 24 * 40)
+
+
+def _report(cosine: list[list[float]]) -> SimilarityReport:
+    n = len(cosine)
+    names = [f"t{i}" for i in range(n)]
+    return SimilarityReport(names, names, [1.0] * n, torch.tensor(cosine).numpy(), torch.zeros(n, n).numpy())
+
+
+def test_clusters_join_while_the_mean_cosine_reaches_the_threshold() -> None:
+    report = _report([[1.0, 0.9, 0.1, 0.0], [0.9, 1.0, 0.3, 0.0], [0.1, 0.3, 1.0, 0.6], [0.0, 0.0, 0.6, 1.0]])
+    assert merge_groups(report, 0.5) == [["t0", "t1"], ["t2", "t3"]]
+    assert merge_groups(report, 0.85) == [["t0", "t1"], ["t2"], ["t3"]]
+    # average linkage: {t0,t1}–{t2,t3} mean cosine = (0.1 + 0 + 0.3 + 0) / 4 = 0.1
+    assert merge_groups(report, 0.1) == [["t0", "t1", "t2", "t3"]]
+    assert merge_groups(report, 0.11) == [["t0", "t1"], ["t2", "t3"]]
+    with pytest.raises(ValueError, match="--threshold"):
+        merge_groups(report, 1.5)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Known task vectors: ``near`` ≈ ``task`` (+1e-3 noise), ``negated`` = −``task``, ``orthogonal`` ⟂ ``task``."""
+    root = tmp_path_factory.mktemp("similarity") / "runs"
+    save_runs_base(root)
+    task, orthogonal = orthogonal_pair(seed=3)
+    generator = torch.Generator().manual_seed(4)
+    near = {m: (a + 1e-3 * torch.randn(a.shape, generator=generator), b) for m, (a, b) in task.items()}
+    negated = {m: (a, -b) for m, (a, b) in task.items()}
+    for name, factors in (("task", task), ("near", near), ("orthogonal", orthogonal), ("negated", negated)):
+        save_adapter(root, name, factors)
+    return root
+
+
+def test_known_task_vectors_have_the_known_cosines_and_conflicts(runs: Path) -> None:
+    vectors = [load_task_vector(runs / name) for name in ("task", "near", "orthogonal", "negated")]
+    assert [v.adapter_dir.name for v in vectors] == ["encoder_adapter"] * 4
+    report = task_similarity.task_similarity(vectors)
+    cos, conflict = report.cosine, report.sign_conflict
+    assert cos[0, 1] == pytest.approx(1.0, abs=1e-4)
+    assert cos[0, 2] == pytest.approx(0.0, abs=1e-6) and cos[1, 2] == pytest.approx(0.0, abs=1e-3)
+    assert cos[0, 3] == pytest.approx(-1.0, abs=1e-9)
+    assert conflict[0, 3] == 1.0 and conflict[0, 1] < 0.01
+    assert 0.35 < conflict[0, 2] < 0.65  # unrelated dense vectors disagree on about half the coordinates
+    norm = math.sqrt(sum(float(delta(orthogonal_pair(3)[0], m).square().sum()) for m in lora_modules()))
+    assert report.norms[0] == pytest.approx(norm, rel=1e-6)
+    assert merge_groups(report, 0.5) == [["task", "near"], ["orthogonal"], ["negated"]]
+
+
+def test_similarity_command_writes_heatmap_results_and_one_config_per_group(runs: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys) -> None:
+    monkeypatch.chdir(runs.parent)
+    out = tmp_path / "similarity"
+    assert main(["similarity", "runs/task", "runs/near", "runs/orthogonal/encoder_adapter", "--threshold", "0.5",
+                 "--method", "task_arithmetic", "--output_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "task, near ->" in printed and "orthogonal (alone" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["merge_group_1.yaml", "similarity.json", "similarity.png"]
+    results = json.loads((out / "similarity.json").read_text())
+    assert results["groups"] == [["task", "near"], ["orthogonal"]] and results["threshold"] == 0.5
+    config = MergeConfiguration.model_validate(yaml.safe_load((out / "merge_group_1.yaml").read_text()))
+    assert config.merge_method == "task_arithmetic"
+    assert [str(m.model) for m in config.models] == ["./runs/base+./runs/task/encoder_adapter",
+                                                     "./runs/base+./runs/near/encoder_adapter"]
+    assert config.parameters == {"weight": 1.0, "lambda": 0.3}
+
+    (out / "mine.txt").write_text("keep")
+    assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out)]) == 1
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out), "--overwrite"]) == 0
+    assert not (out / "mine.txt").exists() and (out / "merge_group_1.yaml").exists()
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["runs/task"], "need at least two adapters"),
+    (["runs/task", "runs/missing"], "runs/missing does not exist"),
+    (["runs/task", "runs"], "neither a run folder"),
+    (["runs/task", "runs/near", "--base", "nowhere"], "--base nowhere has no config.json"),
+    (["runs/task", "runs/near", "--method", "linear"], "invalid choice"),
+])
+def test_similarity_command_refuses_bad_input(runs: Path, tmp_path: Path, monkeypatch, capsys, arguments,
+                                              message) -> None:
+    monkeypatch.chdir(runs.parent)
+    try:
+        code = main(["similarity", *arguments, "--output_dir", str(tmp_path / "out")])
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    assert code != 0 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_adapters_of_different_bases_are_refused(runs: Path, tmp_path: Path) -> None:
+    other = save_adapter(tmp_path, "other", random_factors(9), base_model_hash="sha256:" + "1" * 64)
+    hashed = save_adapter(tmp_path, "hashed", random_factors(8), base_model_hash="sha256:" + "2" * 64)
+    with pytest.raises(ValueError, match="different base models"):
+        task_similarity.task_similarity([load_task_vector(other), load_task_vector(hashed)])
