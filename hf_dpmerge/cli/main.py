@@ -13,6 +13,7 @@ VERBS: dict[str, str] = {
     "diagnose": "hf_dpmerge.cli.diagnose_command",
     "push": "hf_dpmerge.cli.push_command",
     "audit": "hf_dpmerge.cli.audit_command",
+    "federated": "hf_dpmerge.cli.federated_command",
 }
 
 
