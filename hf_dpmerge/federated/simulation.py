@@ -1,18 +1,18 @@
 """Run a federation in Flower's simulation engine and release its global adapter with both guarantees.
 
 ``run_federated`` builds the ServerApp (the strategy of :mod:`~hf_dpmerge.federated.strategy`, with the
-global model evaluated centrally after every round) and the ClientApp (:mod:`~hf_dpmerge.federated.client`)
+global model evaluated centrally on the validation split after every round) and the ClientApp (:mod:`~hf_dpmerge.federated.client`)
 and runs them with ``flwr.simulation.run_simulation`` (Ray backend, one virtual SuperNode per client).
 ``output_dir`` then holds a run like ``examples/train_glue.py`` writes one: ``adapter/`` (global LoRA + head
-+ ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json``, plus ``federated_privacy.json``
-(both guarantees, per-client composition, sampled clients and metric per round).
++ ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json`` (the final global model on the test split, evaluated once), plus
+``federated_privacy.json`` (both guarantees, per-client composition, sampled clients and validation metric
+per round).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +41,6 @@ from hf_dpmerge.privacy.record import PrivacyRecord
 from hf_dpmerge.training.release import check_release_target, release_adapter
 
 FEDERATED_RECORD_NAME = "federated_privacy.json"
-EVAL_SPLITS = ("validation", "test")
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,6 @@ class ServerSettings:
     server_learning_rate: float = 1.0
     client_sample_rate: float = 1.0
     client_dp: ClientLevelDP | None = None
-    eval_split: str = "validation"
     concurrent_clients: int = 1
 
 
@@ -85,8 +83,6 @@ def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, guarant
 def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str | os.PathLike,
                   overwrite: bool = False) -> dict[str, Any]:
     """Simulate the federation, write ``output_dir`` and return the contents of its federated record."""
-    if server.eval_split not in EVAL_SPLITS:
-        raise ValueError(f"--eval_split must be one of {EVAL_SPLITS}, got {server.eval_split!r}")
     if server.concurrent_clients < 1:
         raise ValueError(f"--concurrent_clients must be ≥ 1, got {server.concurrent_clients}")
     output_dir = Path(output_dir)
@@ -104,7 +100,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     outcome: dict[str, Any] = {}
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        metrics = evaluate_state(setup, server_model, arrays.to_torch_state_dict(), server.eval_split)
+        metrics = evaluate_state(setup, server_model, arrays.to_torch_state_dict(), "validation")
         return MetricRecord({spec.metric: metrics[spec.metric]})
 
     app = ServerApp()
@@ -135,14 +131,13 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     ]
     summary = {
         "task": setup.task, "setup": asdict(setup), "server": asdict(server), "guarantee": guarantee,
-        "history": history,
+        "history": history, "test": evaluate_state(setup, server_model, final_state, "test"),
     }
     _release(setup, server_model, final_state, _global_record(setup, strategy, guarantee), output_dir, overwrite)
     write_text_atomic(output_dir / FEDERATED_RECORD_NAME, json.dumps(summary, indent=2, allow_nan=True) + "\n")
-    final = history[-1][spec.metric] if history else math.nan
-    eval_summary = {"task": setup.task, server.eval_split: {spec.metric: final},
-                    "epsilon": guarantee["example_level"]["epsilon"], "delta": guarantee["example_level"]["delta"],
-                    "client_level": guarantee["client_level"]}
+    example = guarantee["example_level"]
+    eval_summary = {"task": setup.task, "test": summary["test"], "epsilon": example["epsilon"],
+                    "delta": example["delta"], "client_level": guarantee["client_level"]}
     write_text_atomic(output_dir / "eval_metrics.json", json.dumps(eval_summary, indent=2, allow_nan=True) + "\n")
     return summary
 
