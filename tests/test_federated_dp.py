@@ -14,8 +14,17 @@ from hf_dpmerge.federated.aggregation import (
     private_aggregate,
     tensor_noise_variance,
 )
-from hf_dpmerge.federated.client_level_dp import ClientLevelDP, clip_update, private_mean_update, sample_clients
-from hf_dpmerge.federated.guarantee import client_example_level, federated_guarantee
+from hf_dpmerge.federated.client_level_dp import (
+    ClientLevelDP,
+    clip_update,
+    private_mean_update,
+    sample_clients,
+)
+from hf_dpmerge.federated.guarantee import (
+    client_example_level,
+    federated_guarantee,
+    released_guarantee,
+)
 
 TEMPLATE = {"lora_A": torch.zeros(2, 3), "classifier.modules_to_save.default.weight": torch.zeros(2)}
 
@@ -156,3 +165,15 @@ def test_updates_with_other_tensors_are_refused():
     with pytest.raises(ValueError, match="differ from the global state"):
         merge_updates(base, [client_update(0, {"v": torch.zeros(2)})], method="task_arithmetic",
                       server_learning_rate=1.0)
+
+
+def test_released_guarantee_hides_participation_under_client_level_dp():
+    records = {0: [record(accountant="rdp")], 3: [record(accountant="rdp")] * 2}  # client 0 sampled once, 3 twice
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
+    released = released_guarantee(records, mechanism, rounds=3, planned_client_steps=30)
+    worst_case = RDPAccountant()
+    worst_case.history = [(0.8, 0.01, 30)]  # sampled in all 3 rounds of 10 steps, whatever the draw was
+    assert released["example_level"]["epsilon"] == pytest.approx(worst_case.get_epsilon(delta=1e-5), rel=1e-9)
+    assert "clients" not in released["example_level"] and released["client_level"]["rounds"] == 3
+    without_server_dp = released_guarantee(records, None, rounds=3, planned_client_steps=30)
+    assert without_server_dp["example_level"]["epsilon"] == federated_guarantee(records, None, 3)["example_level"]["epsilon"]

@@ -36,6 +36,7 @@ def test_fedavg_simulation_trains_the_global_adapter_and_writes_both_records(tmp
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
     assert record.epsilon == summary["guarantee"]["example_level"]["epsilon"] <= 8.0 + 1e-6
     assert record.steps == 4 and record.extra["federated"]["client_level"] is None
+    assert "clients" not in record.extra["federated"]["example_level"]
     assert PrivacyRecord.load(tmp_path / "fed" / "encoder_adapter").epsilon == record.epsilon
     metrics = json.loads((tmp_path / "fed" / "eval_metrics.json").read_text())
     assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
@@ -53,4 +54,10 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     sampled = [c for h in summary["history"] for c in h["sampled_clients"]]
     assert trained == {c: sampled.count(c) for c in set(sampled)}  # each client accounted for its own rounds
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
-    assert record.extra["federated"]["client_level"]["epsilon"] == client_level["epsilon"]
+    assert record.extra["federated"]["client_level"] == client_level
+    # released: no participation; each client's example-level ε as if sampled in all 2 rounds (4 steps ≤ ε 8)
+    assert json.dumps(record.to_dict()).count("sampled") == 0 and "clients" not in record.extra["federated"]["example_level"]
+    worst = summary["guarantee"]["example_level"]["clients"][0]
+    direct = RDPAccountant()
+    direct.history = [(worst["noise_multiplier"], worst["sample_rate"], 4)]
+    assert record.epsilon == pytest.approx(direct.get_epsilon(delta=worst["delta"]), rel=1e-9)

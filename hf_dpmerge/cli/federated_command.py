@@ -129,11 +129,11 @@ def format_guarantee(summary: dict) -> str:
     lines += [f"{h['round']:>5}  {','.join(map(str, h['sampled_clients'])) or '-':>7}  {h[metric]:.4f}"
               for h in summary["history"]]
     lines.append(f"final global model, test {metric}: {summary['test'][metric]:.4f}")
-    example = summary["guarantee"]["example_level"]
-    lines.append(f"example level: (ε = {example['epsilon']:.3g}, δ = {example['delta']:.3g}) per example "
-                 f"(max over {len(example['clients'])} clients; steps per client: "
-                 f"{', '.join(str(c['steps']) for c in example['clients'])})")
-    client = summary["guarantee"]["client_level"]
+    example = summary["released"]["example_level"]
+    steps = ", ".join(str(c["steps"]) for c in summary["guarantee"]["example_level"]["clients"])
+    lines.append(f"example level: (ε = {example['epsilon']:.3g}, δ = {example['delta']:.3g}) per example; "
+                 f"steps accounted: {example['steps_accounted']} (steps per client: {steps})")
+    client = summary["released"]["client_level"]
     lines.append("client level: none (no server-side DP; pass --client_noise_multiplier)" if client is None else
                  f"client level: (ε = {client['epsilon']:.3g}, δ = {client['delta']:.3g}) per client "
                  f"(z = {client['noise_multiplier']:g}, S = {client['clip_norm']:g}, q = {client['sample_rate']:g}, "

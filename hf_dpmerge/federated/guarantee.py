@@ -11,6 +11,11 @@ the server's aggregation is post-processing).
 Client level (a client's whole shard, only with server-side DP): R rounds of the subsampled Gaussian
 mechanism at (z, q) (:mod:`~hf_dpmerge.federated.client_level_dp`). A change to one example changes one
 client's data, so the client-level (ε, δ) also bounds the example-level one.
+
+What is released: subsampling amplifies the client-level guarantee only while it stays secret which
+clients were sampled, so the released record (:func:`released_guarantee`) never lists participation. With
+client-level DP its example-level ε is each client's data-independent worst case (sampled in every round,
+rounds·local_steps steps); the per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ class ClientExampleLevel:
     delta: float
 
 
-def client_example_level(client: int, records: Sequence[PrivacyRecord]) -> ClientExampleLevel:
-    """Compose client ``client``'s per-round records: one accountant over all their steps."""
+def client_example_level(
+    client: int, records: Sequence[PrivacyRecord], steps: int | None = None
+) -> ClientExampleLevel:
+    """Compose client ``client``'s per-round records: one accountant over all their steps (or over
+    ``steps`` steps at the same σ and q, e.g. the worst case of training in every round)."""
     if not records:
         raise ValueError(f"client {client} has no privacy records")
     first = records[0]
@@ -51,7 +59,7 @@ def client_example_level(client: int, records: Sequence[PrivacyRecord]) -> Clien
                     f"client {client}'s rounds differ in {key} ({getattr(first, key)!r} vs "
                     f"{getattr(record, key)!r}): they cannot be composed in one accountant"
                 )
-    steps = sum(record.steps for record in records)
+    steps = sum(record.steps for record in records) if steps is None else steps
     accountant = PrivacyAccountant(first.accountant, first.effective_noise_multiplier, first.sample_rate, first.delta)
     return ClientExampleLevel(
         client=client, num_samples=first.num_samples, sample_rate=first.sample_rate,
@@ -85,4 +93,28 @@ def federated_guarantee(
             "clients": [asdict(c) for c in per_client],
         },
         "client_level": client_level_guarantee(client_dp, rounds) if client_dp is not None else None,
+    }
+
+
+def released_guarantee(
+    records_by_client: Mapping[int, Sequence[PrivacyRecord]],
+    client_dp: ClientLevelDP | None,
+    rounds: int,
+    planned_client_steps: int,
+) -> dict[str, Any]:
+    """Both levels as the global adapter's record states them: no participation, and with client-level DP
+    the example-level ε of a client sampled in every round (``planned_client_steps`` steps)."""
+    hidden = client_dp is not None
+    per_client = [
+        client_example_level(client, records_by_client[client], planned_client_steps if hidden else None)
+        for client in sorted(records_by_client)
+    ]
+    return {
+        "example_level": {
+            "epsilon": max((c.epsilon for c in per_client), default=0.0),
+            "delta": max((c.delta for c in per_client), default=0.0),
+            "steps_accounted": "every client sampled in every round (participation stays secret)" if hidden
+            else "each client's steps in all its rounds; max over clients (disjoint shards)",
+        },
+        "client_level": client_level_guarantee(client_dp, rounds) if hidden else None,
     }

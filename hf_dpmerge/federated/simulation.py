@@ -5,8 +5,9 @@ global model evaluated centrally on the validation split after every round) and 
 and runs them with ``flwr.simulation.run_simulation`` (Ray backend, one virtual SuperNode per client).
 ``output_dir`` then holds a run like ``examples/train_glue.py`` writes one: ``adapter/`` (global LoRA + head
 + ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json`` (the final global model on the test split, evaluated once), plus
-``federated_privacy.json`` (both guarantees, per-client composition, sampled clients and validation metric
-per round).
+``federated_privacy.json``: the server's ledger (per-client composition, the clients sampled and the
+validation metric per round). Under client-level DP the ledger reveals participation, which the guarantee
+assumes secret: publish ``adapter/`` (its record states both levels without it), not the ledger.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from hf_dpmerge.federated.federation import (
     task_data,
     trainable_state,
 )
-from hf_dpmerge.federated.guarantee import federated_guarantee
+from hf_dpmerge.federated.guarantee import federated_guarantee, released_guarantee
 from hf_dpmerge.federated.strategy import FederatedDPStrategy
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.privacy.atomic_write import write_text_atomic
@@ -63,20 +64,19 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
     return compute_metrics(spec, predictions_from_logits(spec, logits), data[split]["labels"])
 
 
-def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, guarantee: dict[str, Any]) -> PrivacyRecord:
-    """The global adapter's ``dp_privacy.json``: the example-level guarantee, with the noise fields of the
-    client that spent most (its Σ η² over all its rounds bounds the averaged global state's noise), and
-    both levels under ``extra["federated"]``."""
-    example = guarantee["example_level"]
-    if not example["clients"]:
+def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None) -> PrivacyRecord:
+    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ), the noise
+    fields of the client that trained most (its Σ η² over its rounds bounds the averaged global state's
+    noise), and both levels under ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
+    if not strategy.records:
         raise RuntimeError("no client trained in any round: nothing to release (raise --client_sample_rate)")
-    most = max(example["clients"], key=lambda c: c["epsilon"])
-    records = strategy.records[most["client"]]
+    released = released_guarantee(strategy.records, client_dp, setup.rounds, setup.rounds * setup.local_steps)
+    records = max(strategy.records.values(), key=lambda rs: sum(r.steps for r in rs))
     return PrivacyRecord.from_dict({
         **records[-1].to_dict(),
-        "epsilon": example["epsilon"], "delta": example["delta"], "steps": most["steps"],
-        "sum_lr_squared": sum(r.sum_lr_squared for r in records), "task": setup.task,
-        "extra": {"federated": guarantee},
+        "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
+        "steps": sum(r.steps for r in records), "sum_lr_squared": sum(r.sum_lr_squared for r in records),
+        "task": setup.task, "extra": {"federated": released},
     }, source="federated global record")
 
 
@@ -129,15 +129,16 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
          spec.metric: float(result.evaluate_metrics_serverapp[r][spec.metric])}
         for r in sorted(result.evaluate_metrics_serverapp)
     ]
+    record = _global_record(setup, strategy, server.client_dp)
     summary = {
         "task": setup.task, "setup": asdict(setup), "server": asdict(server), "guarantee": guarantee,
-        "history": history, "test": evaluate_state(setup, server_model, final_state, "test"),
+        "released": record.extra["federated"], "history": history,
+        "test": evaluate_state(setup, server_model, final_state, "test"),
     }
-    _release(setup, server_model, final_state, _global_record(setup, strategy, guarantee), output_dir, overwrite)
+    _release(setup, server_model, final_state, record, output_dir, overwrite)
     write_text_atomic(output_dir / FEDERATED_RECORD_NAME, json.dumps(summary, indent=2, allow_nan=True) + "\n")
-    example = guarantee["example_level"]
-    eval_summary = {"task": setup.task, "test": summary["test"], "epsilon": example["epsilon"],
-                    "delta": example["delta"], "client_level": guarantee["client_level"]}
+    eval_summary = {"task": setup.task, "test": summary["test"], "epsilon": record.epsilon,
+                    "delta": record.delta, "client_level": summary["released"]["client_level"]}
     write_text_atomic(output_dir / "eval_metrics.json", json.dumps(eval_summary, indent=2, allow_nan=True) + "\n")
     return summary
 
