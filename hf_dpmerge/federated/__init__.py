@@ -2,5 +2,5 @@
 their own shard), the server aggregates with FedAvg or hf_dpmerge's merge kernels and optionally adds
 client-level (user-level) DP; both guarantees are accounted with opacus' accountants.
 
-Run it with ``hf-dpmerge federated`` (:mod:`hf_dpmerge.cli.federated_command`).
+Run it with ``hf-dpmerge federated`` (:mod:`hf_dpmerge.cli.federated_command`); design: docs/design.md §12.
 """

@@ -7,7 +7,7 @@ per-tensor kernels of :mod:`hf_dpmerge.merging.dp_aware` apply to it as to a tas
 - ``fedavg``: θ_g + Σ_k (n_k/Σn) Δ_k — Flower's own FedAvg aggregation (done by the strategy);
 - ``task_arithmetic``: θ_g + λ·Σ_k Δ_k/K (the dp_aware kernel with zero noise is exactly task arithmetic);
 - ``dp_aware``: each Δ_k SURE-denoised at the DP noise its client's record implies, combined by
-  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §DP-aware merging).
+  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §6, §12).
 
 With client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
 θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic) or its

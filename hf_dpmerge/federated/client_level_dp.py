@@ -9,7 +9,7 @@ update u_k (all its tensors flattened into one vector) is clipped to L2 norm S, 
 is released: adding or removing one client changes the sum by at most S, so one round is a subsampled
 Gaussian mechanism with noise multiplier z at rate q, and R rounds are accounted as R steps of opacus'
 accountant at (z, q). The denominator q·K (the expected number of sampled clients) is a public constant;
-dividing by the realised count would make the sensitivity data-dependent. docs/design.md §federated DP.
+dividing by the realised count would make the sensitivity data-dependent. docs/design.md §12.
 """
 
 from __future__ import annotations
