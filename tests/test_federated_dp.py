@@ -7,7 +7,9 @@ import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 from runs_builders import privacy_record
+from tiny_models import save_tiny_bert
 
+from hf_dpmerge.cli.main import main
 from hf_dpmerge.federated.aggregation import (
     ClientUpdate,
     merge_updates,
@@ -177,3 +179,17 @@ def test_released_guarantee_hides_participation_under_client_level_dp():
     assert "clients" not in released["example_level"] and released["client_level"]["rounds"] == 3
     without_server_dp = released_guarantee(records, None, rounds=3, planned_client_steps=30)
     assert without_server_dp["example_level"]["epsilon"] == federated_guarantee(records, None, 3)["example_level"]["epsilon"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_clients", "0"], "--num_clients must be ≥ 1"),
+    (["--batch_size", "64"], "fewer than --batch_size 64"),
+    (["--client_noise_multiplier", "1", "--client_delta", "0.5"], "--client_delta"),
+    (["--server_learning_rate", "0.5"], "--aggregation task_arithmetic"),
+])
+def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):
+    base = save_tiny_bert(tmp_path / "base")
+    code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",
+                 "--output_dir", str(tmp_path / "fed"), *flags])
+    assert code == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "fed").exists()

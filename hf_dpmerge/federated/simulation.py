@@ -30,6 +30,7 @@ from hf_dpmerge.federated.client import build_client_app
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
 from hf_dpmerge.federated.federation import (
     FederatedSetup,
+    client_shard,
     load_trainable_state,
     task_data,
     trainable_state,
@@ -87,9 +88,6 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
         raise ValueError(f"--concurrent_clients must be ≥ 1, got {server.concurrent_clients}")
     output_dir = Path(output_dir)
     check_release_target(output_dir / "adapter", overwrite)  # refuse before training, not after
-    _, spec, _ = task_data(setup)
-    server_model = setup.model(spec)
-    initial = trainable_state(server_model)
     generator = torch.Generator()
     seed = setup.dp_seed if setup.dp_seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
     generator.manual_seed(seed)
@@ -97,6 +95,11 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
         aggregation=server.aggregation, client_sample_rate=server.client_sample_rate,
         server_learning_rate=server.server_learning_rate, client_dp=server.client_dp, generator=generator,
     )
+    _, spec, _ = task_data(setup)
+    for client in range(setup.num_clients):  # every shard fits the batch: refuse here, not inside a client
+        client_shard(setup, client)
+    server_model = setup.model(spec)
+    initial = trainable_state(server_model)
     outcome: dict[str, Any] = {}
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:

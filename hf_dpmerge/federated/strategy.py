@@ -4,6 +4,7 @@ client-level DP, and a ledger of every client's privacy records and every round'
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -50,6 +51,8 @@ class FederatedDPStrategy(FedAvg):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=1)
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"--aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
+            raise ValueError(f"--server_learning_rate must be a finite number > 0, got {server_learning_rate}")
         if aggregation == "fedavg" and server_learning_rate != 1 and client_dp is None:
             raise ValueError("fedavg is Flower's plain weighted mean: use --aggregation task_arithmetic for a "
                              "--server_learning_rate other than 1")
