@@ -190,7 +190,7 @@ def test_released_guarantee_hides_participation_under_client_level_dp():
     (["--batch_size", "64"], "fewer than --batch_size 64"),
     (["--client_noise_multiplier", "1", "--client_delta", "0.5"], "--client_delta"),
     (["--server_learning_rate", "0.5"], "--aggregation task_arithmetic"),
-])
+], ids=["count", "shard", "client_delta", "fedavg_rate"])
 def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):
     base = save_tiny_bert(tmp_path / "base")
     code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",
