@@ -56,7 +56,8 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
     assert record.extra["federated"]["client_level"] == client_level
     # released: no participation; each client's example-level ε as if sampled in all 2 rounds (4 steps ≤ ε 8)
-    assert json.dumps(record.to_dict()).count("sampled") == 0 and "clients" not in record.extra["federated"]["example_level"]
+    released = json.dumps(record.to_dict())
+    assert "sampled_clients" not in released and "rounds_trained" not in released
     worst = summary["guarantee"]["example_level"]["clients"][0]
     direct = RDPAccountant()
     direct.history = [(worst["noise_multiplier"], worst["sample_rate"], 4)]
