@@ -31,8 +31,9 @@ from hf_dpmerge.federated.guarantee import (
 TEMPLATE = {"lora_A": torch.zeros(2, 3), "classifier.modules_to_save.default.weight": torch.zeros(2)}
 
 
-ROUND = dict(noise_multiplier=0.8, effective_noise_multiplier=0.8, sample_rate=0.01, steps=10, delta=1e-5,
-             num_samples=1000, accountant="prv", optimizer={"name": "adamw"}, sum_lr_squared=1e-4)
+ROUND = {"noise_multiplier": 0.8, "effective_noise_multiplier": 0.8, "sample_rate": 0.01, "steps": 10,
+         "delta": 1e-5, "num_samples": 1000, "accountant": "prv", "optimizer": {"name": "adamw"},
+         "sum_lr_squared": 1e-4}
 
 
 def record(**fields):
