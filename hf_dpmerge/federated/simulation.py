@@ -35,12 +35,20 @@ from hf_dpmerge.federated.federation import (
     task_data,
     trainable_state,
 )
-from hf_dpmerge.federated.guarantee import federated_guarantee, released_guarantee
+from hf_dpmerge.federated.guarantee import (
+    federated_guarantee,
+    federated_statement,
+    released_guarantee,
+)
 from hf_dpmerge.federated.strategy import FederatedDPStrategy
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.privacy.atomic_write import write_text_atomic
 from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.release import check_release_target, release_adapter
+from hf_dpmerge.training.release import (
+    adapter_card,
+    check_release_target,
+    release_adapter,
+)
 
 FEDERATED_RECORD_NAME = "federated_privacy.json"
 
@@ -152,6 +160,8 @@ def _release(setup: FederatedSetup, model, state: dict, record: PrivacyRecord, o
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
+        card = adapter_card(record, f"{setup.task} (federated)") + "\n" + federated_statement(record.extra["federated"])
+        (directory / "README.md").write_text(card, encoding="utf-8")
         record.save(directory)
 
     release_adapter(output_dir / "adapter", write, overwrite)
