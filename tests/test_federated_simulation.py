@@ -58,6 +58,7 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     card = (tmp_path / "fed" / "adapter" / "README.md").read_text()
     assert f"(ε = {client_level['epsilon']:.3g}, δ = 0.025) over 2 rounds" in card
     # released: no participation; each client's example-level ε as if sampled in all 2 rounds (4 steps ≤ ε 8)
+    assert record.steps == 4  # every round counted, whatever the draw
     released = json.dumps(record.to_dict())
     assert "sampled_clients" not in released and "rounds_trained" not in released
     worst = summary["guarantee"]["example_level"]["clients"][0]

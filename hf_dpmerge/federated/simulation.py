@@ -76,16 +76,19 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
 def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None) -> PrivacyRecord:
     """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ), the noise
     fields of the client that trained most (its Σ η² over its rounds bounds the averaged global state's
-    noise), and both levels under ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
+    noise; under client-level DP as if it trained in every round), and both levels under
+    ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
     if not strategy.records:
-        raise RuntimeError("no client trained in any round: nothing to release (raise --client_sample_rate)")
+        raise ValueError("no client trained in any round: nothing to release (raise --client_sample_rate)")
     released = released_guarantee(strategy.records, client_dp, setup.rounds, setup.rounds * setup.local_steps)
     records = max(strategy.records.values(), key=lambda rs: sum(r.steps for r in rs))
+    steps, sum_lr_squared = sum(r.steps for r in records), sum(r.sum_lr_squared for r in records)
+    if client_dp is not None:  # participation stays secret: every round counted
+        steps, sum_lr_squared = setup.rounds * setup.local_steps, sum_lr_squared / len(records) * setup.rounds
     return PrivacyRecord.from_dict({
         **records[-1].to_dict(),
         "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
-        "steps": sum(r.steps for r in records), "sum_lr_squared": sum(r.sum_lr_squared for r in records),
-        "task": setup.task, "extra": {"federated": released},
+        "steps": steps, "sum_lr_squared": sum_lr_squared, "task": setup.task, "extra": {"federated": released},
     }, source="federated global record")
 
 
