@@ -10,6 +10,7 @@ from subprocess_helpers import run_offline as run
 from tiny_models import save_tiny_bert
 
 from hf_dpmerge import PrivacyRecord
+from hf_dpmerge.training.accounting import replace_one_epsilon
 
 TINY = ["--max_train_samples", "128", "--max_eval_samples", "32", "--num_clients", "4", "--rounds", "2",
         "--local_steps", "2", "--batch_size", "8", "--physical_batch_size", "8", "--lora_r", "2",
@@ -36,6 +37,9 @@ def test_fedavg_simulation_trains_the_global_adapter_and_writes_both_records(tmp
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
     assert record.epsilon == summary["guarantee"]["example_level"]["epsilon"] <= 8.0 + 1e-6
     assert record.steps == 4 and record.extra["federated"]["client_level"] is None
+    assert record.epsilon_replace_one == pytest.approx(replace_one_epsilon(
+        effective_noise_multiplier=record.effective_noise_multiplier, sample_rate=record.sample_rate, steps=4,
+        delta=record.delta))  # all 4 steps of the client, not one round's
     assert "clients" not in record.extra["federated"]["example_level"]
     assert PrivacyRecord.load(tmp_path / "fed" / "encoder_adapter").epsilon == record.epsilon
     metrics = json.loads((tmp_path / "fed" / "eval_metrics.json").read_text())

@@ -36,6 +36,7 @@ from hf_dpmerge.federated.federation import (
     trainable_state,
 )
 from hf_dpmerge.federated.guarantee import (
+    client_example_level,
     federated_guarantee,
     federated_statement,
     released_guarantee,
@@ -44,6 +45,7 @@ from hf_dpmerge.federated.strategy import FederatedDPStrategy
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.privacy.atomic_write import write_text_atomic
 from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.training.accounting import replace_one_epsilon
 from hf_dpmerge.training.release import (
     adapter_card,
     check_release_target,
@@ -74,21 +76,31 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
 
 
 def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None) -> PrivacyRecord:
-    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ), the noise
-    fields of the client that trained most (its Σ η² over its rounds bounds the averaged global state's
-    noise; under client-level DP as if it trained in every round), and both levels under
-    ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
+    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ, and ε under
+    replace-one for the same steps), the noise fields of the client with the largest ε (its Σ η² over its
+    steps bounds the averaged global state's noise; under client-level DP every round is counted), and both
+    levels under ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
     if not strategy.records:
         raise ValueError("no client trained in any round: nothing to release (raise --client_sample_rate)")
-    released = released_guarantee(strategy.records, client_dp, setup.rounds, setup.rounds * setup.local_steps)
-    records = max(strategy.records.values(), key=lambda rs: sum(r.steps for r in rs))
-    steps, sum_lr_squared = sum(r.steps for r in records), sum(r.sum_lr_squared for r in records)
-    if client_dp is not None:  # participation stays secret: every round counted
-        steps, sum_lr_squared = setup.rounds * setup.local_steps, sum_lr_squared / len(records) * setup.rounds
+    planned = setup.rounds * setup.local_steps
+    released = released_guarantee(strategy.records, client_dp, setup.rounds, planned)
+
+    def accounted_steps(records: list[PrivacyRecord]) -> int:  # participation stays secret under client DP
+        return planned if client_dp is not None else sum(r.steps for r in records)
+
+    client = max(strategy.records, key=lambda c: client_example_level(
+        c, strategy.records[c], accounted_steps(strategy.records[c])).epsilon)
+    records = strategy.records[client]
+    last, steps, trained = records[-1], accounted_steps(records), sum(r.steps for r in records)
     return PrivacyRecord.from_dict({
-        **records[-1].to_dict(),
+        **last.to_dict(),
         "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
-        "steps": steps, "sum_lr_squared": sum_lr_squared, "task": setup.task, "extra": {"federated": released},
+        "epsilon_replace_one": replace_one_epsilon(
+            effective_noise_multiplier=last.effective_noise_multiplier, sample_rate=last.sample_rate, steps=steps,
+            delta=last.delta,
+        ),
+        "steps": steps, "sum_lr_squared": steps * sum(r.sum_lr_squared for r in records) / max(1, trained),
+        "task": setup.task, "extra": {"federated": released},
     }, source="federated global record")
 
 
