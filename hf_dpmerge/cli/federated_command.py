@@ -37,17 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_clients", type=int, default=4, help="K, clients with disjoint shards (default: 4)")
     parser.add_argument("--rounds", type=int, default=4, help="federated rounds (default: 4)")
     parser.add_argument("--local_steps", type=int, default=10, help="DP-SGD steps per client per round (default: 10)")
-    parser.add_argument("--batch_size", type=int, default=64, help="expected Poisson batch per client step (default: 64)")
+    parser.add_argument("--batch_size", type=int, default=64, 
+                        help="expected Poisson batch per client step (default: 64)")
     parser.add_argument("--physical_batch_size", type=int, default=64, help="micro-batch for memory (default: 64)")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="LoRA learning rate (default: 2e-3)")
-    parser.add_argument("--head_learning_rate", type=float, default=2e-2, help="task head learning rate (default: 2e-2)")
+    parser.add_argument("--head_learning_rate", type=float, default=2e-2, 
+                        help="task head learning rate (default: 2e-2)")
     parser.add_argument("--per_sample_max_grad_norm", type=float, default=1.0, help="per-example clip C (default: 1)")
     parser.add_argument("--target_epsilon", type=float, default=8.0,
                         help="each client's example-level ε over ALL rounds (σ calibrated for rounds·local_steps)")
     parser.add_argument("--noise_multiplier", type=float, help="explicit client σ (overrides --target_epsilon)")
     parser.add_argument("--target_delta", type=float, help="example-level δ (default: 1/(10·N_k) per client)")
     parser.add_argument("--accountant", choices=("prv", "rdp"), default="prv", help="opacus accountant (both levels)")
-    parser.add_argument("--sam_mode", default="dp_sat", help="none | dp_sat | per_example | two_query (default: dp_sat)")
+    parser.add_argument("--sam_mode", default="dp_sat", 
+                        help="none | dp_sat | per_example | two_query (default: dp_sat)")
     parser.add_argument("--sam_rho", type=float, default=0.05)
     parser.add_argument("--align_lambda", type=float, default=0.05)
     parser.add_argument("--lora_r", type=int, default=8)

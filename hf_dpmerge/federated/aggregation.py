@@ -26,7 +26,7 @@ import torch
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP, private_mean_update
 from hf_dpmerge.merging.dp_aware import dp_aware_merge
 from hf_dpmerge.merging.noise_variance import parameter_noise_variance
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
 HEAD_MARKER = ".modules_to_save."

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_dpmerge.training.accounting import PrivacyAccountant, resolve_delta
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, resolve_delta
 
 Update = Mapping[str, torch.Tensor]
 

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_dpmerge.data import load_task, tokenize_task
 from hf_dpmerge.data.tasks import TaskSpec
-from hf_dpmerge.training.accounting import calibrate_noise_multiplier, resolve_delta
+from hf_dpmerge.training.dp.accounting import calibrate_noise_multiplier, resolve_delta
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 
 
@@ -127,7 +127,9 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
     with torch.no_grad():
         for name, tensor in state.items():
             if params[name].shape != tensor.shape:
-                raise ValueError(f"{name}: global state has shape {tuple(tensor.shape)}, model {tuple(params[name].shape)}")
+                raise ValueError(
+                    f"{name}: global state has shape {tuple(tensor.shape)}, model {tuple(params[name].shape)}"
+                )
             params[name].copy_(tensor)
 
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.accounting import PrivacyAccountant
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
 """Run a federation in Flower's simulation engine and release its global adapter with both guarantees.
 
 ``run_federated`` builds the ServerApp (the strategy of :mod:`~hf_dpmerge.federated.strategy`, with the
-global model evaluated centrally on the validation split after every round) and the ClientApp (:mod:`~hf_dpmerge.federated.client`)
-and runs them with ``flwr.simulation.run_simulation`` (Ray backend, one virtual SuperNode per client).
-``output_dir`` then holds a run like ``examples/train_glue.py`` writes one: ``adapter/`` (global LoRA + head
-+ ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json`` (the final global model on the test split, evaluated once), plus
-``federated_privacy.json``: the server's ledger (per-client composition, the clients sampled and the
-validation metric per round). Under client-level DP the ledger reveals participation, which the guarantee
-assumes secret: publish ``adapter/`` (its record states both levels without it), not the ledger.
+global model evaluated centrally on the validation split after every round) and the ClientApp
+(:mod:`~hf_dpmerge.federated.client`) and runs them with ``flwr.simulation.run_simulation`` (Ray backend,
+one virtual SuperNode per client). ``output_dir`` then holds a run like ``examples/train_glue.py`` writes
+one: ``adapter/`` (global LoRA + head + ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json``
+(the final global model on the test split, evaluated once), plus ``federated_privacy.json``: the server's
+ledger (per-client composition, the clients sampled and the validation metric per round). Under
+client-level DP the ledger reveals participation, which the guarantee assumes secret: publish
+``adapter/`` (its record states both levels without it), not the ledger.
 """
 
 from __future__ import annotations
@@ -42,15 +43,15 @@ from hf_dpmerge.federated.guarantee import (
     released_guarantee,
 )
 from hf_dpmerge.federated.strategy import FederatedDPStrategy
-from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.privacy.atomic_write import write_text_atomic
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.training.accounting import replace_one_epsilon
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dp.accounting import replace_one_epsilon
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.release import (
     adapter_card,
     check_release_target,
     release_adapter,
 )
+from hf_dpmerge.utils.io import write_text_atomic
 
 FEDERATED_RECORD_NAME = "federated_privacy.json"
 
@@ -75,7 +76,9 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
     return compute_metrics(spec, predictions_from_logits(spec, logits), data[split]["labels"])
 
 
-def _global_record(setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None) -> PrivacyRecord:
+def _global_record(
+    setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None
+) -> PrivacyRecord:
     """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ, and ε under
     replace-one for the same steps), the noise fields of the client with the largest ε (its Σ η² over its
     steps bounds the averaged global state's noise; under client-level DP every round is counted), and both

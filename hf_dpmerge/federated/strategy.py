@@ -28,7 +28,7 @@ from hf_dpmerge.federated.aggregation import (
 )
 from hf_dpmerge.federated.client import PRIVACY_RECORD_KEY
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP, sample_clients
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 
 class FederatedDPStrategy(FedAvg):
