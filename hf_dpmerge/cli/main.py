@@ -15,6 +15,7 @@ VERBS: dict[str, str] = {
     "audit": "hf_dpmerge.cli.audit_command",
     "similarity": "hf_dpmerge.cli.similarity_command",
     "recommend": "hf_dpmerge.cli.recommend_command",
+    "federated": "hf_dpmerge.cli.federated_command",
 }
 
 

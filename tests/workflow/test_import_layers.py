@@ -15,7 +15,7 @@ PACKAGE = REPO / "hf_dpmerge"
 
 _LOW = {"utils", "lazy_exports", "moved_modules"}
 _MODELS = _LOW | {"records", "data", "modeling", "lora"}
-_LIBRARY = _MODELS | {"training", "analysis", "merging", "audit", "hub"}
+_LIBRARY = _MODELS | {"training", "analysis", "merging", "audit", "hub", "federated"}
 MAY_IMPORT: dict[str, set[str]] = {
     "utils": set(),
     "lazy_exports": set(),
@@ -29,6 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "analysis": _MODELS,
     "merging": _LOW | {"records", "lora"},
     "audit": _MODELS | {"training"},
+    "federated": _MODELS | {"training", "analysis", "merging"},
     "hub": _LOW | {"records", "modeling", "analysis"},
     "scripts": _LIBRARY | {"", "scripts"},
     "cli": _LIBRARY | {"", "scripts"},

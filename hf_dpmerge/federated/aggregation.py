@@ -1,0 +1,121 @@
+"""Server-side aggregation of client LoRA updates with hf_dpmerge's merge kernels.
+
+Client k returns its trained LoRA factors and head θ_k; its update is Δ_k = θ_k − θ_g against the global
+state θ_g it started from. Each LoRA factor and head tensor is a directly trained parameter, so the
+per-tensor kernels of :mod:`hf_dpmerge.merging.dp_aware` apply to it as to a task vector:
+
+- ``fedavg``: θ_g + Σ_k (n_k/Σn) Δ_k — Flower's own FedAvg aggregation (done by the strategy);
+- ``task_arithmetic``: θ_g + λ·Σ_k Δ_k/K (the dp_aware kernel with zero noise is exactly task arithmetic);
+- ``dp_aware``: each Δ_k SURE-denoised at the DP noise its client's record implies, combined by
+  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §6, §12).
+
+With client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
+θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic) or its
+SURE-denoised estimate (dp_aware: a per-client post-processing of the client's own release). Weights that
+depend on the clients' data (num-examples, random effects) would leave the sensitivity unbounded, so
+they are replaced by the uniform, clipped sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hf_dpmerge.federated.client_level_dp import ClientLevelDP, private_mean_update
+from hf_dpmerge.merging.dp_aware import dp_aware_merge
+from hf_dpmerge.merging.noise_variance import parameter_noise_variance
+from hf_dpmerge.records.record import PrivacyRecord
+
+AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
+HEAD_MARKER = ".modules_to_save."
+
+State = Mapping[str, torch.Tensor]
+
+
+@dataclass
+class ClientUpdate:
+    """One sampled client's reply: its identity, trained state θ_k, shard size and the round's record."""
+
+    client: int
+    state: dict[str, torch.Tensor]
+    num_examples: int
+    record: PrivacyRecord
+
+
+def tensor_noise_variance(record: PrivacyRecord, name: str) -> float:
+    """s² the client's DP-SGD left in tensor ``name``: the record's (encoder) value, scaled by
+    (head_lr/lr)² for the task head, which steps at its own learning rate."""
+    variance = parameter_noise_variance(record)
+    if HEAD_MARKER in name:
+        lr = float(record.optimizer.get("lr") or 0.0)
+        head_lr = float(record.optimizer.get("head_lr") or lr)
+        variance *= (head_lr / lr) ** 2 if lr > 0 else 1.0
+    return variance
+
+
+def _check_states(global_state: State, updates: Sequence[ClientUpdate]) -> None:
+    for update in updates:
+        if set(update.state) != set(global_state):
+            differing = sorted(set(update.state) ^ set(global_state))
+            raise ValueError(f"client {update.client} returned tensors that differ from the global state: {differing}")
+
+
+def merge_updates(
+    global_state: State, updates: Sequence[ClientUpdate], *, method: str, server_learning_rate: float
+) -> dict[str, torch.Tensor]:
+    """The new global state from the sampled clients' states (no client-level DP), ``task_arithmetic``
+    or ``dp_aware``; ``fedavg`` is Flower's aggregation."""
+    if method not in ("task_arithmetic", "dp_aware"):
+        raise ValueError(f"merge_updates handles task_arithmetic and dp_aware, not {method!r}")
+    _check_states(global_state, updates)
+    if not updates:
+        return dict(global_state)
+    weights = [1.0 / len(updates)] * len(updates)
+    merged = {}
+    for name, base in global_state.items():
+        variances = [tensor_noise_variance(u.record, name) if method == "dp_aware" else 0.0 for u in updates]
+        merged[name] = dp_aware_merge(
+            base, [u.state[name] for u in updates], variances, weights=weights, lam=server_learning_rate,
+            weighting="random_effects" if method == "dp_aware" else "task_arithmetic",
+        )
+    return merged
+
+
+def client_contribution(global_state: State, update: ClientUpdate, method: str) -> dict[str, torch.Tensor]:
+    """u_k: Δ_k, or for ``dp_aware`` its SURE-denoised estimate (the kernel applied to one input)."""
+    contribution = {}
+    for name, base in global_state.items():
+        delta = update.state[name].float() - base.float()
+        if method == "dp_aware":
+            variance = tensor_noise_variance(update.record, name)
+            delta = dp_aware_merge(torch.zeros_like(delta), [delta], [variance], weights=[1.0], lam=1.0)
+        contribution[name] = delta
+    return contribution
+
+
+def private_aggregate(
+    global_state: State,
+    updates: Sequence[ClientUpdate],
+    *,
+    method: str,
+    server_learning_rate: float,
+    client_dp: ClientLevelDP,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K): one round of the client-level Gaussian mechanism."""
+    if method not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {method!r}")
+    _check_states(global_state, updates)
+    mean = private_mean_update(
+        [client_contribution(global_state, u, method) for u in updates],
+        global_state,
+        clip_norm=client_dp.clip_norm,
+        noise_multiplier=client_dp.noise_multiplier,
+        expected_clients=client_dp.expected_clients,
+        generator=generator,
+    )
+    return {
+        name: (base.float() + server_learning_rate * mean[name]).to(base.dtype) for name, base in global_state.items()
+    }

@@ -1,0 +1,113 @@
+"""Client-level (user-level) DP at the server: DP-FedAvg's Gaussian mechanism (McMahan et al., ICLR 2018,
+"Learning Differentially Private Recurrent Language Models", Algorithm 1 with the fixed-denominator estimator).
+
+Each round every client is sampled independently with probability q (Poisson), each sampled client's
+update u_k (all its tensors flattened into one vector) is clipped to L2 norm S, and
+
+    ū = (Σ_{k sampled} clip_S(u_k) + N(0, z²S²·I)) / (q·K)
+
+is released: adding or removing one client changes the sum by at most S, so one round is a subsampled
+Gaussian mechanism with noise multiplier z at rate q, and R rounds are accounted as R steps of opacus'
+accountant at (z, q). The denominator q·K (the expected number of sampled clients) is a public constant;
+dividing by the realised count would make the sensitivity data-dependent. docs/design.md §12.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, resolve_delta
+
+Update = Mapping[str, torch.Tensor]
+
+
+def update_norm(update: Update) -> float:
+    """‖u‖₂ of an update over all of its tensors together."""
+    return math.sqrt(sum(float(t.double().square().sum()) for t in update.values()))
+
+
+def clip_update(update: Update, clip_norm: float) -> dict[str, torch.Tensor]:
+    """u · min(1, S/‖u‖₂), the whole update scaled as one vector."""
+    norm = update_norm(update)
+    scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
+    return {name: tensor * scale for name, tensor in update.items()}
+
+
+def sample_clients(clients: Sequence[int], sample_rate: float, generator: torch.Generator) -> list[int]:
+    """Poisson sampling: each client independently with probability ``sample_rate`` (may be none)."""
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"client sample rate must lie in (0, 1], got {sample_rate}")
+    draws = torch.rand(len(clients), generator=generator, dtype=torch.float64)
+    return [client for client, draw in zip(clients, draws.tolist()) if draw < sample_rate]
+
+
+def private_mean_update(
+    updates: Sequence[Update],
+    template: Update,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    expected_clients: float,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """(Σ_k clip_S(u_k) + N(0, z²S²I)) / expected_clients; ``template`` gives names and shapes when no
+    client was sampled (a noise-only round)."""
+    if not (math.isfinite(clip_norm) and clip_norm > 0):
+        raise ValueError(f"client clip norm S must be > 0, got {clip_norm}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(f"client noise multiplier z must be ≥ 0, got {noise_multiplier}")
+    if not expected_clients > 0:
+        raise ValueError(f"expected number of sampled clients must be > 0, got {expected_clients}")
+    total = {name: torch.zeros_like(tensor, dtype=torch.float32) for name, tensor in template.items()}
+    for update in updates:
+        if set(update) != set(total):
+            raise ValueError(f"a client update has tensors {sorted(set(update) ^ set(total))} that others lack")
+        for name, tensor in clip_update(update, clip_norm).items():
+            total[name] += tensor.float()
+    std = noise_multiplier * clip_norm
+    for name in sorted(total):  # a fixed order, so a seeded generator reproduces the noise
+        noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float32)
+        total[name] = (total[name] + std * noise) / expected_clients
+    return total
+
+
+@dataclass(frozen=True)
+class ClientLevelDP:
+    """The server's mechanism: clip norm S, noise multiplier z, client sample rate q over K clients, δ
+    (default 1/(10·K), as for examples), accounted with opacus' ``accountant`` ('prv' or 'rdp')."""
+
+    noise_multiplier: float
+    clip_norm: float
+    sample_rate: float
+    num_clients: int
+    accountant: str = "prv"
+    target_delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"--client_sample_rate must lie in (0, 1], got {self.sample_rate}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"--client_clip_norm must be > 0, got {self.clip_norm}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise ValueError(f"--client_noise_multiplier must be > 0, got {self.noise_multiplier}")
+        if not 0 < self.delta < 1 / self.num_clients:
+            raise ValueError(
+                f"client-level δ={self.delta:g} must lie in (0, 1/K = {1 / self.num_clients:g}): a larger δ "
+                "allows releasing a whole client's data; lower --client_delta"
+            )
+
+    @property
+    def delta(self) -> float:
+        return resolve_delta(self.target_delta, self.num_clients)
+
+    @property
+    def expected_clients(self) -> float:
+        return self.sample_rate * self.num_clients
+
+    def accountant_for_rounds(self) -> PrivacyAccountant:
+        """A fresh accountant of this mechanism: one subsampled Gaussian step at (z, q) per round."""
+        return PrivacyAccountant(self.accountant, self.noise_multiplier, self.sample_rate, self.delta)

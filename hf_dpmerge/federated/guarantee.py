@@ -1,0 +1,140 @@
+"""The two guarantees of a federated run, accounted with opacus' accountants.
+
+Example level (each client's own data): every round a sampled client runs a fresh DPSAMTrainer on the same
+shard D_k, starting from a global state that is post-processing of earlier releases and of data other than
+D_k. All of client k's DP-SGD steps over all rounds are therefore one adaptive sequence of subsampled
+Gaussian mechanisms on D_k at (σ_eff, q_k), and ONE accountant over all T_k = Σ_rounds steps gives its
+(ε_k, δ_k) — tighter than summing per-round ε, which ignores that RDP/PRV compose sub-additively. Shards
+are disjoint, so the global model is (max_k ε_k, max_k δ_k)-DP per example (parallel composition;
+the server's aggregation is post-processing).
+
+Client level (a client's whole shard, only with server-side DP): R rounds of the subsampled Gaussian
+mechanism at (z, q) (:mod:`~hf_dpmerge.federated.client_level_dp`). A change to one example changes one
+client's data, so the client-level (ε, δ) also bounds the example-level one.
+
+What is released: subsampling amplifies the client-level guarantee only while it stays secret which
+clients were sampled, so the released record (:func:`released_guarantee`) never lists participation. With
+client-level DP its example-level ε is each client's data-independent worst case (sampled in every round,
+rounds·local_steps steps); the per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hf_dpmerge.federated.client_level_dp import ClientLevelDP
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+
+
+@dataclass(frozen=True)
+class ClientExampleLevel:
+    """Client ``client``'s example-level guarantee after ``rounds_trained`` rounds and ``steps`` DP-SGD steps."""
+
+    client: int
+    num_samples: int
+    sample_rate: float
+    noise_multiplier: float
+    accountant: str
+    rounds_trained: int
+    steps: int
+    epsilon: float
+    delta: float
+
+
+def client_example_level(
+    client: int, records: Sequence[PrivacyRecord], steps: int | None = None
+) -> ClientExampleLevel:
+    """Compose client ``client``'s per-round records: one accountant over all their steps (or over
+    ``steps`` steps at the same σ and q, e.g. the worst case of training in every round)."""
+    if not records:
+        raise ValueError(f"client {client} has no privacy records")
+    first = records[0]
+    for record in records[1:]:
+        for key in ("effective_noise_multiplier", "sample_rate", "delta", "accountant", "num_samples"):
+            if getattr(record, key) != getattr(first, key):
+                raise ValueError(
+                    f"client {client}'s rounds differ in {key} ({getattr(first, key)!r} vs "
+                    f"{getattr(record, key)!r}): they cannot be composed in one accountant"
+                )
+    steps = sum(record.steps for record in records) if steps is None else steps
+    accountant = PrivacyAccountant(first.accountant, first.effective_noise_multiplier, first.sample_rate, first.delta)
+    return ClientExampleLevel(
+        client=client, num_samples=first.num_samples, sample_rate=first.sample_rate,
+        noise_multiplier=first.noise_multiplier, accountant=first.accountant, rounds_trained=len(records),
+        steps=steps, epsilon=accountant.epsilon_after(steps), delta=first.delta,
+    )
+
+
+def client_level_guarantee(client_dp: ClientLevelDP, rounds: int) -> dict[str, Any]:
+    """(ε, δ) of ``rounds`` rounds of the server's mechanism, with its parameters."""
+    accountant = client_dp.accountant_for_rounds()
+    return {
+        "epsilon": accountant.epsilon_after(rounds), "delta": client_dp.delta, "rounds": rounds,
+        "noise_multiplier": client_dp.noise_multiplier, "clip_norm": client_dp.clip_norm,
+        "sample_rate": client_dp.sample_rate, "num_clients": client_dp.num_clients,
+        "expected_clients": client_dp.expected_clients, "accountant": client_dp.accountant,
+    }
+
+
+def federated_guarantee(
+    records_by_client: Mapping[int, Sequence[PrivacyRecord]], client_dp: ClientLevelDP | None, rounds: int
+) -> dict[str, Any]:
+    """Both levels: per-client example-level guarantees, their maximum, and the client-level one (or None)."""
+    per_client = [client_example_level(client, records_by_client[client]) for client in sorted(records_by_client)]
+    return {
+        "example_level": {
+            "epsilon": max((c.epsilon for c in per_client), default=0.0),
+            "delta": max((c.delta for c in per_client), default=0.0),
+            "composition": "per client: one accountant over all its DP-SGD steps in all rounds; "
+                           "across clients: parallel (disjoint shards) → max",
+            "clients": [asdict(c) for c in per_client],
+        },
+        "client_level": client_level_guarantee(client_dp, rounds) if client_dp is not None else None,
+    }
+
+
+def released_guarantee(
+    records_by_client: Mapping[int, Sequence[PrivacyRecord]],
+    client_dp: ClientLevelDP | None,
+    rounds: int,
+    planned_client_steps: int,
+) -> dict[str, Any]:
+    """Both levels as the global adapter's record states them: no participation, and with client-level DP
+    the example-level ε of a client sampled in every round (``planned_client_steps`` steps)."""
+    hidden = client_dp is not None
+    per_client = [
+        client_example_level(client, records_by_client[client], planned_client_steps if hidden else None)
+        for client in sorted(records_by_client)
+    ]
+    return {
+        "example_level": {
+            "epsilon": max((c.epsilon for c in per_client), default=0.0),
+            "delta": max((c.delta for c in per_client), default=0.0),
+            "steps_accounted": "every client sampled in every round (participation stays secret)" if hidden
+            else "each client's steps in all its rounds; max over clients (disjoint shards)",
+        },
+        "client_level": client_level_guarantee(client_dp, rounds) if hidden else None,
+    }
+
+
+def federated_statement(released: Mapping[str, Any]) -> str:
+    """The model card's paragraph on how the federated guarantees arose (both levels, from
+    :func:`released_guarantee`)."""
+    example = released["example_level"]
+    text = (
+        "Trained by federated learning: each client trained on its own data with DPSAMTrainer and the server "
+        f"aggregated their updates. Example level: (ε = {example['epsilon']:.3g}, δ = {example['delta']:.3g}), "
+        f"steps accounted: {example['steps_accounted']}."
+    )
+    client = released["client_level"]
+    if client is None:
+        return text + " Client level: no guarantee (the server added no noise).\n"
+    return text + (
+        f" Client level (a client's whole data): (ε = {client['epsilon']:.3g}, δ = {client['delta']:.3g}) over "
+        f"{client['rounds']} rounds, each client update clipped to {client['clip_norm']:g} and Gaussian noise of "
+        f"multiplier {client['noise_multiplier']:g} added to their sum, clients sampled with probability "
+        f"{client['sample_rate']:g}.\n"
+    )

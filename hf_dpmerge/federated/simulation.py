@@ -1,0 +1,186 @@
+"""Run a federation in Flower's simulation engine and release its global adapter with both guarantees.
+
+``run_federated`` builds the ServerApp (the strategy of :mod:`~hf_dpmerge.federated.strategy`, with the
+global model evaluated centrally on the validation split after every round) and the ClientApp
+(:mod:`~hf_dpmerge.federated.client`) and runs them with ``flwr.simulation.run_simulation`` (Ray backend,
+one virtual SuperNode per client). ``output_dir`` then holds a run like ``examples/train_glue.py`` writes
+one: ``adapter/`` (global LoRA + head + ``dp_privacy.json``), ``encoder_adapter/``, ``eval_metrics.json``
+(the final global model on the test split, evaluated once), plus ``federated_privacy.json``: the server's
+ledger (per-client composition, the clients sampled and the validation metric per round). Under
+client-level DP the ledger reveals participation, which the guarantee assumes secret: publish
+``adapter/`` (its record states both levels without it), not the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from hf_dpmerge.analysis.evaluation import predict_logits
+from hf_dpmerge.data import compute_metrics, predictions_from_logits
+from hf_dpmerge.federated.client import build_client_app
+from hf_dpmerge.federated.client_level_dp import ClientLevelDP
+from hf_dpmerge.federated.federation import (
+    FederatedSetup,
+    client_shard,
+    load_trainable_state,
+    task_data,
+    trainable_state,
+)
+from hf_dpmerge.federated.guarantee import (
+    client_example_level,
+    federated_guarantee,
+    federated_statement,
+    released_guarantee,
+)
+from hf_dpmerge.federated.strategy import FederatedDPStrategy
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.dp.accounting import replace_one_epsilon
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.release import (
+    adapter_card,
+    check_release_target,
+    release_adapter,
+)
+from hf_dpmerge.utils.io import write_text_atomic
+
+FEDERATED_RECORD_NAME = "federated_privacy.json"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The server's choices: aggregation, server learning rate λ, client sample rate q, client-level DP."""
+
+    aggregation: str = "fedavg"
+    server_learning_rate: float = 1.0
+    client_sample_rate: float = 1.0
+    client_dp: ClientLevelDP | None = None
+    concurrent_clients: int = 1
+
+
+def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, split: str) -> dict[str, float]:
+    """The task metric of ``model`` with the federated ``state`` loaded, on ``split``."""
+    data, spec, tokenizer = task_data(setup)
+    load_trainable_state(model, state)
+    model.eval()
+    logits = predict_logits(model, data[split], tokenizer)
+    return compute_metrics(spec, predictions_from_logits(spec, logits), data[split]["labels"])
+
+
+def _global_record(
+    setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None
+) -> PrivacyRecord:
+    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ, and ε under
+    replace-one for the same steps), the noise fields of the client with the largest ε (its Σ η² over its
+    steps bounds the averaged global state's noise; under client-level DP every round is counted), and both
+    levels under ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
+    if not strategy.records:
+        raise ValueError("no client trained in any round: nothing to release (raise --client_sample_rate)")
+    planned = setup.rounds * setup.local_steps
+    released = released_guarantee(strategy.records, client_dp, setup.rounds, planned)
+
+    def accounted_steps(records: list[PrivacyRecord]) -> int:  # participation stays secret under client DP
+        return planned if client_dp is not None else sum(r.steps for r in records)
+
+    client = max(strategy.records, key=lambda c: client_example_level(
+        c, strategy.records[c], accounted_steps(strategy.records[c])).epsilon)
+    records = strategy.records[client]
+    last, steps, trained = records[-1], accounted_steps(records), sum(r.steps for r in records)
+    return PrivacyRecord.from_dict({
+        **last.to_dict(),
+        "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
+        "epsilon_replace_one": replace_one_epsilon(
+            effective_noise_multiplier=last.effective_noise_multiplier, sample_rate=last.sample_rate, steps=steps,
+            delta=last.delta,
+        ),
+        "steps": steps, "sum_lr_squared": steps * sum(r.sum_lr_squared for r in records) / max(1, trained),
+        "task": setup.task, "extra": {"federated": released},
+    }, source="federated global record")
+
+
+def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str | os.PathLike,
+                  overwrite: bool = False) -> dict[str, Any]:
+    """Simulate the federation, write ``output_dir`` and return the contents of its federated record."""
+    if server.concurrent_clients < 1:
+        raise ValueError(f"--concurrent_clients must be ≥ 1, got {server.concurrent_clients}")
+    output_dir = Path(output_dir)
+    check_release_target(output_dir / "adapter", overwrite)  # refuse before training, not after
+    generator = torch.Generator()
+    seed = setup.dp_seed if setup.dp_seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    generator.manual_seed(seed)
+    strategy = FederatedDPStrategy(
+        aggregation=server.aggregation, client_sample_rate=server.client_sample_rate,
+        server_learning_rate=server.server_learning_rate, client_dp=server.client_dp, generator=generator,
+    )
+    _, spec, _ = task_data(setup)
+    for client in range(setup.num_clients):  # every shard fits the batch: refuse here, not inside a client
+        client_shard(setup, client)
+    server_model = setup.model(spec)
+    initial = trainable_state(server_model)
+    outcome: dict[str, Any] = {}
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        metrics = evaluate_state(setup, server_model, arrays.to_torch_state_dict(), "validation")
+        return MetricRecord({spec.metric: metrics[spec.metric]})
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        outcome["result"] = strategy.start(
+            grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=setup.rounds, evaluate_fn=evaluate
+        )
+
+    run_simulation(
+        server_app=app, client_app=build_client_app(setup), num_supernodes=setup.num_clients,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": server.concurrent_clients, "log_to_driver": False,
+                          "logging_level": logging.WARNING},
+        },
+    )
+    if "result" not in outcome:
+        raise RuntimeError("the Flower simulation ended without running the server: see its log above")
+    result = outcome["result"]
+    final_state = result.arrays.to_torch_state_dict() if result.arrays is not None else initial
+    guarantee = federated_guarantee(strategy.records, server.client_dp, setup.rounds)
+    history = [
+        {"round": r, "sampled_clients": strategy.sampled.get(r, []),
+         spec.metric: float(result.evaluate_metrics_serverapp[r][spec.metric])}
+        for r in sorted(result.evaluate_metrics_serverapp)
+    ]
+    record = _global_record(setup, strategy, server.client_dp)
+    summary = {
+        "task": setup.task, "setup": asdict(setup), "server": asdict(server), "guarantee": guarantee,
+        "released": record.extra["federated"], "history": history,
+        "test": evaluate_state(setup, server_model, final_state, "test"),
+    }
+    _release(setup, server_model, final_state, record, output_dir, overwrite)
+    write_text_atomic(output_dir / FEDERATED_RECORD_NAME, json.dumps(summary, indent=2, allow_nan=True) + "\n")
+    eval_summary = {"task": setup.task, "test": summary["test"], "epsilon": record.epsilon,
+                    "delta": record.delta, "client_level": summary["released"]["client_level"]}
+    write_text_atomic(output_dir / "eval_metrics.json", json.dumps(eval_summary, indent=2, allow_nan=True) + "\n")
+    return summary
+
+
+def _release(setup: FederatedSetup, model, state: dict, record: PrivacyRecord, output_dir: Path,
+             overwrite: bool) -> None:
+    load_trainable_state(model, state)
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        card = adapter_card(record, f"{setup.task} (federated)") + "\n" + federated_statement(record.extra["federated"])
+        (directory / "README.md").write_text(card, encoding="utf-8")
+        record.save(directory)
+
+    release_adapter(output_dir / "adapter", write, overwrite)
+    export_encoder_adapter(output_dir / "adapter", output_dir / "encoder_adapter")

@@ -1,0 +1,121 @@
+"""The Flower strategy: Poisson client sampling, aggregation by FedAvg or a merge kernel, optional
+client-level DP, and a ledger of every client's privacy records and every round's client-level step."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from hf_dpmerge.federated.aggregation import (
+    AGGREGATIONS,
+    ClientUpdate,
+    merge_updates,
+    private_aggregate,
+)
+from hf_dpmerge.federated.client import PRIVACY_RECORD_KEY
+from hf_dpmerge.federated.client_level_dp import ClientLevelDP, sample_clients
+from hf_dpmerge.records.record import PrivacyRecord
+
+
+class FederatedDPStrategy(FedAvg):
+    """FedAvg's messaging with Poisson sampling at rate ``client_sample_rate`` and our aggregation.
+
+    ``aggregation`` is ``fedavg`` (Flower's weighted mean), ``task_arithmetic`` or ``dp_aware``
+    (:mod:`hf_dpmerge.federated.aggregation`); with ``client_dp`` every round, sampled clients or none, is
+    one step of the client-level Gaussian mechanism. ``records`` collects each client's per-round records.
+    """
+
+    def __init__(
+        self,
+        *,
+        aggregation: str,
+        client_sample_rate: float,
+        server_learning_rate: float,
+        client_dp: ClientLevelDP | None,
+        generator: torch.Generator,
+    ) -> None:
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=1)
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"--aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
+            raise ValueError(f"--server_learning_rate must be a finite number > 0, got {server_learning_rate}")
+        if aggregation == "fedavg" and server_learning_rate != 1 and client_dp is None:
+            raise ValueError("fedavg is Flower's plain weighted mean: use --aggregation task_arithmetic for a "
+                             "--server_learning_rate other than 1")
+        if client_dp is not None and client_dp.sample_rate != client_sample_rate:
+            raise ValueError("the client-level mechanism must be accounted at the client sample rate")
+        self.aggregation = aggregation
+        self.client_sample_rate = client_sample_rate
+        self.server_learning_rate = server_learning_rate
+        self.client_dp = client_dp
+        self.generator = generator
+        self.records: dict[int, list[PrivacyRecord]] = defaultdict(list)
+        self.sampled: dict[int, list[int]] = {}
+        self._global: dict[str, torch.Tensor] = {}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._global = arrays.to_torch_state_dict()
+        nodes = sorted(grid.get_node_ids())
+        chosen = sample_clients(nodes, self.client_sample_rate, self.generator)
+        config["server-round"] = server_round
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(content, chosen, MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        valid, failed = self._check_and_log_replies(replies, is_train=True)
+        if failed:
+            reasons = "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed)
+            raise RuntimeError(f"round {server_round}: {len(failed)} client(s) failed: {reasons}")
+        updates = [self._client_update(message) for message in valid]
+        self.sampled[server_round] = sorted(u.client for u in updates)
+        for update in updates:
+            self.records[update.client].append(update.record)
+        metrics = MetricRecord({"sampled-clients": len(updates)})
+        if updates:
+            metrics["train-loss"] = sum(float(m.content["metrics"]["train-loss"]) for m in valid) / len(valid)
+        if self.client_dp is not None:  # a round with no sampled client is a noise-only step
+            state = private_aggregate(
+                self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
+                client_dp=self.client_dp, generator=self.generator,
+            )
+            return ArrayRecord(state), metrics
+        if not updates:
+            return None, metrics
+        if self.aggregation == "fedavg":
+            arrays, _ = super().aggregate_train(server_round, valid)
+            return arrays, metrics
+        state = merge_updates(
+            self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate
+        )
+        return ArrayRecord(state), metrics
+
+    @staticmethod
+    def _client_update(message: Message) -> ClientUpdate:
+        metrics = message.content["metrics"]
+        client = int(metrics["client"])
+        record = PrivacyRecord.from_dict(
+            json.loads(message.content["privacy"][PRIVACY_RECORD_KEY]), source=f"client {client}'s reply"
+        )
+        return ClientUpdate(
+            client=client, state=message.content["arrays"].to_torch_state_dict(),
+            num_examples=int(metrics["num-examples"]), record=record,
+        )

@@ -1,0 +1,201 @@
+"""Client-level DP at the server, the aggregation kernels on client updates, and both guarantees' accounting."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.federated.aggregation import (
+    ClientUpdate,
+    merge_updates,
+    private_aggregate,
+    tensor_noise_variance,
+)
+from hf_dpmerge.federated.client_level_dp import (
+    ClientLevelDP,
+    clip_update,
+    private_mean_update,
+    sample_clients,
+)
+from hf_dpmerge.federated.guarantee import (
+    client_example_level,
+    federated_guarantee,
+    released_guarantee,
+)
+from tests.utils.records import privacy_record
+from tests.utils.tiny_models import save_tiny_bert
+
+TEMPLATE = {"lora_A": torch.zeros(2, 3), "classifier.modules_to_save.default.weight": torch.zeros(2)}
+
+
+ROUND = {"noise_multiplier": 0.8, "effective_noise_multiplier": 0.8, "sample_rate": 0.01, "steps": 10,
+         "delta": 1e-5, "num_samples": 1000, "num_units": 1000, "accountant": "prv", "optimizer": {"name": "adamw"},
+         "sum_lr_squared": 1e-4}
+
+
+def record(**fields):
+    """A client round's privacy record (10 steps at σ 0.8, q 0.01, δ 1e-5, AdamW) with ``fields`` replaced."""
+    return dataclasses.replace(privacy_record("t"), **{**ROUND, **fields})
+
+
+def generator(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_clipping_scales_the_whole_update_to_norm_s():
+    update = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0])}  # ‖u‖ = 5
+    clipped = clip_update(update, 1.0)
+    assert torch.allclose(clipped["a"], torch.tensor([0.6, 0.0])) and torch.allclose(clipped["b"], torch.tensor([0.8]))
+    assert clip_update(update, 10.0)["a"].equal(update["a"])  # inside the ball: untouched
+
+
+def test_without_noise_the_release_is_the_exact_clipped_sum_over_expected_clients():
+    u1 = {"lora_A": torch.full((2, 3), 1.0), "classifier.modules_to_save.default.weight": torch.zeros(2)}  # ‖u1‖ = √6
+    u2 = {"lora_A": torch.zeros(2, 3), "classifier.modules_to_save.default.weight": torch.tensor([0.3, 0.4])}  # 0.5
+    released = private_mean_update([u1, u2], TEMPLATE, clip_norm=1.0, noise_multiplier=0.0, expected_clients=2.5,
+                                   generator=generator())
+    # by hand: u1 is scaled by 1/√6, u2 (norm 0.5 ≤ S) is kept; the sum is divided by q·K = 2.5
+    assert torch.allclose(released["lora_A"], torch.full((2, 3), 1 / math.sqrt(6) / 2.5))
+    assert torch.allclose(released["classifier.modules_to_save.default.weight"], torch.tensor([0.12, 0.16]))
+
+
+def test_noise_std_is_z_s_over_the_expected_number_of_clients():
+    template = {"w": torch.zeros(400, 500)}
+    z, s, expected = 1.5, 0.2, 2.5
+    released = private_mean_update([], template, clip_norm=s, noise_multiplier=z, expected_clients=expected,
+                                   generator=generator(3))
+    assert released["w"].std().item() == pytest.approx(z * s / expected, rel=0.01)
+    assert abs(released["w"].mean().item()) < 0.01 * z * s / expected
+    again = private_mean_update([], template, clip_norm=s, noise_multiplier=z, expected_clients=expected,
+                                generator=generator(3))
+    assert again["w"].equal(released["w"])  # seeded: reproducible
+
+
+def test_poisson_client_sampling_has_rate_q():
+    rng = generator(1)
+    counts = [len(sample_clients(list(range(100)), 0.3, rng)) for _ in range(200)]
+    assert sum(counts) / (100 * 200) == pytest.approx(0.3, abs=0.01)
+    assert sample_clients([5, 7, 9], 1.0, rng) == [5, 7, 9]
+    with pytest.raises(ValueError, match="sample rate"):
+        sample_clients([1], 0.0, rng)
+
+
+@pytest.mark.parametrize("accountant, opacus_accountant", [("rdp", RDPAccountant), ("prv", PRVAccountant)])
+def test_client_level_epsilon_is_opacus_accountant_at_z_q_over_rounds(accountant, opacus_accountant):
+    mechanism = ClientLevelDP(noise_multiplier=1.1, clip_norm=0.1, sample_rate=0.2, num_clients=100,
+                              accountant=accountant)
+    reported = federated_guarantee({}, mechanism, rounds=30)["client_level"]
+    direct = opacus_accountant()
+    for _ in range(30):
+        direct.step(noise_multiplier=1.1, sample_rate=0.2)
+    assert reported["delta"] == pytest.approx(1 / 1000)  # default 1/(10·K)
+    assert reported["epsilon"] == pytest.approx(direct.get_epsilon(delta=1 / 1000), rel=1e-6)
+
+
+def test_client_level_delta_must_be_below_one_over_k():
+    with pytest.raises(ValueError, match="--client_delta"):
+        ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=4, target_delta=0.3)
+
+
+def test_example_level_composes_all_rounds_in_one_accountant():
+    rounds = [record(accountant="rdp") for _ in range(3)]  # 10 steps at σ 0.8, q 0.01 each
+    guarantee = client_example_level(2, rounds)
+    direct = RDPAccountant()
+    direct.history = [(0.8, 0.01, 30)]
+    assert guarantee.steps == 30 and guarantee.rounds_trained == 3
+    assert guarantee.epsilon == pytest.approx(direct.get_epsilon(delta=1e-5), rel=1e-9)
+    one_round = RDPAccountant()
+    one_round.history = [(0.8, 0.01, 10)]
+    assert guarantee.epsilon < 3 * one_round.get_epsilon(delta=1e-5)  # tighter than summing per-round ε
+
+
+def test_example_level_refuses_rounds_at_different_noise():
+    rounds = [record(), record(effective_noise_multiplier=0.5)]
+    with pytest.raises(ValueError, match="effective_noise_multiplier"):
+        client_example_level(0, rounds)
+
+
+def test_global_example_level_guarantee_is_the_maximum_over_disjoint_clients():
+    records = {0: [record()], 1: [record(), record()]}
+    guarantee = federated_guarantee(records, None, rounds=2)
+    per_client = [c["epsilon"] for c in guarantee["example_level"]["clients"]]
+    assert per_client[1] > per_client[0] and guarantee["example_level"]["epsilon"] == per_client[1]
+    assert guarantee["client_level"] is None
+
+
+def client_update(client: int, state: dict, **fields) -> ClientUpdate:
+    return ClientUpdate(client=client, state=state, num_examples=10, record=record(**fields))
+
+
+def test_task_arithmetic_on_updates_is_global_plus_lambda_times_mean_update():
+    base = {"w": torch.tensor([1.0, 2.0])}
+    updates = [client_update(0, {"w": torch.tensor([2.0, 2.0])}), client_update(1, {"w": torch.tensor([1.0, 4.0])})]
+    merged = merge_updates(base, updates, method="task_arithmetic", server_learning_rate=0.5)
+    assert torch.allclose(merged["w"], torch.tensor([1.25, 2.5]))  # 1 + 0.5·(1+0)/2, 2 + 0.5·(0+2)/2
+
+
+def test_dp_aware_on_updates_removes_updates_at_the_noise_level_and_keeps_large_ones():
+    torch.manual_seed(0)
+    base = {"w": torch.zeros(2000)}
+    signal = torch.zeros(2000)
+    signal[:20] = 1.0
+    states = [{"w": signal + 0.01 * torch.randn(2000)} for _ in range(3)]
+    # Adam: s² = Σ η² = 1e-4 (s = 0.01), the noise level of the updates above
+    updates = [client_update(i, s, optimizer={"name": "adamw"}, sum_lr_squared=1e-4) for i, s in enumerate(states)]
+    plain = merge_updates(base, updates, method="task_arithmetic", server_learning_rate=1.0)["w"]
+    denoised = merge_updates(base, updates, method="dp_aware", server_learning_rate=1.0)["w"]
+    assert (denoised - signal).norm() < 0.5 * (plain - signal).norm()
+    assert torch.allclose(denoised[:20], signal[:20], atol=0.05)
+
+
+def test_head_noise_variance_scales_with_the_head_learning_rate():
+    adam = record(optimizer={"name": "adamw", "lr": 1e-3, "head_lr": 1e-2}, sum_lr_squared=1e-4)
+    assert tensor_noise_variance(adam, "lora_A") == pytest.approx(1e-4)
+    assert tensor_noise_variance(adam, "base_model.classifier.modules_to_save.default.weight") == pytest.approx(1e-2)
+
+
+def test_private_aggregate_without_noise_is_global_plus_lambda_clipped_sum_over_qk():
+    base = {"w": torch.tensor([1.0, 1.0])}
+    updates = [client_update(0, {"w": torch.tensor([4.0, 5.0])}), client_update(1, {"w": torch.tensor([1.0, 1.5])})]
+    mechanism = ClientLevelDP(noise_multiplier=1e-12, clip_norm=1.0, sample_rate=0.5, num_clients=4)
+    new = private_aggregate(base, updates, method="fedavg", server_learning_rate=2.0, client_dp=mechanism,
+                            generator=generator())
+    # Δ0 = (3, 4) clipped to (0.6, 0.8); Δ1 = (0, 0.5) kept; sum / (q·K = 2), times λ = 2
+    assert torch.allclose(new["w"], torch.tensor([1.6, 2.3]), atol=1e-6)
+
+
+def test_updates_with_other_tensors_are_refused():
+    base = {"w": torch.zeros(2)}
+    with pytest.raises(ValueError, match="differ from the global state"):
+        merge_updates(base, [client_update(0, {"v": torch.zeros(2)})], method="task_arithmetic",
+                      server_learning_rate=1.0)
+
+
+def test_released_guarantee_hides_participation_under_client_level_dp():
+    records = {0: [record(accountant="rdp")], 3: [record(accountant="rdp")] * 2}  # client 0 sampled once, 3 twice
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
+    released = released_guarantee(records, mechanism, rounds=3, planned_client_steps=30)
+    worst_case = RDPAccountant()
+    worst_case.history = [(0.8, 0.01, 30)]  # sampled in all 3 rounds of 10 steps, whatever the draw was
+    assert released["example_level"]["epsilon"] == pytest.approx(worst_case.get_epsilon(delta=1e-5), rel=1e-9)
+    assert "clients" not in released["example_level"] and released["client_level"]["rounds"] == 3
+    without_server_dp = released_guarantee(records, None, rounds=3, planned_client_steps=30)
+    ledger = federated_guarantee(records, None, 3)
+    assert without_server_dp["example_level"]["epsilon"] == ledger["example_level"]["epsilon"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_clients", "0"], "--num_clients must be ≥ 1"),
+    (["--batch_size", "64"], "fewer than --batch_size 64"),
+    (["--client_noise_multiplier", "1", "--client_delta", "0.5"], "--client_delta"),
+    (["--server_learning_rate", "0.5"], "--aggregation task_arithmetic"),
+], ids=["count", "shard", "client_delta", "fedavg_rate"])
+def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):
+    base = save_tiny_bert(tmp_path / "base")
+    code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",
+                 "--output_dir", str(tmp_path / "fed"), *flags])
+    assert code == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "fed").exists()
