@@ -21,7 +21,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hf_dpmerge.analysis.batching import Batch
-from hf_dpmerge.analysis.task_loss import batch_loss_sum, evaluate_loss, loss_gradient, num_examples
+from hf_dpmerge.analysis.task_loss import (
+    batch_loss_sum,
+    evaluate_loss,
+    loss_gradient,
+    num_examples,
+)
 from hf_dpmerge.training.sharpness import ascent_step, perturbed
 
 Vector = list[torch.Tensor]

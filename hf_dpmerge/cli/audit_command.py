@@ -25,7 +25,6 @@ import tempfile
 from pathlib import Path
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -13,7 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
+from hf_dpmerge.hub.push import (
+    DEFAULT_COMMIT_MESSAGE,
+    PushError,
+    default_staging_dir,
+    push_merged_model,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

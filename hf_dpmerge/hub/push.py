@@ -33,7 +33,11 @@ from hf_dpmerge.hub.model_card import (
     load_eval_json,
 )
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.privacy.record import (
+    PRIVACY_RECORD_NAME,
+    PrivacyRecord,
+    PrivacyRecordError,
+)
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"

@@ -33,15 +33,23 @@ from mergekit.config import MergeConfiguration
 from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
 from hf_dpmerge.data.model_path import require_model_source
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
+from hf_dpmerge.merging.noise_variance import (
+    lora_noise_variance,
+    record_noise_variance,
+    stats_noise_variance,
+)
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, directory_base_tensors
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.privacy.noise_stats import NOISE_STATS_NAME, NoiseStats
+from hf_dpmerge.privacy.record import (
+    PRIVACY_RECORD_NAME,
+    PrivacyRecord,
+    PrivacyRecordError,
+)
 
 NOISE_STD = "noise_std"
 _OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
 _ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model."
-_MAD_TO_STD = 0.6744897501960817
 
 
 def _scalar_fields() -> dict[str, type]:
@@ -72,7 +80,7 @@ def _stamp(path: Path) -> tuple[int, int]:
     return stat.st_mtime_ns, stat.st_size
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_record(path: str, _stamp: tuple[int, int]) -> PrivacyRecord:
     return PrivacyRecord.load(path)
 
@@ -109,20 +117,24 @@ class LoraFactors:
     lora_b: torch.Tensor
     scaling: float
     fan_in_fan_out: bool
+    saved_a: str = ""
+    saved_b: str = ""
 
-    def noise_variance(self, factor_variance: float) -> torch.Tensor:
-        variance = lora_noise_variance(self.lora_a, self.lora_b, self.scaling, factor_variance)
+    def noise_variance(self, variance_a: torch.Tensor | float, variance_b: torch.Tensor | float) -> torch.Tensor:
+        variance = lora_noise_variance(self.lora_a, self.lora_b, self.scaling, variance_a, variance_b)
         return variance.T if self.fan_in_fan_out else variance
 
 
 @dataclasses.dataclass(frozen=True)
 class AdapterWeights:
     """What a saved peft adapter changes, by base weight name: LoRA layers, and fully trained weights
-    (``modules_to_save`` heads, other PEFT parameters). Everything else stayed frozen, so carries no noise."""
+    (``modules_to_save`` heads, other PEFT parameters; ``trained_keys`` maps them to their saved keys).
+    Everything else stayed frozen, so carries no noise."""
 
     factors: dict[str, LoraFactors]
     trained: frozenset[str]
     tensors: dict[str, torch.Tensor]
+    trained_keys: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
@@ -133,7 +145,7 @@ def adapter_weights(adapter_dir: str | Path) -> AdapterWeights:
     return _load_adapter(str(directory), _stamp(directory / _ADAPTER_WEIGHTS))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
     from peft.utils.other import get_pattern_key
     from safetensors.torch import load_file
@@ -147,7 +159,7 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
             "vector s·B·A and its noise model)"
         )
     tensors = load_file(directory / _ADAPTER_WEIGHTS)
-    factors, trained = {}, set()
+    factors, trained = {}, {}
     for key, value in tensors.items():
         module = key.removeprefix(_PEFT_PREFIX).rsplit(".", 1)[0]
         if ".lora_A." in key:
@@ -156,11 +168,13 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
             alpha = float(patterns.get(get_pattern_key(patterns, module), config["lora_alpha"]))
             rank = value.shape[0]
             scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-            lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
-            factors[f"{module}.weight"] = LoraFactors(value, lora_b, scaling, bool(config.get("fan_in_fan_out")))
+            key_b = key.replace(".lora_A.", ".lora_B.")
+            factors[f"{module}.weight"] = LoraFactors(
+                value, tensors[key_b], scaling, bool(config.get("fan_in_fan_out")), key, key_b
+            )
         elif ".lora_B." not in key:
-            trained.add(f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight")
-    return AdapterWeights(factors, frozenset(trained), tensors)
+            trained[f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight"] = key
+    return AdapterWeights(factors, frozenset(trained), tensors, trained)
 
 
 def _missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
@@ -170,36 +184,82 @@ def _missing_record(reference: ModelReference, alternative: str = "") -> Privacy
     )
 
 
+@functools.cache
+def _load_noise_stats(path: str, _stamp: tuple[int, int]) -> NoiseStats:
+    return NoiseStats.load(Path(path).parent)
+
+
+def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
+    """The input's ``dp_noise_stats.safetensors`` (beside its record), None when it ships none."""
+    path = input_directory(reference) / NOISE_STATS_NAME
+    return _load_noise_stats(str(path), _stamp(path)) if path.exists() else None
+
+
+def _parameter_variance(
+    reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
+) -> torch.Tensor | float:
+    """s² of one directly trained tensor: from the shipped statistics, else the record's formula (warned)."""
+    stats = input_noise_stats(reference)
+    variance = None if stats is None else stats_noise_variance(record, stats, saved_name)
+    if variance is not None:
+        return variance
+    warnings.warn(
+        f"input {reference}: no noise statistics for {saved_name} ({NOISE_STATS_NAME} missing or without it); "
+        "using the record's noise-dominated formula, which over-states the noise of informative Adam coordinates"
+    )
+    return record_noise_variance(record, head)
+
+
+def _input_record(reference: ModelReference, overrides: Mapping[str, Any]) -> PrivacyRecord:
+    record = input_record(reference)
+    if record is None:
+        raise _missing_record(reference)
+    return apply_overrides(record, {key: value for key, value in overrides.items() if key in RECORD_OVERRIDES})
+
+
+def input_lora_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactors, torch.Tensor | float, torch.Tensor | float] | None:
+    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
+    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+    values = {key: value for key, value in overrides.items() if value is not None}
+    if not reference.lora or values.get(NOISE_STD) is not None:
+        return None
+    factors = adapter_weights(input_directory(reference)).factors.get(tensor_name)
+    record = _input_record(reference, values)
+    if factors is None or not record.dp:
+        return None
+    return factors, _parameter_variance(reference, record, factors.saved_a), _parameter_variance(
+        reference, record, factors.saved_b
+    )
+
+
 def input_noise_variance(
-    reference: ModelReference,
-    tensor_name: str,
-    overrides: Mapping[str, Any],
-    estimate_from: torch.Tensor | None = None,
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
 ) -> torch.Tensor | float:
     """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
 
-    Order: the per-model ``noise_std``; the record (with overrides) through the optimizer formula, or for
-    a LoRA adapter the factor formula for weights its LoRA layers modify and 0 for weights it leaves
-    frozen; without a record, a robust MAD
-    estimate (median |τ − median τ| / 0.6745)² from the task vector ``estimate_from`` if given; else an error.
+    Order: the per-model ``noise_std``; else the input's record with its per-model overrides (σ, C, B_exp and,
+    for the fallback formula, ``sum_lr_squared``/``optimizer.*``) and its noise statistics
+    (:mod:`~hf_dpmerge.merging.noise_variance`): for a LoRA adapter the factor formula for weights its LoRA
+    layers modify, the head's own variance for trained heads, 0 for weights it leaves frozen.
     """
     values = {key: value for key, value in overrides.items() if value is not None}
     if values.get(NOISE_STD) is not None:
         return float(values.pop(NOISE_STD)) ** 2
-    record = input_record(reference)
-    if record is None:
-        if estimate_from is None:
-            raise _missing_record(reference, "or set `noise: estimate`")
-        warnings.warn(f"input {reference} has no privacy record: estimating its noise from the weights")
-        deviation = (estimate_from - estimate_from.median()).abs().median()
-        return float(deviation / _MAD_TO_STD) ** 2
-    variance = parameter_noise_variance(apply_overrides(record, values))
-    if not reference.lora or variance == 0:
-        return variance
+    record = _input_record(reference, values)
+    if not record.dp:
+        return 0.0
+    if not reference.lora:
+        return _parameter_variance(reference, record, tensor_name)
+    lora = input_lora_noise(reference, tensor_name, values)
+    if lora is not None:
+        factors, variance_a, variance_b = lora
+        return factors.noise_variance(variance_a, variance_b)
     adapter = adapter_weights(input_directory(reference))
-    if tensor_name in adapter.factors:
-        return adapter.factors[tensor_name].noise_variance(variance)
-    return variance if tensor_name in adapter.trained else 0.0
+    if tensor_name in adapter.trained_keys:
+        return _parameter_variance(reference, record, adapter.trained_keys[tensor_name], head=True)
+    return 0.0
 
 
 def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:

@@ -27,8 +27,14 @@ from mergekit.merge_methods.base import (
 from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
-from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.merge_inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
+from hf_dpmerge.merging.dp_aware import dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.merge_inputs import (
+    NOISE_STD,
+    RECORD_OVERRIDES,
+    check_finite,
+    input_lora_noise,
+    input_noise_variance,
+)
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -63,6 +69,9 @@ class _TaskVectorMethod(GroupMergeMethod):
             parameters=shared + per_input + _per_input_specs(),
             contract=InputContract(base=BasePolicy.REQUIRED),
         )
+
+    def check_settings(self, shared: Mapping[str, Any]) -> None:
+        """Refuse shared YAML settings the method parses but does not accept (before anything is written)."""
 
     @abstractmethod
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
@@ -153,7 +162,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("lambda", float, 1.0),
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
-                _shared("noise", Literal["record", "estimate"], "record"),
+                _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings
             ),
             (ParameterSpec("weight", float, ParameterScope.NON_BASE, default=1.0),),
         )
@@ -161,16 +170,27 @@ class DPAwareMethod(_TaskVectorMethod):
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
         return shared.get("noise", "record") == "record" and NOISE_STD not in {**shared, **per_model}
 
+    def check_settings(self, shared: Mapping[str, Any]) -> None:
+        if shared.get("noise", "record") != "record":
+            raise ValueError(
+                f"dp_aware: `noise: {shared['noise']}` is not supported: estimating the noise from the weights "
+                "treats a dense task vector as noise (it zeroed 94 % of a clean LoRA delta); delete the `noise` "
+                "key and give every input its dp_privacy.json or a per-model `noise_std`"
+            )
+
     def merge(
         self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
     ) -> torch.Tensor:
-        estimate = parameters["noise"] == "estimate"
-        variances = [
-            input_noise_variance(
-                e.id, name, _overrides(parameters, e.id), e.tensor.float() - base.float() if estimate else None
+        self.check_settings(parameters)
+        variances, denoised = [], []
+        for entry in entries:
+            overrides = _overrides(parameters, entry.id)
+            variances.append(input_noise_variance(entry.id, name, overrides))
+            lora = input_lora_noise(entry.id, name, overrides)
+            denoised.append(
+                None if lora is None
+                else lora_factor_estimate(lora[0].lora_a, lora[0].lora_b, lora[0].scaling, lora[2], lora[0].fan_in_fan_out)
             )
-            for e in entries
-        ]
         return dp_aware_merge(
             base,
             [entry.tensor for entry in entries],
@@ -179,6 +199,7 @@ class DPAwareMethod(_TaskVectorMethod):
             lam=parameters["lambda"],
             consensus=parameters["consensus"],
             weighting=parameters["weighting"],
+            denoised=denoised,
         )
 
 

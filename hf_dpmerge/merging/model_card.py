@@ -13,7 +13,12 @@ from typing import Any
 from mergekit import merge_methods
 from mergekit.config import MergeConfiguration
 
-from hf_dpmerge.merging.merge_inputs import RECORD_OVERRIDES, apply_overrides, input_record, input_settings
+from hf_dpmerge.merging.merge_inputs import (
+    RECORD_OVERRIDES,
+    apply_overrides,
+    input_record,
+    input_settings,
+)
 from hf_dpmerge.privacy.record import PrivacyRecord
 from hf_dpmerge.privacy.statement import privacy_statement, privacy_table
 

@@ -58,6 +58,7 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
         {p.name for p in method.spec.input_parameters},
     )
     shared = merge_config.parameters or {}
+    method.check_settings(shared)
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
@@ -70,7 +71,10 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
         from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
         from hf_dpmerge.merging.model_card import append_privacy_section
-        from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
+        from hf_dpmerge.merging.output_dir import (
+            check_merge_output,
+            overwrite_requested,
+        )
         from hf_dpmerge.merging.staging import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
@@ -101,7 +105,7 @@ def on_merge_import(module: types.ModuleType) -> None:
 def activate() -> None:
     """Do in-process what the start-up hook does, for callers that may run without it (idempotent)."""
     import mergekit.merge
-    import mergekit.scripts.run_yaml as run_yaml
+    from mergekit.scripts import run_yaml
 
     register_methods()
     on_merge_import(mergekit.merge)

@@ -19,7 +19,11 @@ from typing import Any
 
 import torch
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import AutoConfig, AutoModelForSequenceClassification, BertForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    BertForSequenceClassification,
+)
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 CLASSIFIER_POOLING_KEY = "classifier_pooling"

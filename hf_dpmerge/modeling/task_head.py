@@ -70,7 +70,7 @@ def task_head_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     for key, tensor in load_adapter_state(adapter_dir).items():
         if "lora_" in key:
             continue
-        name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+        name = key.removeprefix(PEFT_PREFIX)
         name = name.replace(".modules_to_save.default.", ".")
         if in_modules(name, modules):
             head[name] = tensor.detach().cpu().contiguous()

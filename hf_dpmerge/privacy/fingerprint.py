@@ -31,7 +31,7 @@ def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def _canonical(module_name: str) -> str:
-    return module_name[len(_PEFT_PREFIX):] if module_name.startswith(_PEFT_PREFIX) else module_name
+    return module_name.removeprefix(_PEFT_PREFIX)
 
 
 def peft_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -42,7 +42,11 @@ from hf_dpmerge.training.accounting import (
     resolve_delta,
 )
 from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
-from hf_dpmerge.training.cross_process import main_process_value, shared_seed, sum_over_processes
+from hf_dpmerge.training.cross_process import (
+    main_process_value,
+    shared_seed,
+    sum_over_processes,
+)
 from hf_dpmerge.training.dp_state import (
     DP_STATE_NAME,
     DPStateCallback,
@@ -52,7 +56,12 @@ from hf_dpmerge.training.dp_state import (
     save_checkpoint_dp_state,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.input_checks import check_adapter_type, check_finite_step, check_labels
+from hf_dpmerge.training.input_checks import (
+    check_adapter_type,
+    check_finite_step,
+    check_labels,
+)
+from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import poisson_dataloader
 from hf_dpmerge.training.privatizer import GradientPrivatizer
@@ -401,6 +410,7 @@ class DPSAMTrainer(Trainer):
 
     def _write_release(self, directory: Path) -> None:
         super().save_model(str(directory))
+        write_noise_stats(self, directory)
         self.privacy_record().save(directory)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
