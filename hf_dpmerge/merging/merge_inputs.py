@@ -120,6 +120,12 @@ class LoraFactors:
     saved_a: str = ""
     saved_b: str = ""
 
+    def delta_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, R) with ΔW = L·R in the weight's layout: (s·B, A), or (Aᵀ, s·Bᵀ) when ``fan_in_fan_out``."""
+        if self.fan_in_fan_out:
+            return self.lora_a.T, self.scaling * self.lora_b.T
+        return self.scaling * self.lora_b, self.lora_a
+
     def noise_variance(self, variance_a: torch.Tensor | float, variance_b: torch.Tensor | float) -> torch.Tensor:
         variance = lora_noise_variance(self.lora_a, self.lora_b, self.scaling, variance_a, variance_b)
         return variance.T if self.fan_in_fan_out else variance
@@ -217,17 +223,24 @@ def _input_record(reference: ModelReference, overrides: Mapping[str, Any]) -> Pr
     return apply_overrides(record, {key: value for key, value in overrides.items() if key in RECORD_OVERRIDES})
 
 
+def input_lora_factors(reference: ModelReference, tensor_name: str) -> LoraFactors | None:
+    """The LoRA factors of this tensor when the input is ``base+adapter`` and its adapter modifies it."""
+    if not reference.lora:
+        return None
+    return adapter_weights(input_directory(reference)).factors.get(tensor_name)
+
+
 def input_lora_noise(
     reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
 ) -> tuple[LoraFactors, torch.Tensor | float, torch.Tensor | float] | None:
     """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
     (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
     values = {key: value for key, value in overrides.items() if value is not None}
-    if not reference.lora or values.get(NOISE_STD) is not None:
+    factors = input_lora_factors(reference, tensor_name)
+    if factors is None or values.get(NOISE_STD) is not None:
         return None
-    factors = adapter_weights(input_directory(reference)).factors.get(tensor_name)
     record = _input_record(reference, values)
-    if factors is None or not record.dp:
+    if not record.dp:
         return None
     return factors, _parameter_variance(reference, record, factors.saved_a), _parameter_variance(
         reference, record, factors.saved_b

@@ -32,6 +32,7 @@ from hf_dpmerge.merging.merge_inputs import (
     NOISE_STD,
     RECORD_OVERRIDES,
     check_finite,
+    input_lora_factors,
     input_lora_noise,
     input_noise_variance,
 )
@@ -118,9 +119,10 @@ class CauchyPoEMethod(_TaskVectorMethod):
                 _shared("lambda", float, 1.0),
                 _shared("tol", Positive, 1e-2),
                 _shared("jitter", Positive, 1e-3),
-                _shared("max_iter", Annotated[int, Field(ge=1)], 50),
-                _shared("conv_tol", NonNegative, 1e-5),
+                _shared("max_iter", Annotated[int, Field(ge=1)], 500),
+                _shared("conv_tol", NonNegative, 1e-6),  # relative change of α
                 _shared("dp_calibrated", bool, False),
+                _shared("layers", Literal["reference", "whole"], "reference"),
             )
         )
 
@@ -146,7 +148,15 @@ class CauchyPoEMethod(_TaskVectorMethod):
             conv_tol=parameters["conv_tol"],
             noise_variance=variances,
             name=name,
+            layers=parameters["layers"],
+            factors=_lora_deltas(name, entries),
         )
+
+
+def _lora_deltas(name: str, entries: tuple[TensorEntry, ...]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Every input's task vector for this tensor as LoRA factors (L, R), or None unless all inputs have them."""
+    factors = [input_lora_factors(entry.id, name) for entry in entries]
+    return None if any(f is None for f in factors) else [f.delta_factors() for f in factors]
 
 
 class DPAwareMethod(_TaskVectorMethod):
