@@ -209,9 +209,9 @@ def _parameter_variance(
     variance = None if stats is None else stats_noise_variance(record, stats, saved_name)
     if variance is not None:
         return variance
-    warnings.warn(
-        f"input {reference}: no noise statistics for {saved_name} ({NOISE_STATS_NAME} missing or without it); "
-        "using the record's noise-dominated formula, which over-states the noise of informative Adam coordinates"
+    warnings.warn(  # one message per input (Python shows a repeated warning once)
+        f"input {reference}: no {NOISE_STATS_NAME} (or it lacks a trained tensor): using the record's "
+        "noise-dominated formula, which over-states the noise of informative Adam coordinates"
     )
     return record_noise_variance(record, head)
 
