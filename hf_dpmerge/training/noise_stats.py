@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ def _learning_rates(trainer: Any, optimizer: torch.optim.Optimizer) -> list[list
         num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs,
     )
     history = []
-    for _ in range(steps):
-        history.append([g["lr"] for g in replay.param_groups])
-        scheduler.step()
+    with warnings.catch_warnings():  # the replay steps the schedule without optimizer steps, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(steps):
+            history.append([g["lr"] for g in replay.param_groups])
+            scheduler.step()
     return history
 
 
