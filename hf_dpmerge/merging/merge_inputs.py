@@ -224,8 +224,9 @@ def _input_record(reference: ModelReference, overrides: Mapping[str, Any]) -> Pr
 
 
 def input_lora_factors(reference: ModelReference, tensor_name: str) -> LoraFactors | None:
-    """The LoRA factors of this tensor when the input is ``base+adapter`` and its adapter modifies it."""
-    if not reference.lora:
+    """The LoRA factors of this tensor when the input is ``base+adapter`` and its adapter modifies it (mergekit's
+    Python API may identify inputs by plain names: those have none)."""
+    if not getattr(reference, "lora", None):
         return None
     return adapter_weights(input_directory(reference)).factors.get(tensor_name)
 
