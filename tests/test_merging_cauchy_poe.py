@@ -98,8 +98,8 @@ def test_low_rank_path_equals_dense_path(rows: int, cols: int, count: int, rank:
                         for _ in range(count)]).double()
     assert thin_basis(taus) is not None  # the thin path is the one taken
     gamma2 = _gamma2(taus, 0.1)
-    thin = cauchy_poe_delta(taus, gamma2, JITTER, 50, 1e-5, low_rank=True)
-    dense = cauchy_poe_delta(taus, gamma2, JITTER, 50, 1e-5, low_rank=False)
+    thin = cauchy_poe_delta(taus, gamma2, JITTER, 500, 1e-8, low_rank=True)
+    dense = cauchy_poe_delta(taus, gamma2, JITTER, 500, 1e-8, low_rank=False)
     assert float((thin - dense).abs().max()) <= 1e-5 * float(dense.abs().max())
 
 

@@ -5,19 +5,29 @@ the MAP estimate under a product of Cauchy experts on the directional residuals 
 
     E(ζ) = Σ_i log(γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²) + j‖ζ‖_F²,        γ_i² = ‖τ_i‖_F²·(tol + d_in·s_i²)
 
-(s_i² = 0 gives the paper's γ_i² = tol·‖τ_i‖²; s_i² > 0 is the DP-calibrated width, DESIGN-NOTES §5).
+(s_i² = 0 gives the paper's γ_i² = tol·‖τ_i‖²; s_i² > 0 is the DP-calibrated width, docs/design.md §Cauchy PoE).
 log is concave, so E is majorised by a quadratic at the current iterate; minimising it gives the MM/IRLS
 fixed point (§5, Algorithm 1), started from α ≡ 1:
 
     α_i = 1 / (γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²),     ζ ← (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i
 
-E never increases along the iterates. The output is W_0 + λζ.
+The iteration is a fixed point in the N numbers α: it stops when their relative change falls below
+``conv_tol``, is accelerated by Anderson mixing on log α with an energy check (E never increases along
+the accepted iterates), and warns, naming the tensor, when ``max_iter`` solves end before that.
+The output is W_0 + λζ.
+
+Layer rule (``layers``): ``reference`` (the default, as the paper's released code) PoE-merges square
+matrices whole and tall ones (d_out > d_in) as d_in×d_in row blocks, each with its own γ_i and α_i; wide
+matrices (d_out < d_in), embeddings and 1-D tensors merge as W_0 + λ·mean_i τ_i. ``whole`` PoE-merges
+every matrix whole (1-D tensors still λ·mean).
 
 Exact low-rank path: every iterate lies in the span of the task vectors' columns. With an orthonormal
 basis U (d_out×k) of that span and c_i = Uᵀτ_i, the same iteration on c_i gives z with ζ = Uz, the same
 residual norms ‖c_iᵀ(z − c_i)‖ and the same energy, at O(k³ + k²·d_in) per iteration instead of
-O(d_out³ + d_out²·d_in) (k ≤ N·r for LoRA deltas). For full-rank matrices with N·d_in ≤ d_out (embeddings,
-MLP up-projections) the same iterates are computed in the N·d_in-dimensional dual space (:func:`dual_iterates`).
+O(d_out³ + d_out²·d_in) (k ≤ N·r for LoRA deltas). When every input's task vector is a LoRA delta, U and
+c_i come straight from the factors (exact, whatever precision a merge cache stored); otherwise a sketch
+finds U. For full-rank matrices merged whole with N·d_in ≤ d_out the same iterates are computed in the
+N·d_in-dimensional dual space (:func:`dual_iterates`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ _SKETCH_START = 64
 _BASIS_RTOL = 1e-4
 _JITTER_RETRIES = 3
 _ANDERSON_MEMORY = 5
+_MAX_LOG_STEP = 2.0
 
 
 def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, jitter: float) -> float:
@@ -120,10 +131,16 @@ def _anderson(point: torch.Tensor, image: torch.Tensor, points: list[torch.Tenso
     if len(points) < 2:
         return image
     residuals = torch.stack([g - x for x, g in zip(points, images)], dim=1)
-    d_residual = residuals[:, 1:] - residuals[:, :-1]
+    d_residual = residuals.diff(dim=1)
     d_image = torch.stack(images, dim=1).diff(dim=1)
-    weights = torch.linalg.lstsq(d_residual, residuals[:, -1:]).solution
-    return image - (d_image @ weights).squeeze(1)
+    normal = d_residual.T @ d_residual
+    normal.diagonal().add_(1e-10 * float(normal.diagonal().sum()) + 1e-300)  # Tikhonov: histories turn collinear
+    weights = torch.linalg.solve(normal, d_residual.T @ residuals[:, -1:])
+    extrapolated = image - (d_image @ weights).squeeze(1)
+    # a step more than a factor e^_MAX_LOG_STEP from the plain MM update is not trusted
+    if not bool(torch.isfinite(extrapolated).all()):
+        return image
+    return extrapolated.clamp(image - _MAX_LOG_STEP, image + _MAX_LOG_STEP)
 
 
 def fixed_point_iterates(
