@@ -1,4 +1,4 @@
-"""Noise left in a DP task vector: the noise model against simulated optimizer runs (docs/design.md §noise model)."""
+"""Noise left in a DP task vector: the noise model against simulated optimizer runs (docs/design.md §6)."""
 
 from __future__ import annotations
 

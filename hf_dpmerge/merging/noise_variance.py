@@ -1,4 +1,4 @@
-"""The DP-SGD noise left in a released task vector, per coordinate (docs/design.md §noise model).
+"""The DP-SGD noise left in a released task vector, per coordinate (docs/design.md §6).
 
 Each step hands the optimizer a privatised gradient with per-coordinate noise N(0, σ_g²), σ_g = σ·C/B_exp
 (σ the per-query multiplier: the update uses one query even in two-query SAM mode). How much of it stays

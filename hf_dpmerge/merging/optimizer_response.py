@@ -1,4 +1,4 @@
-"""How much of the per-step DP gradient noise an optimizer leaves in a parameter's final value (docs/design.md §noise model).
+"""How much of the per-step DP gradient noise an optimizer leaves in a parameter's final value (docs/design.md §6).
 
 DP-SGD hands the optimizer g_t = μ_t + n_t per coordinate, n_t ~ N(0, σ_g²) independent across steps and
 coordinates, σ_g = σ·C/B_exp (opacus: noise N(0, σ²C²) on the clipped sum, divided by the expected batch).

@@ -1,7 +1,7 @@
 """``dp_noise_stats.safetensors``: per-coordinate statistics of the privatised gradients, shipped beside an adapter.
 
 The dp_aware merge needs each coordinate's DP noise variance, and under Adam that depends on the
-coordinate's signal-to-noise ratio (docs/design.md §noise model). The file holds, per trainable tensor
+coordinate's signal-to-noise ratio (docs/design.md §6). The file holds, per trainable tensor
 (keyed like ``adapter_model.safetensors``): Adam's bias-corrected second moment v̂ = E[g̃²] (none for SGD),
 its parameter group; per group the learning rate η_t of every step taken and the weight decay; and the
 optimizer's name and hyper-parameters, and σ_g = σ·C/B_exp, the per-step noise std of one coordinate.

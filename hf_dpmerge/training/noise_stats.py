@@ -1,6 +1,6 @@
 """Collect a DPSAMTrainer run's :class:`~hf_dpmerge.privacy.noise_stats.NoiseStats` for its release.
 
-The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §noise model). All of
+The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §6). All of
 it is computed from the privatised gradients (Adam's v̂) or public hyper-parameters, so it is free in
 privacy. η_t is the learning rate each step used, replayed from the run's scheduler and checked against the
 trainer's Σ_t η_t² of the first group.
