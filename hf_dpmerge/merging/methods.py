@@ -178,7 +178,7 @@ class DPAwareMethod(_TaskVectorMethod):
         )
 
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
-        return shared.get("noise", "record") == "record" and NOISE_STD not in {**shared, **per_model}
+        return NOISE_STD not in {**shared, **per_model}
 
     def check_settings(self, shared: Mapping[str, Any]) -> None:
         if shared.get("noise", "record") != "record":
@@ -195,12 +195,16 @@ class DPAwareMethod(_TaskVectorMethod):
         variances, denoised = [], []
         for entry in entries:
             overrides = _overrides(parameters, entry.id)
-            variances.append(input_noise_variance(entry.id, name, overrides))
             lora = input_lora_noise(entry.id, name, overrides)
-            denoised.append(
-                None if lora is None
-                else lora_factor_estimate(lora[0].lora_a, lora[0].lora_b, lora[0].scaling, lora[2], lora[0].fan_in_fan_out)
-            )
+            if lora is None:
+                variances.append(input_noise_variance(entry.id, name, overrides))
+                denoised.append(None)
+                continue
+            factors, variance_a, variance_b = lora
+            variances.append(factors.noise_variance(variance_a, variance_b))
+            denoised.append(lora_factor_estimate(
+                factors.lora_a, factors.lora_b, factors.scaling, variance_b, factors.fan_in_fan_out
+            ))
         return dp_aware_merge(
             base,
             [entry.tensor for entry in entries],

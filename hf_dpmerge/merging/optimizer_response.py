@@ -12,7 +12,8 @@ The released value p_T = p_0 + τ; its noise variance s² = Var(p_T) over the no
   noisy averages, so s² depends on the per-step signal-to-noise ratio r = |μ|/σ_g (simulated, AdamW 40
   steps: 1.25·Ση² at r = 0, 0.78 at r = 0.5, 0.30 at r = 1, 0.05 at r = 2). :func:`adam_variance_curve`
   computes S(r) = Var(p_T) on a grid of r by Monte Carlo of the exact recursion at the run's own η_t
-  schedule and hyper-parameters (fixed seed, so the model is deterministic); a coordinate's r is
+  schedule and hyper-parameters (fixed seed, so the model is deterministic; torch.optim.Adam's coupled L2
+  decay is simulated as decoupled, a small difference at the usual decays); a coordinate's r is
   estimated from the optimizer's bias-corrected second moment v̂ = E[g²] ≈ μ² + σ_g², shipped with the
   adapter (:mod:`hf_dpmerge.privacy.noise_stats`): r̂² = max(v̂/σ_g² − 1, 0).
 
