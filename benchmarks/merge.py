@@ -7,7 +7,8 @@ as ``base+adapter`` (``lora``), four full-model variants (base + a 1e-3 perturba
 interleaved (method order rotates per repeat), the LoRA merge cache is warmed first, and wall time and the
 process's peak RSS are printed as ratios to ``ties``. Targets: ``cauchy_poe`` ≤ 0.5× ties' wall time and
 ≤ 1.0× its peak RSS on full models, ≤ 0.5× on LoRA inputs. ``--cuda`` passes mergekit's ``--cuda``.
-Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N] [--kinds lora full full8] [--cuda]``.
+Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N] [--kinds lora full full8] [--methods ...]
+[--cuda]``.
 """
 
 from __future__ import annotations
@@ -115,13 +116,16 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("runs/bench_merge"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="methods to run (ties is always run: the ratios are to it)")
     parser.add_argument("--cuda", action="store_true", help="merge on the GPU (mergekit's --cuda)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     build_inputs(args.workdir)
-    run_once(args.workdir, "task_arithmetic", "lora")  # warm the LoRA merge cache and the page cache
+    if "lora" in args.kinds:
+        run_once(args.workdir, "task_arithmetic", "lora")  # warm the LoRA merge cache and the page cache
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    names = list(METHODS)
+    names = ["ties", *(m for m in args.methods if m != "ties")]
     for repeat in range(args.repeats):
         order = names[repeat % len(names):] + names[: repeat % len(names)]
         for kind in args.kinds:
