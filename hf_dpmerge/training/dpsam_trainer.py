@@ -72,8 +72,17 @@ from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import poisson_dataloader
 from hf_dpmerge.training.privatizer import GradientPrivatizer
-from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
-from hf_dpmerge.training.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
+from hf_dpmerge.training.release import (
+    adapter_card,
+    check_finite_weights,
+    release_adapter,
+)
+from hf_dpmerge.training.run_streams import (
+    NOISE_STREAM,
+    SAMPLING_STREAM,
+    dataset_identity,
+    stream_seed,
+)
 from hf_dpmerge.training.sharpness import ascent_step, per_example_sam_grads, perturbed
 
 logger = logging.getLogger(__name__)

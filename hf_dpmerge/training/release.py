@@ -26,7 +26,11 @@ import torch
 from hf_dpmerge.merging.staging import staged_directory
 from hf_dpmerge.privacy.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.privacy.statement import (
+    privacy_statement,
+    public_eval_note,
+    seeded_warning,
+)
 
 RELEASE_FILES = (PRIVACY_RECORD_NAME, "adapter_config.json", "adapter_model.safetensors")
 
