@@ -15,12 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hf_dpmerge.cli.runs_options import (
-    add_runs_options,
-    check_positive,
-    load_tokenizer,
-    parse_tasks,
-)
+from hf_dpmerge.cli.runs_options import add_runs_options, check_positive, load_tokenizer, parse_tasks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

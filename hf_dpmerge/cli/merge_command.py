@@ -38,7 +38,7 @@ def _check_config_file(config: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import click
-    from mergekit.scripts import run_yaml
+    import mergekit.scripts.run_yaml as run_yaml
 
     from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_allowed
     from hf_dpmerge.merging.registration import activate

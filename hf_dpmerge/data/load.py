@@ -10,11 +10,7 @@ import pandas as pd
 
 from hf_dpmerge.data.glue import GLUE_PATH, load_glue
 from hf_dpmerge.data.sources import READERS, RawTask
-from hf_dpmerge.data.splits import (
-    grouped_stratified_split,
-    stratified_split,
-    stratified_subsample,
-)
+from hf_dpmerge.data.splits import grouped_stratified_split, stratified_split, stratified_subsample
 from hf_dpmerge.data.tasks import GLUE, TaskSpec, get_task_spec
 
 DEFAULT_SPLIT_SEED = 42

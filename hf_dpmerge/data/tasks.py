@@ -53,8 +53,18 @@ def _classification(name: str, labels: list[str], columns: tuple[str, ...], sour
 
 
 _REUTERS_R8 = ["acq", "crude", "earn", "grain", "interest", "money-fx", "ship", "trade"]
-_REUTERS_R52 = ["acq", "alum", "bop", "carcass", "cocoa", "coffee", "copper", "cotton", "cpi", "cpu", "crude", "dlr", "earn", "fuel", "gas", "gnp", "gold", "grain", "heat", "housing", "income", "instal-debt", "interest", "ipi", "iron-steel", "jet", "jobs", "lead", "lei", "livestock", "lumber", "meal-feed", "money-fx", "money-supply", "nat-gas", "nickel", "orange", "pet-chem", "platinum", "potato", "reserves", "retail", "rubber", "ship", "strategic-metal", "sugar", "tea", "tin", "trade", "veg-oil", "wpi", "zinc"]
-_NEWSGROUPS = ["alt.atheism", "comp.graphics", "comp.os.ms-windows.misc", "comp.sys.ibm.pc.hardware", "comp.sys.mac.hardware", "comp.windows.x", "misc.forsale", "rec.autos", "rec.motorcycles", "rec.sport.baseball", "rec.sport.hockey", "sci.crypt", "sci.electronics", "sci.med", "sci.space", "soc.religion.christian", "talk.politics.guns", "talk.politics.mideast", "talk.politics.misc", "talk.religion.misc"]
+_REUTERS_R52 = (
+    "acq alum bop carcass cocoa coffee copper cotton cpi cpu crude dlr earn fuel gas gnp gold grain heat "
+    "housing income instal-debt interest ipi iron-steel jet jobs lead lei livestock lumber meal-feed money-fx "
+    "money-supply nat-gas nickel orange pet-chem platinum potato reserves retail rubber ship strategic-metal "
+    "sugar tea tin trade veg-oil wpi zinc"
+).split()
+_NEWSGROUPS = (
+    "alt.atheism comp.graphics comp.os.ms-windows.misc comp.sys.ibm.pc.hardware comp.sys.mac.hardware "
+    "comp.windows.x misc.forsale rec.autos rec.motorcycles rec.sport.baseball rec.sport.hockey sci.crypt "
+    "sci.electronics sci.med sci.space soc.religion.christian talk.politics.guns talk.politics.mideast "
+    "talk.politics.misc talk.religion.misc"
+).split()
 
 _TEXT = ("text",)
 _SPECS = [
@@ -92,3 +102,11 @@ def get_task_spec(name: str) -> TaskSpec:
             f"unknown task {name!r}; offline tasks: {', '.join(PACKAGED_TASKS)}; GLUE (Hub) tasks: "
             f"{', '.join(GLUE_TASKS)}"
         ) from None
+
+
+def parse_task_list(text: str, flag: str = "--tasks") -> list[str]:
+    """``"a, b"`` → ``["a", "b"]``: comma-separated task names, each once; an empty list or a repeat is refused."""
+    tasks = [task.strip() for task in text.split(",") if task.strip()]
+    if not tasks or len(set(tasks)) != len(tasks):
+        raise ValueError(f"{flag} must name distinct tasks, got {text!r}")
+    return tasks

@@ -52,7 +52,9 @@ def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, 
     return float(torch.log(gamma2 + residuals).sum() + jitter * zeta.square().sum())
 
 
-def _cholesky(fill: Callable[[torch.Tensor, float], None], buffer: torch.Tensor, jitter: float, name: str) -> torch.Tensor:
+def _cholesky(
+    fill: Callable[[torch.Tensor, float], None], buffer: torch.Tensor, jitter: float, name: str
+) -> torch.Tensor:
     """Cholesky factor of the system ``fill(buffer, extra)`` writes, computed in ``buffer`` (no second n×n
     matrix); on failure refill with more jitter (×10, up to 3 times), then raise."""
     info = torch.empty((), dtype=torch.int32, device=buffer.device)

@@ -1,4 +1,4 @@
-"""Data-free, noise-calibrated merge of DP task vectors (DESIGN-NOTES §6; post-processing, no privacy cost).
+"""Data-free, noise-calibrated merge of DP task vectors (docs/design.md §6; post-processing, no privacy cost).
 
 Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i² each carries (scalar or per
 coordinate, from :mod:`~hf_dpmerge.merging.noise_variance`):
@@ -58,7 +58,11 @@ def _random_effects_coefficients(
 
 
 def lora_factor_estimate(
-    lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float, variance_b: torch.Tensor | float, fan_in_fan_out: bool = False
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    variance_b: torch.Tensor | float,
+    fan_in_fan_out: bool = False,
 ) -> torch.Tensor:
     """θ̂ = s·B̂·A with B̂ the SURE soft threshold of B at its per-entry noise variance V_B.
 

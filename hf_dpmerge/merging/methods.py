@@ -3,7 +3,7 @@
 Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
 Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable privacy-record
-values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``.
+values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.dp_aware import dp_aware_merge, lora_factor_estimate
-from hf_dpmerge.merging.merge_inputs import (
+from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     RECORD_OVERRIDES,
     check_finite,
+    factor_noise_variance,
     input_lora_factors,
     input_lora_noise,
     input_noise_variance,
@@ -201,7 +202,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 denoised.append(None)
                 continue
             factors, variance_a, variance_b = lora
-            variances.append(factors.noise_variance(variance_a, variance_b))
+            variances.append(factor_noise_variance(factors, variance_a, variance_b))
             denoised.append(lora_factor_estimate(
                 factors.lora_a, factors.lora_b, factors.scaling, variance_b, factors.fan_in_fan_out
             ))

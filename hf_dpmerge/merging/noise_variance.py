@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from hf_dpmerge.merging.optimizer_response import adam_variance, sgd_variance
-from hf_dpmerge.privacy.noise_stats import NoiseStats
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.noise_stats import NoiseStats
+from hf_dpmerge.records.record import PrivacyRecord
 
 _SGD_HYPER = ("momentum", "dampening", "nesterov")
 
@@ -67,8 +67,8 @@ def stats_noise_variance(record: PrivacyRecord, stats: NoiseStats, saved_name: s
     name = str(stats.optimizer.get("name", "")).lower()
     if "adam" in name and second_moment is not None:
         betas = stats.optimizer.get("betas", (0.9, 0.999))
-        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, float(stats.optimizer.get("eps", 1e-8)),
-                             weight_decay)
+        eps = float(stats.optimizer.get("eps", 1e-8))
+        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay)
     if name == "sgd":
         hyper = {key: stats.optimizer[key] for key in _SGD_HYPER if key in stats.optimizer}
         return sgd_variance(lrs.tolist(), _noise_std(record), weight_decay=weight_decay, **hyper)

@@ -15,7 +15,7 @@ The released value p_T = p_0 + τ; its noise variance s² = Var(p_T) over the no
   schedule and hyper-parameters (fixed seed, so the model is deterministic; torch.optim.Adam's coupled L2
   decay is simulated as decoupled, a small difference at the usual decays); a coordinate's r is
   estimated from the optimizer's bias-corrected second moment v̂ = E[g²] ≈ μ² + σ_g², shipped with the
-  adapter (:mod:`hf_dpmerge.privacy.noise_stats`): r̂² = max(v̂/σ_g² − 1, 0).
+  adapter (:mod:`hf_dpmerge.records.noise_stats`): r̂² = max(v̂/σ_g² − 1, 0).
 
 Curvature damps the walk, so both are upper bounds for parameters the loss pulls back.
 """

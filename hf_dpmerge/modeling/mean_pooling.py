@@ -19,11 +19,7 @@ from typing import Any
 
 import torch
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    BertForSequenceClassification,
-)
+from transformers import AutoConfig, AutoModelForSequenceClassification, BertForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 CLASSIFIER_POOLING_KEY = "classifier_pooling"
