@@ -2,10 +2,13 @@
 
 Inputs are built from a config (no downloads): a BERT-base-sized sequence classifier (~110M parameters,
 random weights) as the base, four LoRA adapters (r=8 on query/value, each with a privacy record) merged
-as ``base+adapter``, and four full-model variants (base + a 1e-3 perturbation of every weight). Each
-method runs as a separate ``mergekit-yaml`` process; runs are interleaved (method order rotates per
-repeat), the LoRA merge cache is warmed first, and wall time and the process's peak RSS are printed as
-ratios to ``ties``. Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N]``.
+as ``base+adapter`` (``lora``), four full-model variants (base + a 1e-3 perturbation of every weight;
+``full``) and eight of them (``full8``). Each method runs as a separate ``mergekit-yaml`` process; runs are
+interleaved (method order rotates per repeat), the LoRA merge cache is warmed first, and wall time and the
+process's peak RSS are printed as ratios to ``ties``. Targets: ``cauchy_poe`` ≤ 0.5× ties' wall time and
+≤ 1.0× its peak RSS on full models, ≤ 0.5× on LoRA inputs. ``--cuda`` passes mergekit's ``--cuda``.
+Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N] [--kinds lora full full8] [--methods ...]
+[--cuda]``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ METHODS = {
     "dp_aware": "  lambda: 0.3\n",
 }
 ADAPTERS = 4
+VARIANTS = 8
+KINDS = {"lora": ADAPTERS, "full": ADAPTERS, "full8": VARIANTS}
 REPO = Path(__file__).resolve().parents[1]  # measure this checkout, whichever one is installed
 
 
@@ -48,7 +53,7 @@ def _record(base_hash: str, names: list[str]) -> PrivacyRecord:
 
 def build_inputs(workdir: Path) -> None:
     """Save the base, the LoRA adapters and the full-model variants under ``workdir`` (once)."""
-    if (workdir / "done").exists():
+    if (workdir / "done-8").exists():  # built with VARIANTS full models
         return
     torch.manual_seed(0)
     base = BertForSequenceClassification(BertConfig(num_labels=2))
@@ -67,7 +72,7 @@ def build_inputs(workdir: Path) -> None:
         _record(base_fingerprint(tensors), sorted(tensors)).save(workdir / f"adapter{index}")
     hashed = ["bert.encoder.layer.0.attention.self.query.weight"]
     base_hash = base_fingerprint({name: base.state_dict()[name] for name in hashed})
-    for index in range(ADAPTERS):
+    for index in range(VARIANTS):
         variant = BertForSequenceClassification.from_pretrained(workdir / "base")
         generator = torch.Generator().manual_seed(200 + index)
         with torch.no_grad():
@@ -75,13 +80,13 @@ def build_inputs(workdir: Path) -> None:
                 parameter.add_(1e-3 * torch.randn(parameter.shape, generator=generator))
         variant.save_pretrained(workdir / f"full{index}")
         _record(base_hash, hashed).save(workdir / f"full{index}")
-    (workdir / "done").touch()
+    (workdir / "done-8").touch()
 
 
 def _config(workdir: Path, method: str, kind: str) -> Path:
     base = str(workdir / "base")
     inputs = [f"{base}+{workdir / f'adapter{i}'}" if kind == "lora" else str(workdir / f"full{i}")
-              for i in range(ADAPTERS)]
+              for i in range(KINDS[kind])]
     models = "".join(f"  - model: {model}\n" for model in inputs)
     path = workdir / f"{kind}_{method}.yaml"
     path.write_text(f"merge_method: {method}\nbase_model: {base}\nmodels:\n{models}dtype: float32\n"
@@ -89,11 +94,12 @@ def _config(workdir: Path, method: str, kind: str) -> Path:
     return path
 
 
-def run_once(workdir: Path, method: str, kind: str) -> tuple[float, float]:
+def run_once(workdir: Path, method: str, kind: str, cuda: bool = False) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of one ``mergekit-yaml`` process."""
     out = workdir / f"out_{kind}_{method}"
     command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)), str(out),
-               "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card"]
+               "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card",
+               *(["--cuda"] if cuda else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
@@ -109,21 +115,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("runs/bench_merge"))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="methods to run (ties is always run: the ratios are to it)")
+    parser.add_argument("--cuda", action="store_true", help="merge on the GPU (mergekit's --cuda)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     build_inputs(args.workdir)
-    run_once(args.workdir, "task_arithmetic", "lora")  # warm the LoRA merge cache and the page cache
+    if "lora" in args.kinds:
+        run_once(args.workdir, "task_arithmetic", "lora")  # warm the LoRA merge cache and the page cache
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    names = list(METHODS)
+    names = ["ties", *(m for m in args.methods if m != "ties")]
     for repeat in range(args.repeats):
         order = names[repeat % len(names):] + names[: repeat % len(names)]
-        for kind in ("lora", "full"):
+        for kind in args.kinds:
             for method in order:
-                results.setdefault((kind, method), []).append(run_once(args.workdir, method, kind))
+                results.setdefault((kind, method), []).append(run_once(args.workdir, method, kind, args.cuda))
                 wall, rss = results[(kind, method)][-1]
                 print(f"  {kind:4} {method:16} {wall:7.1f} s {rss:7.0f} MiB", flush=True)
     print(f"\n{'inputs':6} {'method':16} {'wall s':>8} {'× ties':>7} {'RSS MiB':>8} {'× ties':>7}")
-    for kind in ("lora", "full"):
+    for kind in args.kinds:
         ties_wall = statistics.median(w for w, _ in results[(kind, "ties")])
         ties_rss = statistics.median(r for _, r in results[(kind, "ties")])
         for method in names:

@@ -26,13 +26,22 @@ class UnsupportedAdapterError(ValueError):
 
 @dataclass(frozen=True)
 class LoraFactor:
-    """One LoRA layer: ΔW = scaling·B·A, transposed into the weight's layout when ``fan_in_fan_out``."""
+    """One LoRA layer: ΔW = scaling·B·A, transposed into the weight's layout when ``fan_in_fan_out``; a saved
+    adapter's factors also name their keys in ``adapter_model.safetensors`` (``saved_a``, ``saved_b``)."""
 
     name: str
     lora_a: torch.Tensor  # r × d_in
     lora_b: torch.Tensor  # d_out × r
     scaling: float
     fan_in_fan_out: bool = False
+    saved_a: str = ""
+    saved_b: str = ""
+
+    def delta_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, R) with ΔW = L·R in the weight's layout: (s·B, A), or (Aᵀ, s·Bᵀ) when ``fan_in_fan_out``."""
+        if self.fan_in_fan_out:
+            return self.lora_a.T, self.scaling * self.lora_b.T
+        return self.scaling * self.lora_b, self.lora_a
 
 
 def lora_factors(model: nn.Module) -> Iterator[LoraFactor]:
@@ -72,11 +81,12 @@ def lora_delta_sq_norm(factor: LoraFactor) -> torch.Tensor:
 @dataclass(frozen=True)
 class SavedAdapter:
     """What a saved peft adapter changes, by base weight name: LoRA layers (``factors``), and fully trained weights
-    (``trained``: ``modules_to_save`` heads, other PEFT parameters). Everything else stayed frozen."""
+    (``trained``: ``modules_to_save`` heads, other PEFT parameters, each mapped to its saved key). Everything else
+    stayed frozen."""
 
     config: Any  # the adapter's peft config (a LoraConfig for LoRA adapters)
     factors: dict[str, LoraFactor]
-    trained: frozenset[str]
+    trained: dict[str, str]
     tensors: dict[str, torch.Tensor]
 
 
@@ -96,7 +106,7 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
         raise UnsupportedAdapterError(f"{directory} is {kind}")
     tensors = load_peft_weights(str(directory), device="cpu")
     patterns = config.alpha_pattern or {}
-    factors, trained = {}, set()
+    factors, trained = {}, {}
     for key, value in tensors.items():
         module = without_peft_prefix(key).rsplit(".", 1)[0]
         if ".lora_A." in key:
@@ -104,9 +114,9 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
             alpha = float(patterns.get(get_pattern_key(patterns, module), config.lora_alpha))
             rank = value.shape[0]
             scaling = alpha / rank**0.5 if config.use_rslora else alpha / rank
-            lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
-            factors[f"{module}.weight"] = LoraFactor(f"{module}.weight", value, lora_b, scaling,
-                                                      bool(config.fan_in_fan_out))
+            key_b = key.replace(".lora_A.", ".lora_B.")
+            factors[f"{module}.weight"] = LoraFactor(f"{module}.weight", value, tensors[key_b], scaling,
+                                                      bool(config.fan_in_fan_out), key, key_b)
         elif ".lora_B." not in key:
-            trained.add(f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight")
-    return SavedAdapter(config, factors, frozenset(trained), tensors)
+            trained[f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight"] = key
+    return SavedAdapter(config, factors, trained, tensors)

@@ -1,8 +1,10 @@
 """Merging: the mergekit methods ``cauchy_poe`` and ``dp_aware``, and what they need.
 
-- :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.sure_threshold`, :mod:`.noise_variance`: the maths (torch only);
+- :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.sure_threshold`, :mod:`.noise_variance`, :mod:`.optimizer_response`:
+  the maths (torch only);
 - :mod:`.methods`: mergekit method specs and per-tensor kernels (importing it registers them);
-- :mod:`.inputs`: privacy records and LoRA factors of each input, per-model overrides (``RECORD_OVERRIDES``);
+- :mod:`.inputs`: privacy records, noise statistics and LoRA factors of each input, per-model overrides
+  (``RECORD_OVERRIDES``);
 - :mod:`.validation`: checks of a merge configuration and its inputs before anything is written;
 - :mod:`.lora_cache`: stale ``--lora-merge-cache`` entries are dropped before a merge;
 - :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.privacy_section`: the

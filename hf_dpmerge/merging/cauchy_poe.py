@@ -11,25 +11,39 @@ fixed point (§5, Algorithm 1), started from α ≡ 1:
 
     α_i = 1 / (γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²),     ζ ← (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i
 
-E never increases along the iterates. The output is W_0 + λζ.
+The iteration is a fixed point in the N numbers α: it stops when their relative change falls below
+``conv_tol``, is accelerated by Anderson mixing on log α with an energy check (E never increases along
+the accepted iterates), and warns, naming the tensor, when ``max_iter`` solves end before that.
+The output is W_0 + λζ.
+
+Layer rule (``layers``): ``reference`` (the default, as the paper's released code) PoE-merges square
+matrices whole and tall ones (d_out > d_in) as d_in×d_in row blocks, each with its own γ_i and α_i; wide
+matrices (d_out < d_in), embeddings and 1-D tensors merge as W_0 + λ·mean_i τ_i. ``whole`` PoE-merges
+every matrix whole (1-D tensors still λ·mean).
 
 Exact low-rank path: every iterate lies in the span of the task vectors' columns. With an orthonormal
 basis U (d_out×k) of that span and c_i = Uᵀτ_i, the same iteration on c_i gives z with ζ = Uz, the same
 residual norms ‖c_iᵀ(z − c_i)‖ and the same energy, at O(k³ + k²·d_in) per iteration instead of
-O(d_out³ + d_out²·d_in) (k ≤ N·r for LoRA deltas). For full-rank matrices with N·d_in ≤ d_out (embeddings,
-MLP up-projections) the same iterates are computed in the N·d_in-dimensional dual space (:func:`dual_iterates`).
+O(d_out³ + d_out²·d_in) (k ≤ N·r for LoRA deltas). When every input's task vector is a LoRA delta, U and
+c_i come straight from the factors (exact, whatever precision a merge cache stored); otherwise a sketch
+finds U. For full-rank matrices merged whole with N·d_in ≤ d_out the same iterates are computed in the
+N·d_in-dimensional dual space (:func:`dual_iterates`).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 import torch
 
 _SKETCH_START = 64
 _BASIS_RTOL = 1e-4
 _JITTER_RETRIES = 3
+_ANDERSON_MEMORY = 5
+_MAX_LOG_STEP = 2.0
 
 
 def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, jitter: float) -> float:
@@ -62,6 +76,75 @@ def _cholesky(
     return buffer
 
 
+def _mm_iterates(
+    solve: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    gamma2: torch.Tensor,
+    jitter: float,
+    max_iter: int,
+    conv_tol: float,
+    name: str,
+    accelerate: bool,
+) -> Iterator[torch.Tensor]:
+    """The accepted iterates of the MM fixed point on α, from α ≡ 1.
+
+    ``solve(α)`` returns (ζ(α), the residuals ‖τ_iᵀ(ζ − τ_i)‖², ‖ζ‖²). The plain MM step is α ← g(α) =
+    1/(γ² + residuals). With ``accelerate``, Anderson mixing (memory 5) extrapolates log α from the last
+    steps; an extrapolated α whose ζ raises E is rejected and replaced by the plain MM step from the last
+    accepted iterate, so E never increases along the yielded iterates. Stops when the relative change of α,
+    max_i |g(α)_i − α_i|/g(α)_i, falls below ``conv_tol``; after ``max_iter`` solves without that it warns,
+    naming the tensor and the last relative change.
+    """
+    alpha = torch.ones_like(gamma2)
+    accepted_energy, fallback = math.inf, alpha
+    steps: list[torch.Tensor] = []
+    images: list[torch.Tensor] = []
+    change = math.inf
+    for _ in range(max_iter):
+        zeta, residual, norm2 = solve(alpha)
+        residual = residual.clamp_min(0)
+        energy = float(torch.log(gamma2 + residual).sum() + jitter * norm2)
+        if energy > accepted_energy + 1e-12 * abs(accepted_energy):  # an extrapolation overshot: plain step
+            alpha = fallback
+            steps.clear()
+            images.clear()
+            continue
+        yield zeta
+        accepted_energy = energy
+        update = 1.0 / (gamma2 + residual)
+        change = float(((update - alpha).abs() / update).max())
+        if change < conv_tol:
+            return
+        fallback = update
+        alpha = _anderson(alpha.log(), update.log(), steps, images).exp() if accelerate else update
+    if change >= conv_tol > 0:
+        warnings.warn(
+            f"cauchy_poe: {name}: stopped at max_iter={max_iter} before converging (relative change of α "
+            f"{change:.2g} > conv_tol {conv_tol:g}); raise max_iter",
+            stacklevel=3,
+        )
+
+
+def _anderson(point: torch.Tensor, image: torch.Tensor, points: list[torch.Tensor], images: list[torch.Tensor],
+              memory: int = _ANDERSON_MEMORY) -> torch.Tensor:
+    """Anderson (type II) extrapolation of the fixed point of x ↦ g(x) from the history (updated in place)."""
+    points.append(point)
+    images.append(image)
+    del points[:-memory - 1], images[:-memory - 1]
+    if len(points) < 2:
+        return image
+    residuals = torch.stack([g - x for x, g in zip(points, images)], dim=1)
+    d_residual = residuals.diff(dim=1)
+    d_image = torch.stack(images, dim=1).diff(dim=1)
+    normal = d_residual.T @ d_residual
+    normal.diagonal().add_(1e-10 * float(normal.diagonal().sum()) + 1e-300)  # Tikhonov: histories turn collinear
+    weights = torch.linalg.solve(normal, d_residual.T @ residuals[:, -1:])
+    extrapolated = image - (d_image @ weights).squeeze(1)
+    # a step more than a factor e^_MAX_LOG_STEP from the plain MM update is not trusted
+    if not bool(torch.isfinite(extrapolated).all()):
+        return image
+    return extrapolated.clamp(image - _MAX_LOG_STEP, image + _MAX_LOG_STEP)
+
+
 def fixed_point_iterates(
     taus: torch.Tensor,
     gamma2: torch.Tensor,
@@ -69,40 +152,38 @@ def fixed_point_iterates(
     max_iter: int,
     conv_tol: float,
     name: str = "tensor",
+    accelerate: bool = True,
 ) -> Iterator[torch.Tensor]:
-    """Yield the MM iterates ζ_1, ζ_2, … until ‖ζ_t − ζ_{t−1}‖_F < conv_tol or ``max_iter`` iterates.
+    """Yield the iterates ζ_1, ζ_2, … of :func:`_mm_iterates` in the primal (m×m) form.
 
     ``taus`` is N×m×d_in in any orthonormal coordinates of the column space (m = d_out when dense).
     Residual norms use the Grams: ‖τ_iᵀ(ζ − τ_i)‖² = ⟨G_i, ζζᵀ⟩ − 2⟨G_iτ_i, ζ⟩ + ‖G_i‖², G_i = τ_iτ_iᵀ.
-    G_i and G_iτ_i are formed once in the inputs' precision; the iteration runs in float64, because the
-    system Σα_iG_i + jI grows ill-conditioned (α_i ≈ 1/γ_i² ≫ j) and float32 iterates would wander.
+    Everything runs in float64: the system Σα_iG_i + jI grows ill-conditioned (α_i ≈ 1/γ_i² ≫ j), and the
+    residual formula cancels: float32 Grams leave α jittering at ~1e-3 relative (it never meets a relative
+    stop), float64 Grams converge to 1e-10.
     """
     count, rows, _ = taus.shape
     grams = torch.empty(count, rows * rows, dtype=torch.float64, device=taus.device)
     targets = torch.empty(count, taus[0].numel(), dtype=torch.float64, device=taus.device)
     for index, tau in enumerate(taus):
+        tau = tau.double()
         gram = tau @ tau.T
         grams[index] = gram.reshape(-1)
         targets[index] = (gram @ tau).reshape(-1)
-    gamma2 = gamma2.double()
     constant = grams.square().sum(dim=1)
-    alpha = torch.ones_like(gamma2)
-    previous = None
     buffer = torch.empty(rows, rows, dtype=torch.float64, device=taus.device)
 
-    def fill(system: torch.Tensor, extra: float) -> None:  # Σα_iG_i + (j + extra)I
-        torch.mv(grams.T, alpha, out=system.view(-1))
-        system.diagonal().add_(jitter + extra)
+    def solve(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def fill(system: torch.Tensor, extra: float) -> None:  # Σα_iG_i + (j + extra)I
+            torch.mv(grams.T, alpha, out=system.view(-1))
+            system.diagonal().add_(jitter + extra)
 
-    for _ in range(max_iter):
         rhs = (alpha @ targets).reshape(rows, -1)
         zeta = torch.cholesky_solve(rhs, _cholesky(fill, buffer, jitter, name))
-        yield zeta
-        if previous is not None and float(torch.linalg.norm(zeta - previous)) < conv_tol:
-            return
         residual = grams @ (zeta @ zeta.T).reshape(-1) - 2 * (targets @ zeta.reshape(-1)) + constant
-        alpha = 1.0 / (gamma2 + residual.clamp_min(0))
-        previous = zeta
+        return zeta, residual, zeta.square().sum()
+
+    yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name, accelerate)
 
 
 def dual_iterates(
@@ -112,42 +193,35 @@ def dual_iterates(
     max_iter: int,
     conv_tol: float,
     name: str = "tensor",
+    accelerate: bool = True,
 ) -> Iterator[torch.Tensor]:
     """The same iterates as :func:`fixed_point_iterates`, as Y_t with ζ_t = T·Y_t, T = [τ_1 … τ_N] (d_out×n).
 
     With K = TᵀT (n×n, n = N·d_in), A = diag(α_i·I) and B = [τ_1ᵀτ_1; …; τ_Nᵀτ_N] (the diagonal blocks
     of K), the push-through identity gives (TATᵀ + jI)⁻¹·TAB = T·(K + jA⁻¹)⁻¹·B, so Y = (K + jA⁻¹)⁻¹B;
-    the residuals are the blocks τ_iᵀ(ζ − τ_i) = (KY − B)_i (no cancellation) and ‖ζ_t − ζ_{t−1}‖² =
-    tr(ΔYᵀKΔY). It needs no d_out×d_out matrix: as cheap as the primal solve when n = d_out, cheaper and
-    lighter when n < d_out (tall matrices such as embeddings and MLP up-projections).
+    the residuals are the blocks τ_iᵀ(ζ − τ_i) = (KY − B)_i (no cancellation) and ‖ζ‖² = tr(YᵀKY).
+    It needs no d_out×d_out matrix: cheaper and lighter when n < d_out (tall matrices merged whole).
     """
     count, _, cols = taus.shape
     kernel = torch.empty(count * cols, count * cols, dtype=torch.float64, device=taus.device)
     for i in range(count):
         for j in range(i, count):
-            block = taus[i].T @ taus[j]
+            block = taus[i].double().T @ taus[j].double()
             kernel[i * cols : (i + 1) * cols, j * cols : (j + 1) * cols] = block
             kernel[j * cols : (j + 1) * cols, i * cols : (i + 1) * cols] = block.T
     blocks = torch.cat([kernel[i * cols : (i + 1) * cols, i * cols : (i + 1) * cols] for i in range(count)])
-    gamma2 = gamma2.double()
-    alpha = torch.ones_like(gamma2)
-    previous = None
     buffer = torch.empty_like(kernel)
 
-    def fill(system: torch.Tensor, extra: float) -> None:  # K + jA⁻¹ + extra·I
-        system.copy_(kernel).diagonal().add_((jitter / alpha).repeat_interleave(cols) + extra)
+    def solve(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def fill(system: torch.Tensor, extra: float) -> None:  # K + jA⁻¹ + extra·I
+            system.copy_(kernel).diagonal().add_((jitter / alpha).repeat_interleave(cols) + extra)
 
-    for _ in range(max_iter):
         coords = torch.cholesky_solve(blocks, _cholesky(fill, buffer, jitter, name))
-        yield coords
         image = kernel @ coords
-        if previous is not None:
-            step2 = ((coords - previous[0]) * (image - previous[1])).sum()
-            if float(step2.clamp_min(0).sqrt()) < conv_tol:
-                return
         residual = (image - blocks).reshape(count, cols, cols).square().sum(dim=(1, 2))
-        alpha = 1.0 / (gamma2 + residual)
-        previous = coords, image
+        return coords, residual, (coords * image).sum()
+
+    yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name, accelerate)
 
 
 def thin_basis(
@@ -195,20 +269,23 @@ def cauchy_poe_delta(
     conv_tol: float,
     low_rank: bool = True,
     name: str = "tensor",
+    thin: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The converged ζ for N×d_out×d_in task vectors.
 
-    With ``low_rank`` the iteration runs in the smallest exact coordinates available: a thin basis of
-    the task vectors' span when one is found, else the dual space when N·d_in ≤ d_out; otherwise (and
-    without ``low_rank``) densely in d_out×d_out.
+    ``thin`` = (U, C) gives the task vectors as τ_i = U·C_i exactly (from LoRA factors); else, with
+    ``low_rank``, the iteration runs in the smallest exact coordinates available: a thin basis of the task
+    vectors' span when one is found, else the dual space when N·d_in ≤ d_out; otherwise (and without
+    ``low_rank``) densely in d_out×d_out.
     """
-    count, rows, cols = taus.shape
+    count, rows, cols = taus.shape if thin is None else (thin[1].shape[0], thin[0].shape[0], thin[1].shape[2])
     dual = count * cols <= rows
-    thin = thin_basis(taus, max_width=_SKETCH_START if dual else None) if low_rank else None
+    if thin is None and low_rank:
+        thin = thin_basis(taus, max_width=_SKETCH_START if dual else None)
     if thin is not None:
         basis, coords = thin
         zeta = _last(fixed_point_iterates(coords, gamma2, jitter, max_iter, conv_tol, name))
-        return basis @ zeta.to(taus.dtype)
+        return basis @ zeta.to(basis.dtype)
     if low_rank and dual:
         coords = _last(dual_iterates(taus, gamma2, jitter, max_iter, conv_tol, name))
         return combine(taus, coords.to(taus.dtype).reshape(count, cols, -1))
@@ -219,6 +296,44 @@ def _last(iterates: Iterator[torch.Tensor]) -> torch.Tensor:
     for value in iterates:
         pass
     return value
+
+
+LayerRule = Literal["reference", "whole"]
+_EMBEDDING_NAMES = ("embed", "wte", "wpe")
+
+
+def averaged_by_rule(name: str, shape: torch.Size, layers: LayerRule) -> bool:
+    """Whether the tensor merges as W_0 + λ·mean_i τ_i rather than by PoE.
+
+    Always for 1-D tensors (biases, norms). With the reference rule also for embeddings (names holding
+    ``embed``, ``wte`` or ``wpe``) and wide matrices (d_out < d_in); square ones are PoE-merged whole and
+    tall ones (d_out > d_in) as d_in×d_in row blocks (:func:`row_blocks`).
+    """
+    if len(shape) < 2:
+        return True
+    rows, cols = shape[0], math.prod(shape[1:])
+    return layers == "reference" and (any(key in name.lower() for key in _EMBEDDING_NAMES) or rows < cols)
+
+
+def row_blocks(rows: int, cols: int, layers: LayerRule) -> list[slice]:
+    """The row ranges PoE-merged separately: d_in rows each for a tall matrix under the reference rule."""
+    if layers == "whole" or rows <= cols:
+        return [slice(0, rows)]
+    return [slice(start, min(start + cols, rows)) for start in range(0, rows, cols)]
+
+
+def factor_basis(
+    lefts: Sequence[torch.Tensor], rights: Sequence[torch.Tensor], rtol: float = _BASIS_RTOL
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(U, C) with τ_i = L_i·R_i = U·C_i exactly, U an orthonormal basis of the L_i's columns (d_out×k,
+    k ≤ Σ rank_i), or None when k > d_out/2 (the dense solve is as cheap)."""
+    stacked = torch.cat(list(lefts), dim=1)
+    if stacked.shape[1] > stacked.shape[0] // 2:
+        return None
+    basis, upper = torch.linalg.qr(stacked)
+    diagonal = upper.diagonal().abs()
+    basis = basis[:, diagonal > rtol * diagonal.max().clamp_min(torch.finfo(diagonal.dtype).tiny)]
+    return basis, torch.stack([(basis.T @ left) @ right for left, right in zip(lefts, rights)])
 
 
 def cauchy_poe_merge(
@@ -232,28 +347,46 @@ def cauchy_poe_merge(
     conv_tol: float,
     noise_variance: Sequence[float] | None = None,
     name: str = "tensor",
+    layers: LayerRule = "reference",
+    factors: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """W_0 + λζ for one tensor. 1-D tensors (biases, norms) merge by task arithmetic, W_0 + λΣτ_i.
+    """W_0 + λζ for one tensor, per the layer rule of :func:`averaged_by_rule` (averaged: W_0 + λ·mean τ_i).
 
     Tensors with more than two dimensions are treated as d_out × (product of the rest). Inputs equal to
     the base (τ_i = 0) carry no information and are left out. ``noise_variance`` holds the mean
-    per-coordinate DP noise variance s_i² of each input (DP-calibrated widths), or None.
+    per-coordinate DP noise variance s_i² of each input (DP-calibrated widths), or None. ``factors`` gives
+    every input's task vector as L_i·R_i (a LoRA delta, in the weight's layout): τ then comes from the
+    factors, exactly, whatever precision the merged inputs were stored in, and the iteration runs in the
+    span of the L_i.
     """
     dtype = torch.float64 if base.dtype == torch.float64 else torch.float32
     base_c = base.to(dtype)
     taus = torch.empty(len(finetuned), *base.shape, dtype=dtype, device=base.device)
-    for tau, tensor in zip(taus, finetuned):
-        torch.sub(tensor.to(dtype), base_c, out=tau)
-    if base.ndim < 2:
-        return torch.add(base_c, taus.sum(dim=0), alpha=lam).to(base.dtype)
+    if factors is not None:
+        factors = [(left.to(dtype=dtype, device=base.device), right.to(dtype=dtype, device=base.device))
+                   for left, right in factors]
+        for tau, (left, right) in zip(taus, factors):
+            torch.matmul(left, right, out=tau.view(left.shape[0], -1))
+    else:
+        for tau, tensor in zip(taus, finetuned):
+            torch.sub(tensor.to(dtype), base_c, out=tau)
+    if averaged_by_rule(name, base.shape, layers):
+        return torch.add(base_c, taus.mean(dim=0), alpha=lam).to(base.dtype)
     taus = taus.reshape(len(finetuned), base.shape[0], -1)
-    norms2 = torch.linalg.vector_norm(taus.reshape(len(finetuned), -1), dim=1).square()
-    keep = norms2 != 0  # NaN stays in, to be reported
-    if not bool(keep.any()):
-        return base.clone()
-    if not bool(keep.all()):
-        taus, norms2 = taus[keep], norms2[keep]
     variance = torch.zeros(len(finetuned), dtype=dtype) if noise_variance is None else torch.tensor(noise_variance)
-    gamma2 = norms2 * (tol + taus.shape[2] * variance.to(dtype=dtype, device=taus.device)[keep])
-    zeta = cauchy_poe_delta(taus, gamma2, jitter, max_iter, conv_tol, name=name)
-    return torch.add(base_c, zeta.reshape(base.shape), alpha=lam).to(base.dtype)
+    variance = variance.to(dtype=dtype, device=base.device)
+    delta = torch.zeros_like(taus[0])
+    for rows in row_blocks(taus.shape[1], taus.shape[2], layers):
+        block = taus[:, rows]
+        norms2 = torch.linalg.vector_norm(block.reshape(len(finetuned), -1), dim=1).square()
+        keep = norms2 != 0  # NaN stays in, to be reported
+        if not bool(keep.any()):
+            continue
+        gamma2 = norms2[keep] * (tol + block.shape[2] * variance[keep])
+        thin = None
+        if factors is not None:
+            thin = factor_basis([factors[i][0][rows] for i in range(len(factors)) if keep[i]],
+                                [factors[i][1] for i in range(len(factors)) if keep[i]])
+        label = name if rows.stop - rows.start == taus.shape[1] else f"{name}[rows {rows.start}:{rows.stop}]"
+        delta[rows] = cauchy_poe_delta(block[keep], gamma2, jitter, max_iter, conv_tol, name=label, thin=thin)
+    return torch.add(base_c, delta.reshape(base.shape), alpha=lam).to(base.dtype)

@@ -4,7 +4,10 @@ Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i²
 coordinate, from :mod:`~hf_dpmerge.merging.noise_variance`):
 
 1. denoise: θ̂_i = SURE-optimal soft threshold of τ_i at noise level s_i
-   (:func:`~hf_dpmerge.merging.sure_threshold.sure_soft_threshold`);
+   (:func:`~hf_dpmerge.merging.sure_threshold.sure_soft_threshold`). A LoRA delta τ_i = s·B·A is denoised
+   in factor space instead (:func:`lora_factor_estimate`): its noise is rank-r and correlated across the
+   entries of the dense s·B·A, but independent across the entries of B, so θ̂_i = s·SURE(B; V_B)·A
+   (simulated relative error 0.46 vs 0.67 for thresholding the dense delta, sparse signal);
 2. optional ``consensus="precision_sign"`` (noise-calibrated TIES election): per coordinate keep only the
    θ̂_i whose sign agrees with sign(Σ_i θ̂_i / s_i²);
 3. combine: task arithmetic W_0 + λ·Σ_i w_i θ̂_i, or with ``weighting="random_effects"`` (adapters of the
@@ -54,6 +57,24 @@ def _random_effects_coefficients(
     return [p / total for p in precision]
 
 
+def lora_factor_estimate(
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    variance_b: torch.Tensor | float,
+    fan_in_fan_out: bool = False,
+) -> torch.Tensor:
+    """θ̂ = s·B̂·A with B̂ the SURE soft threshold of B at its per-entry noise variance V_B.
+
+    B is zero at initialisation (peft's default), so it holds only what training moved, with independent
+    noise per entry; A keeps its dense random initialisation, which a threshold would only bias, and its
+    noise enters θ̂ through B̂ (small where B̂ is). In the weight's layout (transposed when ``fan_in_fan_out``).
+    """
+    denoised = sure_soft_threshold(lora_b.float(), variance_b)
+    delta = scaling * (denoised @ lora_a.float())
+    return delta.T if fan_in_fan_out else delta
+
+
 def dp_aware_merge(
     base: torch.Tensor,
     finetuned: Sequence[torch.Tensor],
@@ -63,9 +84,14 @@ def dp_aware_merge(
     lam: float,
     consensus: Consensus = "none",
     weighting: Weighting = "task_arithmetic",
+    denoised: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """Merge one tensor; ``variances[i]`` is s_i² of input i, a scalar or a tensor shaped like ``base``."""
-    variances = [torch.as_tensor(v, dtype=torch.float32) for v in variances]
+    """Merge one tensor; ``variances[i]`` is s_i² of input i, a scalar or a tensor shaped like ``base``.
+
+    ``denoised[i]``, when given, is input i's denoised task vector computed elsewhere (LoRA factor space),
+    used instead of the SURE threshold of the dense τ_i. Every map is moved to ``base``'s device.
+    """
+    variances = [torch.as_tensor(v, dtype=torch.float32).to(base.device) for v in variances]
     noisy = [bool((v > 0).any()) for v in variances]
     if not any(noisy) and consensus == "none" and weighting == "task_arithmetic":
         deltas = torch.stack([tensor - base for tensor in finetuned])
@@ -77,6 +103,8 @@ def dp_aware_merge(
     work = base.float()
 
     def estimate(index: int) -> torch.Tensor:
+        if denoised is not None and denoised[index] is not None and noisy[index]:
+            return denoised[index].to(device=work.device, dtype=work.dtype)
         tau = finetuned[index].float() - work
         return sure_soft_threshold(tau, variances[index]) if noisy[index] else tau
 

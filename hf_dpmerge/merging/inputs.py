@@ -1,4 +1,5 @@
-"""What the merge kernels know about each input besides its tensors: its privacy record and LoRA factors.
+"""What the merge kernels know about each input besides its tensors: its privacy record, noise statistics and
+LoRA factors.
 
 mergekit hands a kernel one output tensor at a time, each input identified by its ``ModelReference``. The
 record is found beside the adapter (``base+adapter``: ``adapter/dp_privacy.json``) or the full model
@@ -23,13 +24,13 @@ from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
+from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance, stats_noise_variance
+from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
 
 NOISE_STD = "noise_std"
 _OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
-_MAD_TO_STD = 0.6744897501960817
 
 
 def _scalar_fields() -> dict[str, type]:
@@ -89,9 +90,16 @@ def apply_overrides(record: PrivacyRecord, overrides: Mapping[str, Any]) -> Priv
     return dataclasses.replace(record, optimizer=optimizer, **top)
 
 
-def factor_noise_variance(factor: LoraFactor, factor_variance: float) -> torch.Tensor:
-    """Per-coordinate noise variance of ``factor``'s ΔW, in the weight's layout."""
-    variance = lora_noise_variance(factor.lora_a, factor.lora_b, factor.scaling, factor_variance)
+def record_overrides(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The input's per-model settings that replace record values: the set ones among :data:`RECORD_OVERRIDES`."""
+    return {key: value for key, value in settings.items() if key in RECORD_OVERRIDES and value is not None}
+
+
+def factor_noise_variance(
+    factor: LoraFactor, variance_a: torch.Tensor | float, variance_b: torch.Tensor | float
+) -> torch.Tensor:
+    """Per-coordinate noise variance of ``factor``'s ΔW, in the weight's layout, from its factors' variances."""
+    variance = lora_noise_variance(factor.lora_a, factor.lora_b, factor.scaling, variance_a, variance_b)
     return variance.T if factor.fan_in_fan_out else variance
 
 
@@ -114,43 +122,97 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> SavedAdapter:
         ) from None
 
 
-def missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
+def missing_record(reference: ModelReference) -> PrivacyRecordError:
     return PrivacyRecordError(
         f"input {reference}: no {PRIVACY_RECORD_NAME} in {input_directory(reference)}; train it with "
-        f"DPSAMTrainer, give the input's noise_std {alternative}".rstrip()
+        "DPSAMTrainer, or give the input's noise_std"
+    )
+
+
+@functools.cache
+def _load_noise_stats(path: str, _stamp: tuple[int, int]) -> NoiseStats:
+    return NoiseStats.load(Path(path).parent)
+
+
+def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
+    """The input's ``dp_noise_stats.safetensors`` (beside its record), None when it ships none."""
+    path = input_directory(reference) / NOISE_STATS_NAME
+    return _load_noise_stats(str(path), _stamp(path)) if path.exists() else None
+
+
+def _parameter_variance(
+    reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
+) -> torch.Tensor | float:
+    """s² of one directly trained tensor: from the shipped statistics, else the record's formula (warned)."""
+    stats = input_noise_stats(reference)
+    variance = None if stats is None else stats_noise_variance(record, stats, saved_name)
+    if variance is not None:
+        return variance
+    warnings.warn(  # one message per input: stacklevel 1 gives every call one location, shown once per message
+        f"input {reference}: no {NOISE_STATS_NAME} (or it lacks a trained tensor): using the record's "
+        "noise-dominated formula, which over-states the noise of informative Adam coordinates",
+        stacklevel=1,
+    )
+    return record_noise_variance(record, head)
+
+
+def _input_record(reference: ModelReference, overrides: Mapping[str, Any]) -> PrivacyRecord:
+    record = input_record(reference)
+    if record is None:
+        raise missing_record(reference)
+    return apply_overrides(record, record_overrides(overrides))
+
+
+def input_lora_factors(reference: ModelReference, tensor_name: str) -> LoraFactor | None:
+    """The LoRA factors of this tensor when the input is ``base+adapter`` and its adapter modifies it (mergekit's
+    Python API may identify inputs by plain names: those have none)."""
+    if not getattr(reference, "lora", None):
+        return None
+    return adapter_weights(input_directory(reference)).factors.get(tensor_name)
+
+
+def input_lora_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactor, torch.Tensor | float, torch.Tensor | float] | None:
+    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
+    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+    values = {key: value for key, value in overrides.items() if value is not None}
+    factors = input_lora_factors(reference, tensor_name)
+    if factors is None or values.get(NOISE_STD) is not None:
+        return None
+    record = _input_record(reference, values)
+    if not record.dp:
+        return None
+    return factors, _parameter_variance(reference, record, factors.saved_a), _parameter_variance(
+        reference, record, factors.saved_b
     )
 
 
 def input_noise_variance(
-    reference: ModelReference,
-    tensor_name: str,
-    overrides: Mapping[str, Any],
-    estimate_from: torch.Tensor | None = None,
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
 ) -> torch.Tensor | float:
     """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
 
-    Order: the per-model ``noise_std``; the record (with overrides) through the optimizer formula, or for
-    a LoRA adapter the factor formula for weights its LoRA layers modify and 0 for weights it leaves
-    frozen; without a record, a robust MAD
-    estimate (median |τ − median τ| / 0.6745)² from the task vector ``estimate_from`` if given; else an error.
+    Order: the per-model ``noise_std``; else the input's record with its per-model overrides (σ, C, B_exp and,
+    for the fallback formula, ``sum_lr_squared``/``optimizer.*``) and its noise statistics
+    (:mod:`~hf_dpmerge.merging.noise_variance`): for a LoRA adapter the factor formula for weights its LoRA
+    layers modify, the head's own variance for trained heads, 0 for weights it leaves frozen.
     """
     values = {key: value for key, value in overrides.items() if value is not None}
     if values.get(NOISE_STD) is not None:
         return float(values.pop(NOISE_STD)) ** 2
-    record = input_record(reference)
-    if record is None:
-        if estimate_from is None:
-            raise missing_record(reference, "or set `noise: estimate`")
-        warnings.warn(f"input {reference} has no privacy record: estimating its noise from the weights", stacklevel=2)
-        deviation = (estimate_from - estimate_from.median()).abs().median()
-        return float(deviation / _MAD_TO_STD) ** 2
-    variance = parameter_noise_variance(apply_overrides(record, values))
-    if not reference.lora or variance == 0:
-        return variance
+    record = _input_record(reference, values)
+    if not record.dp:
+        return 0.0
+    if not reference.lora:
+        return _parameter_variance(reference, record, tensor_name)
+    lora = input_lora_noise(reference, tensor_name, values)
+    if lora is not None:
+        return factor_noise_variance(*lora)
     adapter = adapter_weights(input_directory(reference))
-    if tensor_name in adapter.factors:
-        return factor_noise_variance(adapter.factors[tensor_name], variance)
-    return variance if tensor_name in adapter.trained else 0.0
+    if tensor_name in adapter.trained:
+        return _parameter_variance(reference, record, adapter.trained[tensor_name], head=True)
+    return 0.0
 
 
 def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:

@@ -27,8 +27,16 @@ from mergekit.merge_methods.base import (
 from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
-from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
+from hf_dpmerge.merging.dp_aware import dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.inputs import (
+    NOISE_STD,
+    RECORD_OVERRIDES,
+    check_finite,
+    factor_noise_variance,
+    input_lora_factors,
+    input_lora_noise,
+    input_noise_variance,
+)
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -63,6 +71,9 @@ class _TaskVectorMethod(GroupMergeMethod):
             parameters=shared + per_input + _per_input_specs(),
             contract=InputContract(base=BasePolicy.REQUIRED),
         )
+
+    def check_settings(self, shared: Mapping[str, Any]) -> None:
+        """Refuse shared YAML settings the method parses but does not accept (before anything is written)."""
 
     @abstractmethod
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
@@ -109,9 +120,10 @@ class CauchyPoEMethod(_TaskVectorMethod):
                 _shared("lambda", float, 1.0),
                 _shared("tol", Positive, 1e-2),
                 _shared("jitter", Positive, 1e-3),
-                _shared("max_iter", Annotated[int, Field(ge=1)], 50),
-                _shared("conv_tol", NonNegative, 1e-5),
+                _shared("max_iter", Annotated[int, Field(ge=1)], 500),
+                _shared("conv_tol", NonNegative, 1e-6),  # relative change of α
                 _shared("dp_calibrated", bool, False),
+                _shared("layers", Literal["reference", "whole"], "reference"),
             )
         )
 
@@ -137,7 +149,15 @@ class CauchyPoEMethod(_TaskVectorMethod):
             conv_tol=parameters["conv_tol"],
             noise_variance=variances,
             name=name,
+            layers=parameters["layers"],
+            factors=_lora_deltas(name, entries),
         )
+
+
+def _lora_deltas(name: str, entries: tuple[TensorEntry, ...]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Every input's task vector for this tensor as LoRA factors (L, R), or None unless all inputs have them."""
+    factors = [input_lora_factors(entry.id, name) for entry in entries]
+    return None if any(f is None for f in factors) else [f.delta_factors() for f in factors]
 
 
 class DPAwareMethod(_TaskVectorMethod):
@@ -153,24 +173,39 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("lambda", float, 1.0),
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
-                _shared("noise", Literal["record", "estimate"], "record"),
+                _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings
             ),
             (ParameterSpec("weight", float, ParameterScope.NON_BASE, default=1.0),),
         )
 
     def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
-        return shared.get("noise", "record") == "record" and NOISE_STD not in {**shared, **per_model}
+        return NOISE_STD not in {**shared, **per_model}
+
+    def check_settings(self, shared: Mapping[str, Any]) -> None:
+        if shared.get("noise", "record") != "record":
+            raise ValueError(
+                f"dp_aware: `noise: {shared['noise']}` is not supported: estimating the noise from the weights "
+                "treats a dense task vector as noise (it zeroed 94 % of a clean LoRA delta); delete the `noise` "
+                "key and give every input its dp_privacy.json or a per-model `noise_std`"
+            )
 
     def merge(
         self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
     ) -> torch.Tensor:
-        estimate = parameters["noise"] == "estimate"
-        variances = [
-            input_noise_variance(
-                e.id, name, _overrides(parameters, e.id), e.tensor.float() - base.float() if estimate else None
-            )
-            for e in entries
-        ]
+        self.check_settings(parameters)
+        variances, denoised = [], []
+        for entry in entries:
+            overrides = _overrides(parameters, entry.id)
+            lora = input_lora_noise(entry.id, name, overrides)
+            if lora is None:
+                variances.append(input_noise_variance(entry.id, name, overrides))
+                denoised.append(None)
+                continue
+            factors, variance_a, variance_b = lora
+            variances.append(factor_noise_variance(factors, variance_a, variance_b))
+            denoised.append(lora_factor_estimate(
+                factors.lora_a, factors.lora_b, factors.scaling, variance_b, factors.fan_in_fan_out
+            ))
         return dp_aware_merge(
             base,
             [entry.tensor for entry in entries],
@@ -179,6 +214,7 @@ class DPAwareMethod(_TaskVectorMethod):
             lam=parameters["lambda"],
             consensus=parameters["consensus"],
             weighting=parameters["weighting"],
+            denoised=denoised,
         )
 
 

@@ -1,52 +1,90 @@
 """The DP-SGD noise left in a released task vector, per coordinate (docs/design.md §6).
 
-opacus adds N(0, σ²C²) per coordinate to the clipped gradient sum and divides by the expected batch
-size B, so each step moves a directly trained parameter by noise of variance η_t²(σC/B)². Summed over
-steps (the noise is independent across steps, and dominates the clipped signal at DP batch sizes):
+Each step hands the optimizer a privatised gradient with per-coordinate noise N(0, σ_g²), σ_g = σ·C/B_exp
+(σ the per-query multiplier: the update uses one query even in two-query SAM mode). How much of it stays
+in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.optimizer_response`):
 
-    SGD:                    s² = (σC/B)² · Σ_t η_t²
-    heavy-ball momentum μ:  s² = (σC/B)² · Σ_t η_t² / (1 − μ)²
-    Adam / AdamW:           s² ≈ Σ_t η_t²     (noise-dominated: m̂/√v̂ has unit scale, whatever σ, C, B)
+* with the adapter's ``dp_noise_stats.safetensors`` (η_t of every step per parameter group, Adam's v̂ per
+  coordinate): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) s_k² = S(r̂_k), the simulated variance at
+  the coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0). Heads (``modules_to_save``) use their
+  own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
+* without it (older releases, full models), from the record alone, with a warning: SGD
+  s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
+  informative coordinates); heads scaled by (head_lr/lr)².
 
-σ is the per-query noise multiplier: the update uses one privatised query even in two-query SAM mode.
-These are upper bounds where curvature damps the walk. A LoRA delta ΔW = s·BA with independent noise
-of variances s_B², s_A² in its factors (here both the optimizer's s²) has, per coordinate,
+A LoRA delta ΔW = s·B·A with independent noise of variances V_A, V_B (per coordinate) in its factors has
 
-    Var(ΔW_ij) ≈ s²·[s_B²·‖A_{:,j}‖² + s_A²·‖B_{i,:}‖² + r·s_A²·s_B²].
+    Var(ΔW_ij) ≈ s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj].
 """
 
 from __future__ import annotations
 
 import torch
 
+from hf_dpmerge.merging.optimizer_response import adam_variance, sgd_variance
+from hf_dpmerge.records.noise_stats import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
 
+_SGD_HYPER = ("momentum", "dampening", "nesterov")
 
-def parameter_noise_variance(record: PrivacyRecord) -> float:
-    """s² of a directly trained parameter, from the record's optimizer and noise settings (0 if not DP)."""
+
+def _noise_std(record: PrivacyRecord) -> float:
+    return record.noise_multiplier * record.max_grad_norm / record.expected_batch_size
+
+
+def record_noise_variance(record: PrivacyRecord, head: bool = False) -> float:
+    """s² of a directly trained parameter from the record alone (the fallback; 0 if not DP)."""
     if not record.dp:
         return 0.0
     name = str(record.optimizer.get("name", "")).lower()
+    lr, head_lr = record.optimizer.get("lr"), record.optimizer.get("head_lr")
+    rate = (float(head_lr) / float(lr)) ** 2 if head and lr and head_lr else 1.0
     if "adam" in name:
-        return float(record.sum_lr_squared)
+        return rate * float(record.sum_lr_squared)
     if name == "sgd":
         momentum = float(record.optimizer.get("momentum") or 0.0)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"SGD momentum {momentum} is outside [0, 1)")
-        step = record.noise_multiplier * record.max_grad_norm / record.expected_batch_size
-        return step**2 * record.sum_lr_squared / (1.0 - momentum) ** 2
+        return rate * _noise_std(record) ** 2 * record.sum_lr_squared / (1.0 - momentum) ** 2
     raise ValueError(
         f"no noise model for optimizer {record.optimizer.get('name')!r} (known: SGD, Adam, AdamW); "
         f"give the input's noise_std instead"
     )
 
 
+def stats_noise_variance(record: PrivacyRecord, stats: NoiseStats, saved_name: str) -> torch.Tensor | float | None:
+    """s² of one trained tensor (per coordinate for Adam) from the shipped statistics; None if it is not in them.
+
+    σ_g comes from the record (so per-model overrides of σ, C or B_exp apply); η_t, v̂ and the optimizer's
+    hyper-parameters from the statistics.
+    """
+    entry = stats.parameter(saved_name)
+    if entry is None:
+        return None
+    if not record.dp:
+        return 0.0
+    lrs, weight_decay, second_moment = entry
+    name = str(stats.optimizer.get("name", "")).lower()
+    if "adam" in name and second_moment is not None:
+        betas = stats.optimizer.get("betas", (0.9, 0.999))
+        eps = float(stats.optimizer.get("eps", 1e-8))
+        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay)
+    if name == "sgd":
+        hyper = {key: stats.optimizer[key] for key in _SGD_HYPER if key in stats.optimizer}
+        return sgd_variance(lrs.tolist(), _noise_std(record), weight_decay=weight_decay, **hyper)
+    raise ValueError(f"no noise model for optimizer {stats.optimizer.get('name')!r} (known: SGD, Adam, AdamW)")
+
+
 def lora_noise_variance(
-    lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float, factor_variance: float
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    variance_a: torch.Tensor | float,
+    variance_b: torch.Tensor | float,
 ) -> torch.Tensor:
-    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in), noise of ``factor_variance`` in A and B."""
-    a2 = lora_a.double().square().sum(dim=0)  # ‖A_{:,j}‖², shape d_in
-    b2 = lora_b.double().square().sum(dim=1)  # ‖B_{i,:}‖², shape d_out
-    rank = lora_a.shape[0]
-    variance = factor_variance * (a2.unsqueeze(0) + b2.unsqueeze(1)) + rank * factor_variance**2
+    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in), independent noise of variances V_A, V_B."""
+    a, b = lora_a.double(), lora_b.double()
+    v_a = torch.as_tensor(variance_a, dtype=torch.float64, device=a.device).expand_as(a)
+    v_b = torch.as_tensor(variance_b, dtype=torch.float64, device=b.device).expand_as(b)
+    variance = b.square() @ v_a + v_b @ a.square() + v_b @ v_a
     return (scaling**2 * variance).float()

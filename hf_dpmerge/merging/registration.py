@@ -58,6 +58,7 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
         {p.name for p in method.spec.input_parameters},
     )
     shared = merge_config.parameters or {}
+    method.check_settings(shared)
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 

@@ -19,13 +19,13 @@ from mergekit.config import MergeConfiguration
 from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
 from hf_dpmerge.merging.inputs import (
-    RECORD_OVERRIDES,
     adapter_weights,
     apply_overrides,
     check_finite,
     input_record,
     input_settings,
     missing_record,
+    record_overrides,
 )
 from hf_dpmerge.records.fingerprint import base_fingerprint, directory_base_tensors
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
@@ -86,7 +86,7 @@ def _check_same_base(reference: ModelReference, base_dir: str) -> None:
 
 def _with_overrides(reference: ModelReference, record: PrivacyRecord, settings: Mapping[str, Any]) -> PrivacyRecord:
     """The record as the merge will use it: per-model YAML values in place, still valid."""
-    overrides = {k: v for k, v in settings.items() if k in RECORD_OVERRIDES and v is not None}
+    overrides = record_overrides(settings)
     try:
         return apply_overrides(record, overrides)
     except (PrivacyRecordError, TypeError) as err:
@@ -100,7 +100,7 @@ def _check_record_matches_adapter(reference: ModelReference, record: PrivacyReco
     adapter = adapter_weights(reference.lora.path)
     covered = set(record.base_model_hash_tensors)
     unrecorded = sorted(set(adapter.factors) - covered)
-    foreign = sorted(covered - set(adapter.factors) - adapter.trained)
+    foreign = sorted(covered - set(adapter.factors) - set(adapter.trained))
     if unrecorded or foreign:
         raise PrivacyRecordError(
             f"input {reference}: its {PRIVACY_RECORD_NAME} does not belong to this adapter: the adapter modifies "

@@ -7,6 +7,7 @@ import fnmatch
 import os
 from pathlib import Path, PurePosixPath
 
+from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
 
 # Everything a release may hold (an adapter folder, what DPSAMTrainer.push_to_hub or `hf-dpmerge push` uploads),
@@ -25,7 +26,7 @@ RELEASE_ALLOW_LIST = (
     "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
     "chat_template.jinja", "chat_template.json",
     # the privacy record, the card, and the privatised optimizer statistics the dp_aware merge reads
-    PRIVACY_RECORD_NAME, "README.md", "dp_noise_stats.safetensors",
+    PRIVACY_RECORD_NAME, "README.md", NOISE_STATS_NAME,
     # a merged release's per-task heads (hf_dpmerge.hub.push)
     "heads/*/head.safetensors", "heads/*/head_config.json", f"heads/*/{PRIVACY_RECORD_NAME}",
 )

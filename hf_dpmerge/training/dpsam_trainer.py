@@ -75,6 +75,7 @@ from hf_dpmerge.training.dp.state import (
     save_checkpoint_dp_state,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
 
@@ -474,6 +475,7 @@ class DPSAMTrainer(Trainer):
 
     def _write_release(self, directory: Path) -> None:
         super().save_model(str(directory), _internal_call=True)
+        write_noise_stats(self, directory)
         self.privacy_record().save(directory)
 
     def push_to_hub(

@@ -3,18 +3,21 @@
 Task heads (peft ``modules_to_save``) differ in shape across tasks and are never merged (docs/design.md §8),
 and peft cannot apply an adapter whose saved head does not match the base's. The export keeps only the
 LoRA weights, clears ``modules_to_save`` and ``task_type`` (a sequence-classification adapter without
-them would make peft re-add the head), and copies the privacy record. It is written to a temporary
-directory beside ``out_dir`` and renamed into place.
+them would make peft re-add the head), and copies the privacy record and, when present, the noise statistics
+(``dp_noise_stats.safetensors``). It is written to a temporary directory beside ``out_dir`` and renamed into
+place.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
 from hf_dpmerge.modeling.task_head import in_modules
+from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
 from hf_dpmerge.utils.io import staged_directory
@@ -38,5 +41,7 @@ def export_encoder_adapter(adapter_dir: str | Path, out_dir: str | Path) -> Path
         staged.mkdir()
         save_file(weights, staged / ADAPTER_SAFETENSORS_NAME, metadata={"format": "pt"})
         (staged / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if (adapter_dir / NOISE_STATS_NAME).exists():  # the dp_aware noise model's statistics
+            shutil.copy2(adapter_dir / NOISE_STATS_NAME, staged / NOISE_STATS_NAME)
         record.save(staged)
     return out_dir

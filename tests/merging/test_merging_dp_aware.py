@@ -6,7 +6,8 @@ import pytest
 import torch
 from mergekit.merge_methods import merge_tensors
 
-from hf_dpmerge.merging.dp_aware import between_variance, dp_aware_merge
+from hf_dpmerge.merging.dp_aware import between_variance, dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.noise_variance import lora_noise_variance
 from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
 
 
@@ -115,3 +116,50 @@ def test_sure_handles_per_coordinate_variance_with_exact_zeros() -> None:
     denoised = sure_soft_threshold(noisy, std.square())
     assert torch.equal(denoised[:100], noisy[:100])  # noiseless coordinates are kept
     assert float(torch.dist(denoised, signal)) < 0.6 * float(torch.dist(noisy, signal))
+
+
+def _lora_problem(seed: int, sparse: bool) -> tuple[torch.Tensor, ...]:
+    """A trained LoRA delta s·B·A (B sparse or dense), and its factors after DP noise of known variance."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, cols, rank, scaling, noise_b, noise_a = 192, 160, 8, 2.0, 0.02, 0.002
+    lora_a = torch.randn(rank, cols, generator=generator) / cols**0.5
+    lora_b = 0.05 * torch.randn(rows, rank, generator=generator)
+    if sparse:
+        lora_b *= torch.rand(rows, rank, generator=generator) < 0.1
+    noisy_a = lora_a + noise_a * torch.randn(rank, cols, generator=generator)
+    noisy_b = lora_b + noise_b * torch.randn(rows, rank, generator=generator)
+    return scaling * lora_b @ lora_a, noisy_a, noisy_b, torch.tensor(scaling), noise_a**2, noise_b**2
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_lora_deltas_are_denoised_in_factor_space(sparse: bool) -> None:
+    """The noise of s·B·A is rank-r and correlated across its entries but independent across B's: thresholding
+    B, then forming s·B̂·A, beats the per-entry threshold of the dense delta when B is sparse (relative error
+    0.59 vs 0.75 here) and is no worse when it is dense (0.383 vs 0.381)."""
+    errors = {"factor": [], "dense": []}
+    for seed in range(3):
+        truth, noisy_a, noisy_b, scaling, var_a, var_b = _lora_problem(seed, sparse)
+        dense = float(scaling) * noisy_b @ noisy_a
+        variance = lora_noise_variance(noisy_a, noisy_b, float(scaling), var_a, var_b)
+        by_factor = dp_aware_merge(torch.zeros_like(truth), [dense], [variance], weights=[1.0], lam=1.0,
+                                   denoised=[lora_factor_estimate(noisy_a, noisy_b, float(scaling), var_b)])
+        by_entry = dp_aware_merge(torch.zeros_like(truth), [dense], [variance], weights=[1.0], lam=1.0)
+        errors["factor"].append(float(torch.dist(by_factor, truth) / torch.linalg.norm(truth)))
+        errors["dense"].append(float(torch.dist(by_entry, truth) / torch.linalg.norm(truth)))
+    factor, dense = sum(errors["factor"]) / 3, sum(errors["dense"]) / 3
+    assert factor < (0.9 if sparse else 1.02) * dense, errors
+
+
+def test_variance_maps_follow_the_tensors_device() -> None:
+    """Variance maps built on the CPU (records, LoRA factors) are moved to the tensors' device (``--cuda``)."""
+    device = "cuda" if torch.cuda.is_available() else "meta"
+    base = torch.zeros(6, 5, device=device)
+    variances = [torch.full((6, 5), 0.01), 0.02]
+    if device == "meta":  # no accelerator: check the placement the kernel gives its working tensors
+        moved = [torch.as_tensor(v, dtype=torch.float32).to(base.device) for v in variances]
+        assert all(v.device == base.device for v in moved)
+        pytest.skip("no CUDA device: the full merge on an accelerator is checked where one exists")
+    inputs = [base + torch.randn(6, 5, device=device) for _ in range(2)]
+    merged = dp_aware_merge(base, inputs, variances, weights=[1.0, 1.0], lam=1.0, consensus="precision_sign",
+                            denoised=[torch.randn(6, 5), None])
+    assert merged.device == base.device

@@ -18,6 +18,7 @@ from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_n
 from hf_dpmerge.merging.noise_variance import lora_noise_variance
 from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
+from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter, save_variant
@@ -94,7 +95,7 @@ def test_noise_variance_uses_the_lora_factors_the_record_and_overrides(runs: Pat
     factors = adapter.factors[QUERY]
     assert not adapter.trained  # the encoder export holds LoRA weights only
     assert factors.scaling == 2.0  # lora_alpha 8 / r 4
-    expected = lora_noise_variance(factors.lora_a, factors.lora_b, 2.0, record.sum_lr_squared)
+    expected = lora_noise_variance(factors.lora_a, factors.lora_b, 2.0, record.sum_lr_squared, record.sum_lr_squared)
     torch.testing.assert_close(lora, expected)
     assert input_noise_variance(reference, "bert.pooler.dense.weight", {}) == 0.0  # frozen: no noise
     with_head = ModelReference.parse(f"{runs / 'base'}+{runs / 'sentiment' / 'adapter'}")
@@ -114,14 +115,31 @@ def test_overrides_cover_the_records_scalar_fields() -> None:
     assert "optimizer" not in RECORD_OVERRIDES and "versions" not in RECORD_OVERRIDES
 
 
-def test_missing_record_is_an_error_unless_noise_is_estimated(runs: Path) -> None:
+def test_missing_record_is_an_error_and_noise_estimate_is_refused(runs: Path) -> None:
+    """`noise: estimate` (a MAD scale of the weights) zeroed most of a clean LoRA delta: it is refused up front."""
+    from hf_dpmerge.merging.registration import check_config
+
     full = ModelReference.parse(str(runs / "base"))  # has no record
-    with pytest.raises(PrivacyRecordError, match="noise: estimate"):
+    with pytest.raises(PrivacyRecordError, match="noise_std"):
         input_noise_variance(full, QUERY, {})
-    noise = 0.02 * torch.randn(100_000, generator=torch.Generator().manual_seed(0))
-    with pytest.warns(UserWarning, match="estimating its noise"):
-        estimate = input_noise_variance(full, QUERY, {}, estimate_from=noise)
-    assert estimate == pytest.approx(0.02**2, rel=0.05)
+    config = _config(runs, [runs / "sentiment" / "encoder_adapter"], parameters={"noise": "estimate"})
+    with pytest.raises(ValueError, match="`noise: estimate` is not supported.*delete the `noise` key"):
+        check_config(config, "cache")
+
+
+def test_noise_statistics_travel_with_the_encoder_export(runs: Path, tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    for source in (runs / "topics" / "adapter").iterdir():
+        (adapter / source.name).write_bytes(source.read_bytes())
+    stats = NoiseStats(optimizer={"name": "AdamW", "betas": [0.9, 0.999], "eps": 1e-8}, noise_std=0.01,
+                       lrs={"0": torch.full((5,), 1e-3, dtype=torch.float64)}, weight_decay={"0": 0.0},
+                       groups={"w": "0"}, second_moments={"w": torch.ones(3)})
+    stats.save(adapter)
+    export_encoder_adapter(adapter, tmp_path / "encoder_adapter")
+    copied = NoiseStats.load(tmp_path / "encoder_adapter")
+    assert (tmp_path / "encoder_adapter" / NOISE_STATS_NAME).exists()
+    assert copied.groups == stats.groups and torch.equal(copied.second_moments["w"], stats.second_moments["w"])
 
 
 def test_misspelt_parameter_keys_are_errors(runs: Path) -> None:

@@ -183,3 +183,35 @@ def test_non_private_mode_shares_the_trainer_and_records_infinite_epsilon(tmp_pa
     record = PrivacyRecord.load(tmp_path / "adapter")
     assert not record.dp and math.isinf(record.epsilon)
     assert all(not torch.equal(b, p) for b, p in zip(before, trainer._params))
+
+
+def test_release_ships_noise_statistics_the_merge_uses(tmp_path):
+    """dp_noise_stats.safetensors: Adam's v̂ for every released tensor, η_t per group (the head's at its own
+    rate) matching the record's Σ η², and σ·C/B_exp; dp_aware then needs no fallback formula."""
+    import warnings
+
+    from mergekit.common import ModelReference
+    from safetensors.torch import load_file
+
+    from hf_dpmerge.merging.inputs import input_noise_variance
+    from hf_dpmerge.records.noise_stats import NoiseStats
+
+    trainer = make_trainer(tmp_path, lr_scheduler_type="linear", head_learning_rate=0.1)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "release"))
+    stats, record = NoiseStats.load(tmp_path / "release"), PrivacyRecord.load(tmp_path / "release")
+    weights = load_file(tmp_path / "release" / "adapter_model.safetensors")
+    assert set(stats.groups) == set(weights) == set(stats.second_moments)
+    assert all(stats.second_moments[k].shape == weights[k].shape for k in weights)
+    encoder_lrs = stats.lrs[stats.groups[next(k for k in weights if ".lora_A." in k)]]
+    head_lrs = stats.lrs[stats.groups[next(k for k in weights if "classifier" in k)]]
+    assert float(encoder_lrs.square().sum()) == pytest.approx(record.sum_lr_squared, rel=1e-9)
+    torch.testing.assert_close(head_lrs, 10 * encoder_lrs)
+    assert encoder_lrs[-1] < encoder_lrs[0]  # the linear schedule, replayed
+    assert stats.noise_std == pytest.approx(record.noise_multiplier * record.max_grad_norm / record.expected_batch_size)
+    reference = ModelReference.parse(f"{tmp_path / 'base'}+{tmp_path / 'release'}")
+    (tmp_path / "base").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no dp_noise_stats" fallback warning
+        variance = input_noise_variance(reference, "bert.encoder.layer.0.attention.self.query.weight", {})
+    assert variance.shape == (32, 32) and bool((variance > 0).all())
