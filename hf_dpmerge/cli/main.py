@@ -13,6 +13,8 @@ VERBS: dict[str, str] = {
     "diagnose": "hf_dpmerge.cli.diagnose_command",
     "push": "hf_dpmerge.cli.push_command",
     "audit": "hf_dpmerge.cli.audit_command",
+    "weights": "hf_dpmerge.cli.weights_command",
+    "tune": "hf_dpmerge.cli.tune_command",
 }
 
 

@@ -34,6 +34,7 @@ from hf_dpmerge.hub.model_card import (
 )
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.privacy.selection_record import find_selection_record
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
@@ -250,6 +251,7 @@ def push_merged_model(
         license=license,
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
+        selection=find_selection_record(merged_dir),
     )
     card_text = str(card)
 
