@@ -1,6 +1,7 @@
 """Evaluate per-task adapters against the merged model, each task with its own classifier head.
 
-Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split, it
+Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split (or the
+validation split, for choices made before the test split is touched), it
 scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
 
 - **individual** — the base with that task's adapter (LoRA + head) applied;
@@ -70,6 +71,7 @@ class EvaluationReport:
     merged_model: str
     base_model: str
     max_eval_samples: int | None = None
+    split: str = "test"
 
     def averages(self) -> dict[str, float | None]:
         def mean(values: list[float]) -> float | None:
@@ -106,6 +108,7 @@ class EvaluationReport:
             "merged_model": self.merged_model,
             "base_model": self.base_model,
             "max_eval_samples": self.max_eval_samples,
+            "split": self.split,
             "definitions": {
                 "retention": "merged / individual (primary metric; null when individual <= 0)",
                 "interference": "individual - merged (primary metric; positive = the merge is worse)",
@@ -174,9 +177,10 @@ def evaluate_runs(
     batch_size: int = 32,
     glue_path: str | None = None,
     device: str | torch.device | None = None,
+    split: str = "test",
     log=print,
 ) -> EvaluationReport:
-    """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's test split.
+    """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``.
 
     ``tasks`` names run folders (default: every one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
@@ -191,7 +195,7 @@ def evaluate_runs(
     for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
-        test = load_split(run, "test", tok, max_samples=max_eval_samples, glue_path=glue_path)
+        test = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(test["labels"])
         scores = {}
         for kind, loader, directory in (("individual", load_individual_model, base_dir),
@@ -210,7 +214,7 @@ def evaluate_runs(
             f"n={len(test)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
-                            max_eval_samples=max_eval_samples)
+                            max_eval_samples=max_eval_samples, split=split)
 
 
 # ---------------------------------------------------------------------------------------------- chart
