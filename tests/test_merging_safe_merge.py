@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
 from mergekit.merge_methods import merge_tensors
-from merging_builders import full_config_yaml, save_base, save_variant
+from merging_builders import full_config_yaml, save_base, save_task_adapter, save_variant
 from safetensors.torch import load_file
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.merging.safe_merge import percentile_threshold, safe_merge_tensor
 from hf_dpmerge.merging.score_weights import softmax_weights
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _brute_force(base, useful, weights, unwanted, percentile, scale):
@@ -132,3 +135,30 @@ def test_weights_cli_writes_softmax_weights_that_reach_the_merge(variants, tmp_p
     torch.testing.assert_close(merged, tensors[0] + sum(w * (t - tensors[0]) for w, t in zip(expected, tensors[1:])))
     assert main(["weights", str(source), str(tmp_path / "w2.yaml"), "--scores", "1,2"]) == 1
     assert "gives 2 scores for 3 models" in capsys.readouterr().err
+
+
+def _dense_weights(base: Path, adapter: Path) -> dict[str, torch.Tensor]:
+    """The base with a LoRA adapter merged in by peft (s·B·A added to each adapted weight)."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(base)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().state_dict()
+
+
+@pytest.mark.slow
+def test_shipped_negation_config_subtracts_the_unwanted_task_vector(tmp_path, monkeypatch) -> None:
+    base = save_base(tmp_path / "runs" / "base")
+    for seed, task in enumerate(("election_tweets", "rotten_tomatoes"), start=1):
+        save_task_adapter(tmp_path / "runs", task, 2, seed)
+    monkeypatch.chdir(tmp_path)
+    assert main(["merge", str(REPO / "merge_configs" / "negation.yaml"), "negated", "--lora-merge-cache", "cache",
+                 "--quiet"]) == 0
+    merged = load_file(tmp_path / "negated" / "model.safetensors")
+    keep = _dense_weights(base, tmp_path / "runs" / "election_tweets" / "encoder_adapter")
+    unwanted = _dense_weights(base, tmp_path / "runs" / "rotten_tomatoes" / "encoder_adapter")
+    base_state = load_file(base / "model.safetensors")
+    name = "bert.encoder.layer.1.attention.self.value.weight"
+    assert not torch.equal(keep[name], unwanted[name])
+    expected = base_state[name] + (keep[name] - base_state[name]) - (unwanted[name] - base_state[name])
+    torch.testing.assert_close(merged[name], expected, atol=1e-6, rtol=1e-5)
