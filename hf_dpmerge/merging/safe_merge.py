@@ -9,7 +9,7 @@ Per output tensor, with task vectors τ_i = W_i − W_0 and the inputs marked ``
 The merging handbook's safety recipe (S-LoRA-style "merge only low-risk parameters", handbook §2.2) ranks
 whole tensors by the mean |τ_u| across the model; a mergekit kernel sees one output tensor at a time, and a
 LoRA ΔW = s·B·A spreads its change over every entry of an adapted matrix, so the risk is ranked **per entry
-within each tensor** instead (docs/design.md §safety merges). Entries tied at t_p are kept, so a tensor the
+within each tensor** instead (docs/design.md §12). Entries tied at t_p are kept, so a tensor the
 unwanted model left unchanged (risk ≡ 0) receives the useful task vectors in full; ``percentile: 100`` is
 plain task arithmetic of the useful inputs; the unwanted task vector itself is never added. To also
 subtract it, use task negation (``merge_configs/negation.yaml``).

@@ -1,7 +1,7 @@
 """Differentially private selection of one candidate by its utility: exponential mechanism, permute-and-flip.
 
 Both are ε-DP for utilities u_k(D) of global sensitivity Δ = max_k max_{D~D'} |u_k(D) − u_k(D')|
-(docs/design.md §private merge tuning):
+(docs/design.md §12):
 
 - **exponential mechanism** (McSherry & Talwar 2007): P(k) ∝ exp(ε·u_k / (2Δ)); sampled as report-noisy-max
   with Gumbel noise, argmax_k (u_k + G_k), G_k ~ Gumbel(0, 2Δ/ε), which has exactly that distribution.

@@ -2,7 +2,7 @@
 
 ``hf-dpmerge tune`` spends ε_sel (pure ε-DP, δ = 0) on the validation data to pick one candidate merge.
 The adapters are (ε_t, δ_t)-DP on their training sets, which compose in parallel across disjoint task
-datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.md §private merge tuning):
+datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.md §12):
 
 - ``sequential`` — the validation data belongs to the same individuals as the training data (the default,
   and the only safe choice when unsure): (max_t ε_t + ε_sel, max_t δ_t);
