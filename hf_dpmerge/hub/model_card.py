@@ -21,7 +21,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from hf_dpmerge.privacy.record import PrivacyRecord
 from hf_dpmerge.privacy.selection_record import SelectionRecord
-from hf_dpmerge.privacy.statement import privacy_statement
+from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"
@@ -295,6 +295,7 @@ def build_model_card(
     parts.append(privacy_statement(records))
     if selection is not None:
         parts.append(selection.statement())
+    parts += [note for note in (seeded_warning(records), public_eval_note(records)) if note]
     hashes = {t: r.base_model_hash.split(":")[-1][:16] for t, r in records.items() if r.base_model_hash}
     if hashes and len(set(hashes.values())) == 1 and len(hashes) == len(records):
         parts.append(

@@ -1,6 +1,6 @@
 """Release a merged model to the Hugging Face Hub: merged weights, per-task heads and privacy records, card.
 
-The repository is laid out as::
+The repository holds only allow-listed files (``hf_dpmerge.training.release.RELEASE_ALLOW_LIST``), laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
     config.json, *.safetensors, …  the merged model directory as mergekit wrote it (its README replaced)
@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hf_dpmerge.hub.model_card import (
@@ -35,6 +35,8 @@ from hf_dpmerge.hub.model_card import (
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.privacy.selection_record import find_selection_record
+from hf_dpmerge.privacy.statement import check_unseeded_release
+from hf_dpmerge.training.release import unlisted_files
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
@@ -70,6 +72,18 @@ def _check_merged_dir(merged_dir: Path) -> None:
     weights = [p for p in merged_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
     if not weights:
         raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
+    unlisted = [rel for rel in unlisted_files(merged_dir) if not _skipped(PurePosixPath(rel))]
+    if unlisted:
+        raise PushError(
+            f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
+            "weights, model/merge configuration, tokenizer files, privacy records and the card "
+            "(hf_dpmerge.training.release.RELEASE_ALLOW_LIST); move the others out of the merged directory"
+        )
+
+
+def _skipped(rel: PurePosixPath) -> bool:
+    """Merged-directory files the release does not take over: hidden ones, heads/ (rebuilt), mergekit's card."""
+    return any(part.startswith(".") for part in rel.parts) or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
@@ -168,11 +182,8 @@ def _stage(
 
     for source in sorted(merged_dir.rglob("*")):
         rel = source.relative_to(merged_dir)
-        if not source.is_file() or any(part.startswith(".") for part in rel.parts):
-            continue
-        if rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR:
-            continue
-        _place(source, staging_dir / rel)
+        if source.is_file() and not _skipped(PurePosixPath(rel.as_posix())):
+            _place(source, staging_dir / rel)
     for task, (tensors, info) in heads.items():
         head_dir = staging_dir / HEADS_DIR / task
         head_dir.mkdir(parents=True, exist_ok=True)
@@ -188,6 +199,8 @@ def _stage(
         (head_dir / HEAD_CONFIG_NAME).write_text(json.dumps(head_config, indent=2) + "\n")
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, head_dir / PRIVACY_RECORD_NAME)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
+    if unlisted := [rel for rel in unlisted_files(staging_dir) if rel != STAGING_MARKER]:
+        raise PushError(f"the staged release holds files outside the release allow-list: {', '.join(unlisted)}")
 
 
 def _listing(staging_dir: Path) -> list[tuple[str, int]]:
@@ -221,6 +234,7 @@ def push_merged_model(
     base_model: str | None = None,
     license: str = "apache-2.0",
     endpoint: str | None = None,
+    allow_seeded: bool = False,
 ) -> PushResult:
     """Stage ``merged_dir`` + each task's head and privacy record + the card, then upload (or not).
 
@@ -229,6 +243,10 @@ def push_merged_model(
     ``<merged_dir>-hub``) and kept; nothing touches the network. Otherwise the repository is created
     (private unless ``private=False``; an existing public repository is refused when ``private``) and
     the folder is uploaded in one ``upload_folder`` call to ``endpoint`` (default: ``HF_ENDPOINT``).
+
+    Only allow-listed files are released (``RELEASE_ALLOW_LIST``): a merged directory holding anything else is
+    refused with the list of those files. Adapters trained with a fixed ``dp_seed`` (or whose record predates
+    the ``seeded`` field) are refused unless ``allow_seeded``; the card then warns that the seed undoes the noise.
     """
     from huggingface_hub.utils import validate_repo_id
 
@@ -239,6 +257,7 @@ def push_merged_model(
         raise PushError("no adapters given: the release needs each task's head and privacy record")
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
+    check_unseeded_release(records, allow_seeded, "--allow-seeded")
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
     eval_results = load_eval_json(eval_json) if eval_json is not None else None
     card = build_model_card(

@@ -19,6 +19,11 @@ class DPSAMConfig(TrainingArguments):
     q = B_exp/N); ``physical_batch_size`` is the micro-batch the draw is split into for memory. Trainer-level
     gradient clipping (``max_grad_norm``) and gradient accumulation over separate draws would break the DP
     analysis, so they are refused when ``dp`` is on.
+
+    ``privacy_unit_column`` (e.g. an author or patient id) makes the guarantee user-level: the units are the
+    column's distinct values, each step Poisson-samples *units* and takes all their rows, each unit's summed
+    gradient is clipped to C, and q = B_exp/N_units where ``per_device_train_batch_size``·world_size is then
+    the expected number of *units* per draw (docs/design.md §9).
     """
 
     dp: bool = field(default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."})
@@ -53,8 +58,19 @@ class DPSAMConfig(TrainingArguments):
         default=None,
         metadata={"help": "Seed of the Poisson-sampling and noise generators; default: fresh OS entropy."},
     )
+    privacy_unit_column: str | None = field(
+        default=None,
+        metadata={"help": "Column whose values are the privacy units (e.g. an author id): user-level DP, "
+                  "sampling and clipping per unit; per_device_train_batch_size is then the expected number "
+                  "of units per draw. Default: one row is the unit."},
+    )
     max_grad_norm: float = field(
         default=0.0, metadata={"help": "Trainer-level clipping of the aggregate; must stay 0 under DP."}
+    )
+    eval_data_is_public: bool = field(
+        default=False,
+        metadata={"help": "Declare the evaluation data public, permitting evaluation during training and model "
+                  "selection (load_best_model_at_end, early stopping) under DP; the privacy record says so."},
     )
 
     def __post_init__(self) -> None:
@@ -102,6 +118,41 @@ class DPSAMConfig(TrainingArguments):
             problems.append(
                 "max_grad_norm > 0 would clip the noisy aggregate gradient and distort DP updates; "
                 "set max_grad_norm=0 and use per_sample_max_grad_norm for clipping"
+            )
+        if self.fp16 or self.bf16:
+            problems.append(
+                "fp16/bf16 mixed precision is not supported under DP: the private step takes per-sample gradients "
+                "outside accelerator.backward, so the loss scaler would unscale gradients it never scaled; "
+                "set fp16=False and bf16=False (--fp16 false --bf16 false)"
+            )
+        if self.activation_checkpointing:
+            problems.append(
+                "activation (gradient) checkpointing is not supported under DP: per-sample gradients need each "
+                "layer's activations from the forward pass, which checkpointing discards and recomputes inside "
+                "backward; set activation_checkpointing=False (gradient_checkpointing=False) and lower "
+                "physical_batch_size to save memory instead"
+            )
+        if self.push_to_hub and self.hub_strategy != "end":
+            problems.append(
+                f"hub_strategy={getattr(self.hub_strategy, 'value', self.hub_strategy)!r} pushes during training (checkpoints with the noise generator "
+                "state, training_args.bin with dp_seed, loss logs) under DP; use hub_strategy='end' and push the "
+                "release with trainer.push_to_hub()"
+            )
+        if not self.eval_data_is_public:
+            selection = [name for name, on in (
+                ("load_best_model_at_end", self.load_best_model_at_end),
+                (f"eval_strategy={getattr(self.eval_strategy, 'value', self.eval_strategy)!r}", self.eval_strategy != "no"),
+            ) if on]
+            if selection:
+                problems.append(
+                    f"{' and '.join(selection)}: evaluating or selecting the model during training on private data "
+                    "is not covered by the DP guarantee; set eval_strategy='no' and load_best_model_at_end=False, "
+                    "or eval_data_is_public=True if the evaluation data is public (the privacy record says so)"
+                )
+        if self.privacy_unit_column is not None and self.sam_mode == "per_example":
+            problems.append(
+                "sam_mode='per_example' ascends per row, which has no per-unit meaning under privacy_unit_column: "
+                "use sam_mode 'dp_sat', 'two_query' or 'none' with a privacy unit column"
             )
         if self.gradient_accumulation_steps != 1:
             problems.append(
