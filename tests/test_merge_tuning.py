@@ -27,7 +27,9 @@ LAMBDAS = (0.0, 1.0, 2.0)
 def _save_adapter(runs: Path, task: str, labels: int, seed: int) -> None:
     """A LoRA adapter with large deltas (predictions move with λ), its record (ε = 4 + seed) and encoder export."""
     save_fake_adapter(runs / "base", runs / task / "adapter", labels, seed)
-    privacy_record(task, epsilon=4.0 + seed, max_length=32).save(runs / task / "adapter")
+    record = privacy_record(task, epsilon=4.0 + seed, max_length=32)
+    record.seeded = False  # a seeded release is refused by hf-dpmerge push
+    record.save(runs / task / "adapter")
     export_encoder_adapter(runs / task / "adapter", runs / task / "encoder_adapter")
 
 
