@@ -85,11 +85,11 @@ def test_softmax_weights() -> None:
 def variants(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("safe")
     base = save_base(root / "base")
-    return root, base, [save_variant(base, root / f"v{seed}", seed) for seed in (1, 2, 3)]
+    return base, [save_variant(base, root / f"v{seed}", seed) for seed in (1, 2, 3)]
 
 
 def test_mergekit_runs_safe_merge_with_the_weights_from_the_config(variants, tmp_path, monkeypatch) -> None:
-    root, base, (good1, good2, bad) = variants
+    base, (good1, good2, bad) = variants
     per_model = {good1: "", good2: "    parameters: {weight: 0.5}\n", bad: "    parameters: {unwanted: true}\n"}
     models = "".join(f"  - model: {path}\n{extra}" for path, extra in per_model.items())
     config = tmp_path / "safe.yaml"
@@ -108,7 +108,7 @@ def test_mergekit_runs_safe_merge_with_the_weights_from_the_config(variants, tmp
     ("    parameters: {unwated: true}\n", "unknown per-model parameter"),  # a typo must not silently merge it
 ])
 def test_bad_safe_merge_configs_fail_before_any_output(variants, tmp_path, capsys, extra, message) -> None:
-    root, base, (good1, _, bad) = variants
+    base, (good1, _, bad) = variants
     config = tmp_path / "bad.yaml"
     config.write_text(f"merge_method: safe_merge\nbase_model: {base}\nmodels:\n  - model: {good1}\n"
                       f"  - model: {bad}\n{extra}dtype: float32\n")
@@ -118,7 +118,7 @@ def test_bad_safe_merge_configs_fail_before_any_output(variants, tmp_path, capsy
 
 
 def test_weights_cli_writes_softmax_weights_that_reach_the_merge(variants, tmp_path, capsys) -> None:
-    root, base, paths = variants
+    base, paths = variants
     source = tmp_path / "ta.yaml"
     source.write_text(full_config_yaml("task_arithmetic", str(base), [str(p) for p in paths],
                                        "parameters:\n  lambda: 1.0\n"))
