@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.utils.io import write_text_atomic
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
 COMPOSITIONS = ("sequential", "parallel")

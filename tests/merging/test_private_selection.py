@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from tests.utils.runs_builders import privacy_record
 
 from hf_dpmerge.records.private_selection import accuracy_sensitivity, select_private, selection_probabilities
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
+from tests.utils.records import privacy_record
 
 UTILITIES = [0.61, 0.74, 0.70, 0.52, 0.73]
 DRAWS = 4000

@@ -8,17 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tests.utils.merging_builders import lora_config_yaml
-from tests.utils.runs_builders import privacy_record, save_fake_adapter
-from tests.utils.tiny_models import save_tiny_bert
 
 from hf_dpmerge.analysis.evaluation import predict_logits
-from hf_dpmerge.scripts.tune import GridAxis, candidate_configs
 from hf_dpmerge.analysis.runs_layout import find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_merged_with_head
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.scripts.tune import GridAxis, candidate_configs
+from tests.utils.merging_builders import lora_config_yaml
+from tests.utils.records import privacy_record
+from tests.utils.runs_builders import save_fake_adapter
+from tests.utils.tiny_models import save_tiny_bert
 
 TASKS = {"bbc_news": 5, "election_tweets": 2}
 LAMBDAS = (0.0, 1.0, 2.0)
@@ -27,9 +28,7 @@ LAMBDAS = (0.0, 1.0, 2.0)
 def _save_adapter(runs: Path, task: str, labels: int, seed: int) -> None:
     """A LoRA adapter with large deltas (predictions move with λ), its record (ε = 4 + seed) and encoder export."""
     save_fake_adapter(runs / "base", runs / task / "adapter", labels, seed)
-    record = privacy_record(task, epsilon=4.0 + seed, max_length=32)
-    record.seeded = False  # a seeded release is refused by hf-dpmerge push
-    record.save(runs / task / "adapter")
+    privacy_record(task, epsilon=4.0 + seed, extra={"max_length": 32}, seeded=False).save(runs / task / "adapter")
     export_encoder_adapter(runs / task / "adapter", runs / task / "encoder_adapter")
 
 
@@ -62,7 +61,8 @@ def test_grid_parsing_and_candidates() -> None:
     grid = [GridAxis.parse("lambda=0.3,1"), GridAxis.parse("1.weight=0.5,2"), GridAxis.parse("density=0.2")]
     candidates = candidate_configs(config, grid)
     assert [settings for settings, _ in candidates] == [
-        {"lambda": 0.3, "models[1].weight": 0.5, "density": 0.2}, {"lambda": 0.3, "models[1].weight": 2, "density": 0.2},
+        {"lambda": 0.3, "models[1].weight": 0.5, "density": 0.2},
+        {"lambda": 0.3, "models[1].weight": 2, "density": 0.2},
         {"lambda": 1, "models[1].weight": 0.5, "density": 0.2}, {"lambda": 1, "models[1].weight": 2, "density": 0.2},
     ]
     last = candidates[-1][1]
