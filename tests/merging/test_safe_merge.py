@@ -152,6 +152,9 @@ def test_shipped_negation_config_subtracts_the_unwanted_task_vector(tmp_path, mo
     for seed, task in enumerate(("election_tweets", "rotten_tomatoes"), start=1):
         save_task_adapter(tmp_path / "runs", task, 2, seed)
     monkeypatch.chdir(tmp_path)
+    from mergekit.io.tasks import LoaderCache
+
+    LoaderCache().loaders.clear()  # keyed by the relative input paths, which earlier tests' workdirs also used
     assert main(["merge", str(REPO / "merge_configs" / "negation.yaml"), "negated", "--lora-merge-cache", "cache",
                  "--quiet"]) == 0
     merged = load_file(tmp_path / "negated" / "model.safetensors")
