@@ -23,8 +23,8 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hf_dpmerge.privacy.private_selection import MECHANISMS
-    from hf_dpmerge.privacy.selection_record import COMPOSITIONS
+    from hf_dpmerge.records.private_selection import MECHANISMS
+    from hf_dpmerge.records.selection_record import COMPOSITIONS
 
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -48,10 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dpmerge.analysis.merge_tuning import GridAxis, tune_merge
     from hf_dpmerge.analysis.runs_layout import BASE_DIR, task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks
     from hf_dpmerge.merging.config_edit import read_merge_config
+    from hf_dpmerge.scripts.tune import GridAxis, tune_merge
 
     check_positive(args, "epsilon", "batch_size")
     config = read_merge_config(args.config)

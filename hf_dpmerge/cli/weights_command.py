@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{output} exists; choose another output path")
     scores = _parse_scores(args.scores)
     config = score_weighted_config(read_merge_config(args.config), scores, args.temperature)
-    header = (f"Score-weighted from {args.config} by hf-dpmerge weights: weight = softmax(score / {args.temperature:g})\n"
+    header = (f"Score-weighted from {args.config} by hf-dpmerge weights: "
+              f"weight = softmax(score / {args.temperature:g})\n"
               f"scores: {', '.join(f'{s:g}' for s in scores)}")
     write_merge_config(output, config, header)
     for model, score in zip(config["models"], scores, strict=True):

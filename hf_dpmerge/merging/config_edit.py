@@ -45,7 +45,8 @@ def with_parameter(config: dict[str, Any], name: str, value: Any, model_index: i
     else:
         models = edited["models"]
         if not 0 <= model_index < len(models):
-            raise ValueError(f"model index {model_index} is out of range: the config has {len(models)} models (0-based)")
+            raise ValueError(f"model index {model_index} is out of range: the config has {len(models)} models "
+                             "(0-based)")
         target = models[model_index]
     target["parameters"] = {**(target.get("parameters") or {}), name: value}
     return edited

@@ -3,7 +3,7 @@
 Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
 Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable privacy-record
-values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``.
+values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.merge_inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
+from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]

@@ -1,7 +1,7 @@
 """Where a merge may write: an existing non-empty output directory is replaced only on request.
 
 A merge writes into a scratch directory beside its output and renames it into place at the end
-(:func:`~hf_dpmerge.merging.staging.staged_directory`), so an interrupted merge leaves nothing at the output
+(:func:`~hf_dpmerge.utils.io.staged_directory`), so an interrupted merge leaves nothing at the output
 path. The output path itself may be missing or an empty directory. A non-empty directory is replaced only
 when overwriting was asked for (``hf-dpmerge merge --overwrite``, or ``HF_DPMERGE_OVERWRITE=1`` for
 ``mergekit-yaml``) *and* it holds a previous merge (mergekit's ``mergekit_config.yml``); anything else there

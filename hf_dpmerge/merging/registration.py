@@ -46,9 +46,9 @@ def check_method_name(name: str) -> None:
 
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
-    from hf_dpmerge.merging.merge_inputs import check_inputs, check_parameter_keys
     from hf_dpmerge.merging.methods import METHODS
     from hf_dpmerge.merging.safe_merge import check_safe_merge_config, safe_merge
+    from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
     check_method_name(merge_config.merge_method)
     if merge_config.merge_method == safe_merge.spec.name:
@@ -73,10 +73,10 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(run_merge)
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
-        from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
-        from hf_dpmerge.merging.model_card import append_privacy_section
+        from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
-        from hf_dpmerge.merging.staging import staged_directory
+        from hf_dpmerge.merging.privacy_section import append_privacy_section
+        from hf_dpmerge.utils.io import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
         check_merge_output(out_path, overwrite_requested())

@@ -32,7 +32,8 @@ from mergekit.merge_methods.base import (
 from mergekit.merge_methods.easy_define import merge_method
 from pydantic import Field
 
-from hf_dpmerge.merging.merge_inputs import check_parameter_keys, input_settings
+from hf_dpmerge.merging.inputs import input_settings
+from hf_dpmerge.merging.validation import check_parameter_keys
 
 Percentile = Annotated[float, Field(ge=0, le=100)]
 
