@@ -1,6 +1,7 @@
 """Evaluate per-task adapters against the merged model, each task with its own classifier head.
 
-Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split, it
+Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split (or the
+validation split, for choices made before the test split is touched), it
 scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
 
 - **individual** — the base with that task's adapter (LoRA + head) applied;
@@ -70,6 +71,7 @@ class EvaluationReport:
     merged_model: str
     base_model: str
     max_eval_samples: int | None = None
+    split: str = "test"
 
     def averages(self) -> dict[str, float | None]:
         def mean(values: list[float]) -> float | None:
@@ -106,6 +108,7 @@ class EvaluationReport:
             "merged_model": self.merged_model,
             "base_model": self.base_model,
             "max_eval_samples": self.max_eval_samples,
+            "split": self.split,
             "definitions": {
                 "retention": "merged / individual (primary metric; null when individual <= 0)",
                 "interference": "individual - merged (primary metric; positive = the merge is worse)",
@@ -212,7 +215,7 @@ def evaluate_runs(
             f"n={len(examples)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
-                            max_eval_samples=max_eval_samples)
+                            max_eval_samples=max_eval_samples, split=split)
 
 
 # ---------------------------------------------------------------------------------------------- chart

@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runs_options(parser)
     parser.add_argument("--output", help="where results.json and retention.png go (default: <runs>/eval)")
     parser.add_argument("--max_eval_samples", type=int, help="evaluate a seeded stratified subset of this size")
+    parser.add_argument("--split", default="test", choices=("validation", "test"),
+                        help="split to score (default: test; validation for choices made before the test split)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate_runs(
         args.runs, args.merged, tasks, base_dir=args.base, tokenizer=load_tokenizer(args.tokenizer),
         max_eval_samples=args.max_eval_samples, max_length=args.max_length, data_seed=args.data_seed,
-        batch_size=args.batch_size, glue_path=args.glue_path, device=args.device,
+        batch_size=args.batch_size, glue_path=args.glue_path, device=args.device, split=args.split,
         log=lambda line: print(line, file=sys.stderr),
     )
     print(report.table())

@@ -16,6 +16,8 @@ VERBS: dict[str, str] = {
     "similarity": "hf_dpmerge.cli.similarity_command",
     "recommend": "hf_dpmerge.cli.recommend_command",
     "federated": "hf_dpmerge.cli.federated_command",
+    "weights": "hf_dpmerge.cli.weights_command",
+    "tune": "hf_dpmerge.cli.tune_command",
 }
 
 

@@ -22,29 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(accepts_extra=True)
 
 
-def _check_config_file(config: Path) -> None:
-    """The file exists and holds a YAML mapping (mergekit reports an empty file as a pydantic type error)."""
-    import yaml
-
-    if not config.is_file():
-        raise FileNotFoundError(f"no merge config at {config}")
-    try:
-        data = yaml.safe_load(config.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"merge config {config} is not valid YAML ({err})") from None
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"merge config {config} is empty or not a mapping: it needs merge_method and models or slices")
-
-
 def run(args: argparse.Namespace) -> int:
     import click
     import mergekit.scripts.run_yaml as run_yaml
 
+    from hf_dpmerge.merging.config_edit import load_config_mapping
     from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_allowed
     from hf_dpmerge.merging.registration import activate
 
     config = Path(args.config)
-    _check_config_file(config)
+    load_config_mapping(config)
     check_merge_output(args.out_path, args.overwrite)
     activate()
     try:

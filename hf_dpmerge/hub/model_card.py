@@ -20,6 +20,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "lora"]
@@ -249,12 +250,14 @@ def build_model_card(
     base_model: str | None = None,
     license: str = "apache-2.0",
     local_roots: Sequence[str | os.PathLike] = (),
+    selection: SelectionRecord | None = None,
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
 
     ``base_model`` goes into the metadata only if it can be a Hub id (else only the body names it);
     without it, the records' common ``base_model`` is used on the same terms, relative paths being
-    looked up under ``local_roots`` (see :func:`hub_model_id`).
+    looked up under ``local_roots`` (see :func:`hub_model_id`). ``selection`` (``dp_selection.json`` of
+    ``hf-dpmerge tune``) adds the private hyper-parameter selection and the composed total.
     """
     if not records:
         raise ValueError("a model card needs the privacy record of at least one adapter")
@@ -290,6 +293,8 @@ def build_model_card(
         "them, and N, the number of training examples):\n"
     )
     parts.append(privacy_statement(records))
+    if selection is not None:
+        parts.append(selection.statement())
     parts += [note for note in (seeded_warning(records), public_eval_note(records)) if note]
     hashes = {t: r.base_model_hash.split(":")[-1][:16] for t, r in records.items() if r.base_model_hash}
     if hashes and len(set(hashes.values())) == 1 and len(hashes) == len(records):

@@ -35,6 +35,7 @@ from hf_dpmerge.hub.model_card import (
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.selection_record import find_selection_record
 from hf_dpmerge.records.statement import check_unseeded_release
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
@@ -270,6 +271,7 @@ def push_merged_model(
         license=license,
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
+        selection=find_selection_record(merged_dir),
     )
     card_text = str(card)
 

@@ -8,7 +8,7 @@ name is refused up front, a non-empty output directory is refused unless overwri
 asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at the
 end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and when
 inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and ``dp_aware``
-every input is also checked before anything is written.
+every input is also checked before anything is written; for ``safe_merge``, its keys and unwanted inputs.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ _WRAPPED = "__hf_dpmerge_guarded__"
 
 
 def register_methods() -> None:
-    """Register ``cauchy_poe`` and ``dp_aware`` with mergekit: importing their module does it.
+    """Register ``cauchy_poe``, ``dp_aware`` and ``safe_merge`` with mergekit: importing their modules does it.
 
     When that module is itself being imported (it imports ``mergekit.merge_methods``, which fires the
     hook), ``import_module`` returns it half-initialised and its last lines register the methods.
     """
     importlib.import_module("hf_dpmerge.merging.methods")
+    importlib.import_module("hf_dpmerge.merging.safe_merge")
 
 
 def check_method_name(name: str) -> None:
@@ -46,9 +47,13 @@ def check_method_name(name: str) -> None:
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.methods import METHODS
+    from hf_dpmerge.merging.safe_merge import check_safe_merge_config, safe_merge
     from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
     check_method_name(merge_config.merge_method)
+    if merge_config.merge_method == safe_merge.spec.name:
+        check_safe_merge_config(merge_config)
+        return
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
     if method is None:
         return

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
+from hf_dpmerge.records.selection_record import SELECTION_RECORD_NAME
 
 # Everything a release may hold (an adapter folder, what DPSAMTrainer.push_to_hub or `hf-dpmerge push` uploads),
 # as repository paths with shell wildcards per path component. Logs, trainer_state.json, training_args.bin
@@ -27,6 +28,8 @@ RELEASE_ALLOW_LIST = (
     "chat_template.jinja", "chat_template.json",
     # the privacy record, the card, and the privatised optimizer statistics the dp_aware merge reads
     PRIVACY_RECORD_NAME, "README.md", NOISE_STATS_NAME,
+    # the accounted merge-hyper-parameter selection of a merged model tuned by `hf-dpmerge tune`
+    SELECTION_RECORD_NAME,
     # a merged release's per-task heads (hf_dpmerge.hub.push)
     "heads/*/head.safetensors", "heads/*/head_config.json", f"heads/*/{PRIVACY_RECORD_NAME}",
 )

@@ -106,6 +106,13 @@ def test_cli_writes_results_and_chart(runs, tmp_path, capsys):
     assert "bbc_news" in capsys.readouterr().out
 
 
+def test_validation_split_is_scored_when_asked(runs):
+    report = evaluate_runs(runs["runs"], runs["merged"], ["bbc"], max_length=MAX_LENGTH, split="validation",
+                           log=lambda line: None)
+    assert report.tasks[0].num_examples == 178  # bbc_news: 10 % of train (its test split has 445)
+    assert report.to_dict()["split"] == "validation"
+
+
 def test_clear_errors_for_missing_dirs_and_records(runs, tmp_path):
     with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
         evaluate_runs(runs["runs"], tmp_path / "nowhere", log=lambda line: None)

@@ -80,7 +80,7 @@ def test_mergekit_yaml_failure_leaves_no_output(workdir: Path) -> None:
     assert not (workdir / "out_missing").exists()
 
 
-@pytest.mark.parametrize("name", ["dp", "cauchy_poe", "task_arithmetic", "ties"])
+@pytest.mark.parametrize("name", ["dp", "cauchy_poe", "task_arithmetic", "ties", "negation", "safe_merge"])
 def test_shipped_merge_configs_run_on_the_training_layout(workdir: Path, name: str, monkeypatch) -> None:
     monkeypatch.chdir(workdir)
     out = workdir / "merged" / name

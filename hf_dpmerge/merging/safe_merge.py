@@ -1,0 +1,109 @@
+"""The mergekit method ``safe_merge``: add the useful task vectors only where an unwanted model changed little.
+
+Per output tensor, with task vectors τ_i = W_i − W_0 and the inputs marked ``unwanted: true`` (u ∈ U):
+
+    risk = max_{u∈U} |τ_u|                       (entry-wise)
+    t_p  = the nearest-rank p-th percentile of the entries of risk (the ⌈p·n/100⌉-th smallest, at least 1st)
+    W    = W_0 + scale · 1[risk ≤ t_p] ⊙ Σ_{i∉U} weight_i · τ_i
+
+The merging handbook's safety recipe (S-LoRA-style "merge only low-risk parameters", handbook §2.2) ranks
+whole tensors by the mean |τ_u| across the model; a mergekit kernel sees one output tensor at a time, and a
+LoRA ΔW = s·B·A spreads its change over every entry of an adapted matrix, so the risk is ranked **per entry
+within each tensor** instead (docs/design.md §13). Entries tied at t_p are kept, so a tensor the
+unwanted model left unchanged (risk ≡ 0) receives the useful task vectors in full; ``percentile: 100`` is
+plain task arithmetic of the useful inputs; the unwanted task vector itself is never added. To also
+subtract it, use task negation (``merge_configs/negation.yaml``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import torch
+from mergekit.merge_methods import register, registered_methods
+from mergekit.merge_methods.base import (
+    BasePolicy,
+    InputContract,
+    PerNonBase,
+    TensorGroup,
+)
+from mergekit.merge_methods.easy_define import merge_method
+from pydantic import Field
+
+from hf_dpmerge.merging.inputs import input_settings
+from hf_dpmerge.merging.validation import check_parameter_keys
+
+Percentile = Annotated[float, Field(ge=0, le=100)]
+
+
+def percentile_threshold(values: torch.Tensor, percentile: float) -> torch.Tensor:
+    """The nearest-rank ``percentile`` of ``values``: its ⌈p·n/100⌉-th smallest entry (the smallest when p = 0).
+
+    ``kthvalue`` rather than ``torch.quantile``, which refuses tensors of more than 2²⁴ entries.
+    """
+    flat = values.flatten()
+    rank = max(1, math.ceil(percentile / 100 * flat.numel()))
+    return flat.kthvalue(min(rank, flat.numel())).values
+
+
+def safe_merge_tensor(
+    base: torch.Tensor,
+    useful: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    unwanted: Sequence[torch.Tensor],
+    *,
+    percentile: float,
+    scale: float,
+) -> torch.Tensor:
+    """W_0 + scale · 1[max_u |τ_u| ≤ t_p] ⊙ Σ_i weight_i τ_i, computed in float32, returned in ``base``'s dtype."""
+    if not useful or not unwanted:
+        raise ValueError("safe_merge needs at least one useful input and one input marked 'unwanted: true'")
+    base32 = base.float()
+    if base.numel() == 0:
+        return base
+    risk = torch.stack([(u.float() - base32).abs() for u in unwanted]).amax(dim=0)
+    keep = risk <= percentile_threshold(risk, percentile)
+    combined = sum(w * (t.float() - base32) for t, w in zip(useful, weights, strict=True))
+    return (base32 + scale * keep * combined).to(base.dtype)
+
+
+@merge_method(
+    name="safe_merge",
+    pretty_name="Safe merge (useful task vectors only where an unwanted model changed little)",
+    contract=InputContract(base=BasePolicy.REQUIRED, min_non_base=2),
+)
+def safe_merge(
+    group: TensorGroup,
+    unwanted: PerNonBase[bool] = False,
+    weight: PerNonBase[float] = 1.0,
+    percentile: Percentile = 50.0,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    entries = group.non_base
+    return safe_merge_tensor(
+        group.base.tensor,
+        [e.tensor for e in entries if not unwanted[e.id]],
+        [weight[e.id] for e in entries if not unwanted[e.id]],
+        [e.tensor for e in entries if unwanted[e.id]],
+        percentile=percentile,
+        scale=scale,
+    )
+
+
+def check_safe_merge_config(config: Any) -> None:
+    """Before any output exists: known keys only, and at least one unwanted and one useful input."""
+    per_input = {p.name for p in safe_merge.spec.input_parameters}
+    check_parameter_keys(config, {p.name for p in safe_merge.spec.shared_parameters}, per_input)
+    default = bool((config.parameters or {}).get("unwanted", False))
+    flags = [bool(settings.get("unwanted", default)) for _, settings, _ in input_settings(config)]
+    if not any(flags) or all(flags):
+        raise ValueError(
+            f"safe_merge: mark the model(s) whose behaviour must not spread with 'parameters: {{unwanted: true}}' "
+            f"and leave at least one useful model unmarked (got {sum(flags)} unwanted of {len(flags)} inputs)"
+        )
+
+
+if safe_merge.spec.name not in {method.spec.name for method in registered_methods()}:
+    register(safe_merge)

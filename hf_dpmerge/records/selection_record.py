@@ -1,0 +1,111 @@
+"""The record of a private merge selection (``dp_selection.json``) and its composition with the adapters'.
+
+``hf-dpmerge tune`` spends ε_sel (pure ε-DP, δ = 0) on the validation data to pick one candidate merge.
+The adapters are (ε_t, δ_t)-DP on their training sets, which compose in parallel across disjoint task
+datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.md §13):
+
+- ``sequential`` — the validation data belongs to the same individuals as the training data (the default,
+  and the only safe choice when unsure): (max_t ε_t + ε_sel, max_t δ_t);
+- ``parallel`` — the validation individuals are disjoint from the training individuals (opt-in by name):
+  (max(max_t ε_t, ε_sel), max_t δ_t).
+
+The unit is one example, as in the adapters' records. Validation scores are never stored: only the
+candidates, the choice and the accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.utils.io import write_text_atomic
+
+SELECTION_RECORD_NAME = "dp_selection.json"
+COMPOSITIONS = ("sequential", "parallel")
+SELECTION_SCHEMA_VERSION = 1
+
+
+def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: float, composition: str
+                       ) -> tuple[float, float]:
+    """(ε, δ) of the adapters plus the selection under ``composition`` (module docstring); ε = ∞ if any is non-DP."""
+    if composition not in COMPOSITIONS:
+        raise ValueError(f"--composition must be one of {COMPOSITIONS}, got {composition!r}")
+    if not records:
+        raise ValueError("no adapter records to compose the selection with")
+    if not all(r.dp and math.isfinite(r.epsilon) for r in records.values()):
+        return math.inf, max(r.delta for r in records.values())
+    adapters_epsilon = max(r.epsilon for r in records.values())
+    delta = max(r.delta for r in records.values())
+    if composition == "sequential":
+        return adapters_epsilon + selection_epsilon, delta
+    return max(adapters_epsilon, selection_epsilon), delta
+
+
+@dataclass
+class SelectionRecord:
+    """One private selection among candidate merges, and the guarantee it composes to with the adapters'.
+
+    ``candidates`` holds each candidate's grid settings; ``chosen`` indexes it. ``validation_sizes`` are the
+    public denominators n_t; ``sensitivity`` is Δ of the utility. ``adapters`` holds each task's (ε, δ).
+    """
+
+    mechanism: str
+    epsilon: float
+    sensitivity: float
+    utility: str
+    relation: str
+    unit: str
+    composition: str
+    candidates: list[dict[str, Any]]
+    chosen: int
+    validation_sizes: dict[str, int]
+    adapters: dict[str, dict[str, float]]
+    total_epsilon: float
+    total_delta: float
+    delta: float = 0.0
+    schema_version: int = SELECTION_SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        text = json.dumps(asdict(self), indent=2, allow_nan=True) + "\n"
+        return write_text_atomic(Path(directory) / SELECTION_RECORD_NAME, text)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SelectionRecord:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            if data.get("schema_version", 0) > SELECTION_SCHEMA_VERSION:
+                raise ValueError(f"schema {data['schema_version']} is newer than this hf_dpmerge understands")
+            return cls(**data)
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
+
+    def statement(self) -> str:
+        """Markdown for a model card: what was selected, at which cost, and the composed total."""
+        settings = ", ".join(f"`{k}` = {v}" for k, v in self.candidates[self.chosen].items())
+        rule = ("sequential composition (the validation data may belong to the training individuals): "
+                "ε_total = max_t ε_t + ε_sel" if self.composition == "sequential" else
+                "parallel composition (the user declared the validation individuals disjoint from the training "
+                "individuals): ε_total = max(max_t ε_t, ε_sel)")
+        total = ("∞: at least one adapter is not differentially private" if not math.isfinite(self.total_epsilon)
+                 else f"**({self.total_epsilon:.3g}, {self.total_delta:.3g})-DP**")
+        sizes = ", ".join(f"{task}: {n}" for task, n in self.validation_sizes.items())
+        return (
+            f"The merge hyper-parameters were selected on private validation data by the {self.mechanism} "
+            f"mechanism among {len(self.candidates)} candidates ({settings} was chosen), at ε_sel = "
+            f"{self.epsilon:.3g} (pure ε-DP; utility: {self.utility}, sensitivity Δ = {self.sensitivity:.3g} "
+            f"per {self.relation} of one {self.unit}; validation sizes {sizes}). Composed with the adapters by "
+            f"{rule}, the released model is {total}.\n"
+        )
+
+
+def find_selection_record(directory: str | os.PathLike) -> SelectionRecord | None:
+    """The selection record in ``directory`` if there is one (``hf-dpmerge tune`` writes it into its output)."""
+    path = Path(directory) / SELECTION_RECORD_NAME
+    return SelectionRecord.load(path) if path.is_file() else None
