@@ -7,7 +7,8 @@
 Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…).
 All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
-``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``), ``encoder_adapter/`` (LoRA only: what is
+``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock
+``AutoPeftModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)``), ``encoder_adapter/`` (LoRA only: what is
 merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
 
 Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process trains its share of each Poisson draw;
@@ -36,6 +37,7 @@ from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
 from hf_dpmerge.modeling import default_classifier_pooling, load_sequence_classifier
+from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
@@ -121,7 +123,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                                  max_eval_samples=script.max_eval_samples, path=script.dataset_path)
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
-    model = lora_sequence_classifier(base_dir, spec, r=script.lora_r, alpha=script.lora_alpha,
+    # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
+    model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
                                      target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
@@ -140,6 +143,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                         classifier_pooling=script.classifier_pooling)
     record.save(adapter_dir)
     export_encoder_adapter(adapter_dir, out / "encoder_adapter")
+    make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
                "steps": record.steps, "num_samples": record.num_samples}
     (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")

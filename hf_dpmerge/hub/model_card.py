@@ -24,9 +24,6 @@ from hf_dpmerge.privacy.statement import privacy_statement
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"
-HEADS_DIR = "heads"
-HEAD_WEIGHTS_NAME = "head.safetensors"
-HEAD_CONFIG_NAME = "head_config.json"
 
 # Keys of an evaluation file that hold aggregates rather than a task.
 _SUMMARY_KEYS = ("average", "averages", "avg", "mean", "overall", "summary")
@@ -39,7 +36,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
 
 @dataclass
 class HeadInfo:
-    """What the card says about one task's classifier head (``heads/<task>/``)."""
+    """What the card says about one task's classifier head (the release's ``<task>/`` subfolder)."""
 
     task: str
     num_labels: int | None = None
@@ -222,19 +219,15 @@ def _common(values: Sequence[Any]) -> Any:
 
 def _usage(repo_id: str, heads: Mapping[str, HeadInfo]) -> str:
     task = next(iter(heads))
-    return f"""```python
-import json
+    return f"""Each task is a complete model in its own subfolder (merged encoder + the task's head and labels).
+It reads the masked token mean, as in training, through the `modeling_mean_pooling_bert.py` shipped with
+it, hence `trust_remote_code=True` (without it transformers refuses the model instead of misreading it):
 
-from huggingface_hub import hf_hub_download
-from safetensors.torch import load_file
-from hf_dpmerge.modeling import load_sequence_classifier  # honours config.classifier_pooling ("mean" | "cls")
+```python
+from transformers import pipeline
 
-repo, task = "{repo_id}", "{task}"
-head_config = json.load(open(hf_hub_download(repo, "{HEADS_DIR}/" + task + "/{HEAD_CONFIG_NAME}")))
-model = load_sequence_classifier(repo, num_labels=head_config["num_labels"], ignore_mismatched_sizes=True)
-head = load_file(hf_hub_download(repo, "{HEADS_DIR}/" + task + "/{HEAD_WEIGHTS_NAME}"))
-missing, unexpected = model.load_state_dict(head, strict=False)
-assert not unexpected
+classify = pipeline("text-classification", model="{repo_id}", model_kwargs={{"subfolder": "{task}"}},
+                    trust_remote_code=True)
 ```
 """
 
@@ -280,8 +273,8 @@ def build_model_card(
         f"This model merges {len(tasks)} {kind}{base_text}{method_text}, one per task: "
         + ", ".join(f"`{t}`" for t in tasks)
         + ". The adapters were trained, merged and released with `hf_dpmerge`. "
-        "The shared encoder is the merge; each task keeps its own classifier head "
-        f"under `{HEADS_DIR}/<task>/` (label spaces differ between tasks), next to the task's privacy record "
+        "The shared encoder is the merge; each task keeps its own classifier head: the subfolder `<task>/` "
+        "holds the task's model (label spaces differ between tasks), next to the task's privacy record "
         "`dp_privacy.json`.\n"
     )
     parts.append("## Privacy\n")

@@ -3,10 +3,16 @@
 The repository is laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
-    config.json, *.safetensors, …  the merged model directory as mergekit wrote it (its README replaced)
-    heads/<task>/head.safetensors  the task's classifier head, from the adapter's modules_to_save
-    heads/<task>/head_config.json  num_labels, label names if known, tensor names
-    heads/<task>/dp_privacy.json   the task's privacy record, byte for byte
+    mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
+    <task>/config.json, model.safetensors, modeling_mean_pooling_bert.py, tokenizer files
+                                   the task model: merged encoder + the task's head from the adapter's
+                                   modules_to_save, loadable by stock transformers
+                                   (:mod:`hf_dpmerge.modeling.stock_release`)
+    <task>/dp_privacy.json         the task's privacy record, byte for byte
+
+``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``
+gives each task its own head and labels. The root holds no model (merged encoder with a meaningless head),
+so stock loaders refuse it instead of predicting with the base's random head.
 
 Everything is staged in a folder first; a real push then calls ``create_repo`` and ``upload_folder``
 (``HF_ENDPOINT`` is honoured at call time), a dry run keeps the folder and touches no network.
@@ -24,9 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from hf_dpmerge.hub.model_card import (
-    HEAD_CONFIG_NAME,
-    HEAD_WEIGHTS_NAME,
-    HEADS_DIR,
     HeadInfo,
     MergeRecipe,
     build_model_card,
@@ -37,8 +40,9 @@ from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, Privac
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
-# Files of the merged directory that the release replaces or must not carry.
-_SKIP_MERGED = {"README.md"}
+# Files of the merged directory that the release replaces or must not carry (the root holds no model).
+_SKIP_MERGED = {"README.md", "config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+_MODEL_SUFFIXES = (".safetensors", ".bin")
 
 
 class PushError(ValueError):
@@ -163,29 +167,19 @@ def _stage(
     adapters: Mapping[str, Path],
     card_text: str,
 ) -> None:
-    from safetensors.torch import save_file
+    from hf_dpmerge.modeling.stock_release import copy_tokenizer, save_stock_classifier, task_model
 
-    for source in sorted(merged_dir.rglob("*")):
-        rel = source.relative_to(merged_dir)
-        if not source.is_file() or any(part.startswith(".") for part in rel.parts):
+    for source in sorted(merged_dir.iterdir()):
+        if not source.is_file() or source.name.startswith(".") or source.name in _SKIP_MERGED:
             continue
-        if rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR:
-            continue
-        _place(source, staging_dir / rel)
-    for task, (tensors, info) in heads.items():
-        head_dir = staging_dir / HEADS_DIR / task
-        head_dir.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(head_dir / HEAD_WEIGHTS_NAME), metadata={"format": "pt", "task": task})
-        head_config = {
-            "task": task,
-            "num_labels": info.num_labels,
-            "label_names": info.label_names,
-            "id2label": {str(i): n for i, n in enumerate(info.label_names)} if info.label_names else None,
-            "keys": info.keys,
-            "load": "model.load_state_dict(safetensors.torch.load_file('head.safetensors'), strict=False)",
-        }
-        (head_dir / HEAD_CONFIG_NAME).write_text(json.dumps(head_config, indent=2) + "\n")
-        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, head_dir / PRIVACY_RECORD_NAME)
+        if source.suffix not in _MODEL_SUFFIXES:
+            _place(source, staging_dir / source.name)
+    for task, (_, info) in heads.items():
+        task_dir = staging_dir / task
+        labels = info.label_names or [f"LABEL_{i}" for i in range(info.num_labels or 0)]
+        save_stock_classifier(task_model(merged_dir, adapters[task], labels), task_dir, labels)
+        copy_tokenizer(merged_dir, task_dir)
+        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
 
 
