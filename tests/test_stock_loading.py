@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from hub_helpers import FakeHub, privacy_record
 from peft import PeftModel
 from stock_loading import TEXTS, load_without_hf_dpmerge
 from tiny_models import tiny_bert, tiny_tokenizer
@@ -15,6 +16,7 @@ from tiny_models import tiny_bert, tiny_tokenizer
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_stock_loadable
+from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 
 pytestmark = pytest.mark.slow  # each check loads a release in a fresh interpreter
@@ -82,3 +84,61 @@ def test_adapter_base_is_recorded_by_absolute_path(released_adapter):
     model_config = json.loads((adapter / "base" / "config.json").read_text())
     assert model_config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_mean_pooling_bert.")
     assert "hf_dpmerge" not in (adapter / "base" / REMOTE_CODE_FILE).read_text().split('"""', 2)[2]
+
+
+@pytest.fixture(scope="module")
+def hub_release(released_adapter, tmp_path_factory):
+    """A merged folder as mergekit writes it (shared base + the adapter's LoRA), pushed to a loopback Hub;
+    the files the Hub received, written back to disk as a download would."""
+    from huggingface_hub import constants
+
+    from hf_dpmerge.hub.push import push_merged_model
+
+    root = released_adapter
+    privacy_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / "adapter")
+    base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
+    merged = PeftModel.from_pretrained(base, root / "adapter").merge_and_unload()
+    merged.save_pretrained(root / "merged")
+    tiny_tokenizer().save_pretrained(root / "merged")
+    (root / "merged" / "mergekit_config.yml").write_text("merge_method: dp_aware\n")
+    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
+    try:
+        with FakeHub(token="hf_dummy") as hub:
+            push_merged_model(root / "merged", "alice/m", adapters={"topics": root / "adapter"}, token="hf_dummy",
+                              endpoint=hub.url)
+            files = hub.repos["alice/m"].files
+    finally:
+        constants.HF_HUB_OFFLINE = offline
+    download = tmp_path_factory.mktemp("download")
+    for name, content in files.items():
+        (download / name).parent.mkdir(parents=True, exist_ok=True)
+        (download / name).write_bytes(content)
+    return download
+
+
+def merged_task_logits(root) -> torch.Tensor:
+    """The merged model's logits for the task as hf-dpmerge evaluate computes them: merged encoder + head."""
+    model = load_sequence_classifier(root / "merged", num_labels=3, ignore_mismatched_sizes=True).eval()
+    attach_head(model, task_head_state(root / "adapter"))
+    with torch.no_grad():
+        return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+
+
+def test_hub_release_task_subfolder_gives_hf_dpmerge_logits(released_adapter, hub_release, tmp_path):
+    answer = load_without_hf_dpmerge("auto", hub_release, "topics", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), merged_task_logits(released_adapter),
+                               atol=1e-5, rtol=0)
+    assert answer["id2label"] == {"0": "acq", "1": "crude", "2": "earn"}
+    classify = load_without_hf_dpmerge("pipeline", hub_release, "topics", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in classify, classify
+    expected = torch.softmax(merged_task_logits(released_adapter), dim=-1)
+    for scores, probabilities in zip(classify["pipeline"], expected):
+        by_label = {item["label"]: item["score"] for item in scores}
+        torch.testing.assert_close(torch.tensor([by_label[n] for n in SPEC.label_names]), probabilities,
+                                   atol=1e-5, rtol=0)
+
+
+def test_hub_release_root_is_refused_not_misread(hub_release, tmp_path):
+    answer = load_without_hf_dpmerge("auto", hub_release, HF_MODULES_CACHE=str(tmp_path))
+    assert "config.json" in answer.get("error", ""), answer

@@ -4,6 +4,7 @@ The repository is laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
     mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
+    modeling_mean_pooling_bert.py  the remote code (transformers looks for it at the root with subfolder=)
     <task>/config.json, model.safetensors, modeling_mean_pooling_bert.py, tokenizer files
                                    the task model: merged encoder + the task's head from the adapter's
                                    modules_to_save, loadable by stock transformers
@@ -167,7 +168,12 @@ def _stage(
     adapters: Mapping[str, Path],
     card_text: str,
 ) -> None:
-    from hf_dpmerge.modeling.stock_release import copy_tokenizer, save_stock_classifier, task_model
+    from hf_dpmerge.modeling.stock_release import (
+        REMOTE_CODE_FILE,
+        copy_tokenizer,
+        save_stock_classifier,
+        task_model,
+    )
 
     for source in sorted(merged_dir.iterdir()):
         if not source.is_file() or source.name.startswith(".") or source.name in _SKIP_MERGED:
@@ -180,6 +186,8 @@ def _stage(
         save_stock_classifier(task_model(merged_dir, adapters[task], labels), task_dir, labels)
         copy_tokenizer(merged_dir, task_dir)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
+        if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
+            shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
 
 
