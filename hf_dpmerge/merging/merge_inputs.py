@@ -1,9 +1,10 @@
 """What the merge kernels know about each input besides its tensors: its privacy record and LoRA factors.
 
-mergekit hands a kernel one output tensor at a time, each input identified by its ``ModelReference``. The
-record is found beside the adapter (``base+adapter``: ``adapter/dp_privacy.json``) or the full model
-(``model/dp_privacy.json``). Per-model YAML ``parameters:`` may override any scalar record value (dict
-entries as ``optimizer.name`` etc.) or give the task vector's noise directly (``noise_std``). mergekit drops
+mergekit hands a kernel one output tensor at a time, each input identified by its ``ModelReference`` (or,
+through ``mergekit.merge_methods.api.merge_state_dicts``, by an in-memory id with no files and no record).
+The record is found beside the adapter (``base+adapter``: ``adapter/dp_privacy.json``) or the full model
+(``model/dp_privacy.json``). Per-model YAML ``parameters:`` may override the noise model's record values
+(:data:`RECORD_OVERRIDES`, never ε/δ) or give the task vector's noise directly (``noise_std``). mergekit drops
 unknown YAML keys silently, so :func:`check_parameter_keys` rejects them; :func:`check_inputs` checks every
 input before anything is written: directories exist, adapters are plain LoRA, shapes match the base, no
 weight is NaN or infinite, every adapter is applied to the merge base's weights (no mixed bases), records
@@ -20,8 +21,6 @@ import json
 import math
 import os
 import shutil
-import types
-import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -44,25 +43,23 @@ _PEFT_PREFIX = "base_model.model."
 _MAD_TO_STD = 0.6744897501960817
 
 
-def _scalar_fields() -> dict[str, type]:
-    scalars = {}
-    for name, hint in typing.get_type_hints(PrivacyRecord).items():
-        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        kinds = [option for option in options if option is not type(None)]
-        if name != "schema_version" and len(kinds) == 1 and kinds[0] in (bool, int, float, str):
-            scalars[name] = kinds[0]
-    return scalars
-
-
 RECORD_OVERRIDES: dict[str, type] = {
-    **_scalar_fields(),
+    "noise_multiplier": float,
+    "max_grad_norm": float,
+    "expected_batch_size": int,
+    "sum_lr_squared": float,
     **{f"optimizer.{key}": kind for key, kind in _OPTIMIZER_KEYS.items()},
 }
-"""Per-model YAML keys that replace a record value, with their types."""
+"""Per-model YAML keys that replace a record value, with their types: the noise model's inputs only
+(docs/design.md §6). What the record states about the guarantee (``epsilon``, ``delta``, ``dp``,
+``accountant``, ``num_samples``, the base fingerprint) cannot be replaced from YAML: the card states it."""
 
 
-def input_directory(reference: ModelReference) -> Path:
-    """Where an input's privacy record lives: the adapter directory, else the model directory."""
+def input_directory(reference: Any) -> Path | None:
+    """Where an input's privacy record lives: the adapter directory, else the model directory; None for an
+    in-memory input (``mergekit.merge_methods.api.merge_state_dicts`` ids), which has no files."""
+    if not isinstance(reference, ModelReference):
+        return None
     return Path(reference.lora.path if reference.lora else reference.model.path)
 
 
@@ -77,9 +74,12 @@ def _load_record(path: str, _stamp: tuple[int, int]) -> PrivacyRecord:
     return PrivacyRecord.load(path)
 
 
-def input_record(reference: ModelReference) -> PrivacyRecord | None:
-    """The input's record, None when it has none; corrupt records raise :class:`PrivacyRecordError`."""
+def input_record(reference: Any) -> PrivacyRecord | None:
+    """The input's record, None when it has none (in-memory inputs never do); corrupt records raise
+    :class:`PrivacyRecordError`."""
     directory = input_directory(reference)
+    if directory is None:
+        return None
     if not directory.is_dir():
         kind = "adapter" if reference.lora else "model"
         raise FileNotFoundError(f"input {reference}: {kind} directory {directory} does not exist")
@@ -163,10 +163,37 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> AdapterWeights:
     return AdapterWeights(factors, frozenset(trained), tensors)
 
 
-def _missing_record(reference: ModelReference, alternative: str = "") -> PrivacyRecordError:
+def _missing_record(reference: Any, alternative: str = "") -> PrivacyRecordError:
+    directory = input_directory(reference)
+    where = f"in {directory}" if directory is not None else "(an in-memory input carries no record)"
     return PrivacyRecordError(
-        f"input {reference}: no {PRIVACY_RECORD_NAME} in {input_directory(reference)}; train it with "
+        f"input {reference}: no {PRIVACY_RECORD_NAME} {where}; train it with "
         f"DPSAMTrainer, give the input's noise_std {alternative}".rstrip()
+    )
+
+
+def is_private(record: PrivacyRecord | None) -> bool:
+    """Whether a record states a finite (ε, δ) DP guarantee (no record states none)."""
+    return record is not None and record.dp and math.isfinite(record.epsilon)
+
+
+def require_private(method: str, reference: Any, allow_non_private: bool) -> None:
+    """Refuse an input whose privacy record states no DP guarantee, unless ``allow_non_private``."""
+    if allow_non_private:
+        return
+    record = input_record(reference)
+    if is_private(record):
+        return
+    if record is not None:
+        why = f"its {PRIVACY_RECORD_NAME} states no guarantee (dp={record.dp}, epsilon={record.epsilon})"
+    elif input_directory(reference) is None:
+        why = "an in-memory input carries no record"
+    else:
+        why = f"it has no {PRIVACY_RECORD_NAME}"
+    raise PrivacyRecordError(
+        f"{method}: input {reference} is not shown to be differentially private ({why}); merging it would "
+        "release a model with no privacy guarantee for its data. Set `allow_non_private: true` in the merge "
+        "parameters to merge it anyway (the merged card then states no guarantee)"
     )
 
 

@@ -2,8 +2,11 @@
 
 Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
-Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable privacy-record
-values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``.
+Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable noise-model
+values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``. They run the same
+through ``mergekit-yaml``/``run_merge`` and ``mergekit.merge_methods.api.merge_state_dicts`` (in-memory inputs
+have no privacy record: ``dp_aware`` then needs ``allow_non_private: true`` and ``noise_std`` per input or
+``noise: estimate``, and says so otherwise).
 """
 
 from __future__ import annotations
@@ -28,8 +31,15 @@ from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.merge_inputs import NOISE_STD, RECORD_OVERRIDES, check_finite, input_noise_variance
+from hf_dpmerge.merging.merge_inputs import (
+    NOISE_STD,
+    RECORD_OVERRIDES,
+    check_finite,
+    input_noise_variance,
+    require_private,
+)
 
+ALLOW_NON_PRIVATE = "allow_non_private"
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 
@@ -154,6 +164,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
                 _shared("noise", Literal["record", "estimate"], "record"),
+                _shared(ALLOW_NON_PRIVATE, bool, False),
             ),
             (ParameterSpec("weight", float, ParameterScope.NON_BASE, default=1.0),),
         )
@@ -164,6 +175,8 @@ class DPAwareMethod(_TaskVectorMethod):
     def merge(
         self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
     ) -> torch.Tensor:
+        for entry in entries:
+            require_private(self.spec.name, entry.id, parameters[ALLOW_NON_PRIVATE])
         estimate = parameters["noise"] == "estimate"
         variances = [
             input_noise_variance(

@@ -1,14 +1,18 @@
-"""Plugging hf_dpmerge into mergekit: method registration and a guarded ``run_merge``.
+"""Plugging hf_dpmerge into mergekit: method registration, and the guarded ``run_merge`` of ``hf-dpmerge merge``.
 
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
-imported and :func:`on_merge_import` right after ``mergekit.merge``. The second wraps
-``mergekit.merge.run_merge`` (which ``mergekit-yaml`` imports from there). For any method: an unknown method
-name is refused up front, a non-empty output directory is refused unless overwriting a previous merge was
-asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at the
-end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and when
-inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and ``dp_aware``
-every input is also checked before anything is written.
+imported. That only registers ``cauchy_poe`` and ``dp_aware``: stock mergekit (``mergekit-yaml``,
+``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
+
+The output-directory policy lives in hf_dpmerge's own command: ``hf-dpmerge merge`` calls :func:`activate`,
+which wraps ``run_merge`` in that process only (:func:`guard_run_merge`). There, for any method: an unknown
+method name is refused up front, a non-empty output directory is refused unless overwriting a previous merge
+was asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at
+the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and
+when inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and
+``dp_aware`` every input is also checked before anything is written. Under plain ``mergekit-yaml`` our
+methods check each input when they merge its first tensor (mergekit's own output handling applies).
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ def check_method_name(name: str) -> None:
 
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
-    from hf_dpmerge.merging.merge_inputs import check_inputs, check_parameter_keys
-    from hf_dpmerge.merging.methods import METHODS
+    from hf_dpmerge.merging.merge_inputs import check_inputs, check_parameter_keys, input_settings, require_private
+    from hf_dpmerge.merging.methods import ALLOW_NON_PRIVATE, METHODS
 
     check_method_name(merge_config.merge_method)
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
@@ -58,6 +62,10 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
         {p.name for p in method.spec.input_parameters},
     )
     shared = merge_config.parameters or {}
+    if any(p.name == ALLOW_NON_PRIVATE for p in method.spec.shared_parameters):
+        for reference, _, base in input_settings(merge_config):
+            if reference != base:
+                require_private(method.spec.name, reference, bool(shared.get(ALLOW_NON_PRIVATE, False)))
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
@@ -91,19 +99,15 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def on_merge_methods_import(_module: types.ModuleType) -> None:
+    """The start-up hook's only action: register our methods (nothing of mergekit's own is changed)."""
     register_methods()
-
-
-def on_merge_import(module: types.ModuleType) -> None:
-    module.run_merge = guard_run_merge(module.run_merge)
 
 
 def activate() -> None:
-    """Do in-process what the start-up hook does, for callers that may run without it (idempotent)."""
-    import mergekit.merge
+    """``hf-dpmerge merge``'s set-up, in its own process: our methods registered, ``mergekit-yaml``'s
+    ``run_merge`` guarded (idempotent)."""
     import mergekit.scripts.run_yaml as run_yaml
 
     register_methods()
-    on_merge_import(mergekit.merge)
     run_yaml.run_merge = guard_run_merge(run_yaml.run_merge)
 
