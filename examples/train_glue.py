@@ -4,7 +4,10 @@
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
 
-Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…).
+Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…);
+``--output_dir``, ``--push_to_hub`` and ``--hub_model_id`` are refused (``--runs_dir``, ``hf-dpmerge push``),
+``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
+``--eval_strategy steps|epoch`` evaluates on the task's validation split.
 All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
 ``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock
@@ -33,6 +36,7 @@ from transformers import (
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.metrics import trainer_compute_metrics
 from hf_dpmerge.data.model_path import require_model_source
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
@@ -43,7 +47,37 @@ from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
 
 # The tuned DP recipe (hf_dpmerge/training/recipe.py); any of it can be overridden on the command line.
-DP_DEFAULTS = DP_RECIPE
+# Prediction keeps no per-sample gradients: large evaluation batches (the Trainer default is 8).
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
+# TrainingArguments flags this script cannot honour as Trainer would, and what to use instead
+REFUSED_FLAGS = {
+    "--output_dir": "each task writes to <runs_dir>/<task>/ (checkpoints in <runs_dir>/<task>/checkpoints): "
+                    "use --runs_dir",
+    "--push_to_hub": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+    "--hub_model_id": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+}
+
+
+def refuse_ignored_flags(argv: list[str]) -> None:
+    """Refuse a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it."""
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            raise ValueError(f"{flag} is not used by train_glue.py: {REFUSED_FLAGS[flag]}")
+
+
+def resume_point(config: DPSAMConfig, tasks: list[str]) -> str | bool | None:
+    """``--resume_from_checkpoint``: ``true`` resumes every task from its last complete checkpoint; a path
+    names one checkpoint, so it needs a single task."""
+    value = config.resume_from_checkpoint
+    if value is None or str(value).lower() in ("false", "no", ""):
+        return None
+    if str(value).lower() in ("true", "yes", "last"):
+        return True
+    if len(tasks) != 1:
+        raise ValueError(f"--resume_from_checkpoint {value} names one checkpoint but {len(tasks)} tasks are "
+                         "trained: pass --resume_from_checkpoint true (each task's last checkpoint) or one --task")
+    return str(value)
 
 
 @dataclass
@@ -116,8 +150,11 @@ def shared_base(script: ScriptArguments) -> Path:
     return base_dir
 
 
-def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path) -> dict | None:
-    """Train one task; returns its summary on the process that writes the outputs, None on the others."""
+def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
+               resume: str | bool | None = None) -> dict | None:
+    """Train one task (``resume``: a checkpoint, or True for the last complete one); returns its summary on the
+    process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the validation
+    split, private data like the training split: those logs are not covered by the DP guarantee."""
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
         splits, spec = load_task(task, max_train_samples=script.max_train_samples,
                                  max_eval_samples=script.max_eval_samples, path=script.dataset_path)
@@ -128,9 +165,14 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                                      target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
+    evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO")
+    if evaluating and "validation" not in data:
+        raise ValueError(f"--eval_strategy {config.eval_strategy}: task {task} has no validation split")
     trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],
+                           eval_dataset=data["validation"] if evaluating else None,
+                           compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
                            data_collator=DataCollatorWithPadding(tokenizer))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
     adapter_dir = out / "adapter"
@@ -153,16 +195,18 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    refuse_ignored_flags(argv)
     parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
     script, config = parser.parse_args_into_dataclasses(args=DP_DEFAULTS + argv)
     script = resolve_pooling(script)
     tasks = [task.strip() for task in script.tasks.split(",")] if script.tasks else [script.task]
+    resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
     for task in tasks:
-        train_task(task, script, config, base_dir)
+        train_task(task, script, config, base_dir, resume)
     # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()

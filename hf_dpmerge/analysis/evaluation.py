@@ -178,7 +178,8 @@ def evaluate_runs(
 ) -> EvaluationReport:
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's test split.
 
-    ``tasks`` names run folders (default: every one with an adapter and privacy record); the dataset is
+    ``tasks`` names run folders (default: those the merged model's ``mergekit_config.yml`` merged, else every
+    one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
     Models run on ``device`` (default: CUDA when available, else CPU).
@@ -188,7 +189,7 @@ def evaluate_runs(
     check_model_dirs(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
-    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
+    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
         test = load_split(run, "test", tok, max_samples=max_eval_samples, glue_path=glue_path)

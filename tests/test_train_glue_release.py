@@ -1,0 +1,70 @@
+"""examples/train_glue.py honours or refuses the flags its --help shows, and releases adapters that stock
+transformers/peft load as the function hf_dpmerge trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from stock_loading import TEXTS, load_without_hf_dpmerge
+from test_bad_inputs import train_glue  # noqa: F401 - the fixture loading examples/train_glue.py
+from tiny_models import save_tiny_bert
+
+from hf_dpmerge.data import get_task_spec
+from hf_dpmerge.modeling import load_sequence_classifier
+
+TINY_RUN = ["--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
+            "--per_device_train_batch_size", "16", "--physical_batch_size", "16", "--max_length", "16",
+            "--target_epsilon", "8", "--logging_steps", "1"]
+
+
+@pytest.mark.parametrize("flag", ["--output_dir", "--push_to_hub", "--hub_model_id=me/x"])
+def test_flags_it_cannot_honour_are_refused(train_glue, tmp_path: Path, flag: str) -> None:
+    argv = [flag, "somewhere"] if "=" not in flag and flag != "--push_to_hub" else [flag]
+    with pytest.raises(ValueError, match=f"{flag.split('=')[0]} is not used by train_glue.py"):
+        train_glue.main([*argv, "--runs_dir", str(tmp_path / "runs")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_path_needs_a_single_task(train_glue, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="names one checkpoint but 2 tasks"):
+        train_glue.main(["--tasks", "rotten_tomatoes,bbc_news", "--resume_from_checkpoint", "ckpt",
+                         "--runs_dir", str(tmp_path / "runs")])
+
+
+def test_evaluation_batch_is_large_by_default(train_glue) -> None:
+    flags = train_glue.DP_DEFAULTS
+    assert int(flags[flags.index("--per_device_eval_batch_size") + 1]) >= 64
+
+
+@pytest.mark.slow
+def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(train_glue, tmp_path: Path, capsys,
+                                                                        monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative --runs_dir, as in the README
+    base = save_tiny_bert(tmp_path / "tiny")
+    train_glue.main(["--model_name_or_path", str(base), "--runs_dir", "runs", "--task", "bbc_news",
+                     "--eval_strategy", "steps", "--eval_steps", "1", *TINY_RUN])
+    assert "'eval_accuracy'" in capsys.readouterr().out  # evaluated on the validation split while training
+    adapter = tmp_path / "runs" / "bbc_news" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((adapter / "base").resolve())
+    record = json.loads((adapter / "dp_privacy.json").read_text())
+    assert record["base_model"] == str((tmp_path / "runs" / "base").resolve())  # never the relative runs/base
+
+    spec = get_task_spec("bbc_news")
+    model = PeftModel.from_pretrained(
+        load_sequence_classifier(tmp_path / "runs" / "base", num_labels=spec.num_labels, ignore_mismatched_sizes=True),
+        adapter,
+    ).eval()
+    from tiny_models import tiny_tokenizer
+
+    with torch.no_grad():
+        expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+    for loader in ("peft", "auto"):
+        answer = load_without_hf_dpmerge(loader, adapter, HF_MODULES_CACHE=str(tmp_path / "modules"))
+        assert "error" not in answer, answer
+        torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
+        assert list(answer["id2label"].values()) == list(spec.label_names)
