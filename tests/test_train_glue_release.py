@@ -68,3 +68,21 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(train_g
         assert "error" not in answer, answer
         torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
         assert list(answer["id2label"].values()) == list(spec.label_names)
+
+
+def test_a_cached_hub_id_is_accepted_offline(tmp_path: Path, monkeypatch) -> None:
+    from huggingface_hub import constants
+    from transformers import AutoConfig
+
+    from hf_dpmerge.data.model_path import require_model_source
+
+    repo = tmp_path / "models--me--tiny"
+    save_tiny_bert(repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    require_model_source("me/tiny")  # what transformers loads offline from the cache
+    assert AutoConfig.from_pretrained("me/tiny", cache_dir=tmp_path, local_files_only=True).model_type == "bert"
+    with pytest.raises(FileNotFoundError, match="me/absent is not in the Hugging Face cache"):
+        require_model_source("me/absent")

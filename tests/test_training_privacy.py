@@ -182,3 +182,19 @@ def test_non_private_mode_shares_the_trainer_and_records_infinite_epsilon(tmp_pa
     record = PrivacyRecord.load(tmp_path / "adapter")
     assert not record.dp and math.isinf(record.epsilon)
     assert all(not torch.equal(b, p) for b, p in zip(before, trainer._params))
+
+
+def test_prv_accounting_prints_no_rdp_order_warning():
+    import warnings
+
+    from hf_dpmerge.training.accounting import PrivacyAccountant, calibrate_noise_multiplier
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sigma = calibrate_noise_multiplier(target_epsilon=8, target_delta=1e-5, sample_rate=0.032, steps=40,
+                                           accountant="prv")
+        accountant = PrivacyAccountant("prv", sigma, 0.032, 1e-5)
+        for _ in range(40):
+            accountant.step()
+        assert 7.9 < accountant.epsilon() <= 8.0
+    assert not [w for w in caught if "Optimal order" in str(w.message)]
