@@ -47,6 +47,7 @@ EVAL = {
     "deltas": {"alpha": 1e-05, "beta": 1e-05},
     "max_epsilon": 7.75,
     "merged_model": "merged",
+    "base_model": "runs/base",
     "definitions": {"retention": "merged / individual (primary metric; null when individual <= 0)"},
 }
 TASKS = {"alpha": (2, 2.5, 1234, ["negative", "positive"]), "beta": (3, 7.75, 5678, None)}
@@ -138,7 +139,9 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     # the card: metadata, per-task ε/δ/accountant/N, composed guarantee, merge YAML verbatim, evaluation
     card = ModelCard(repo.files["README.md"].decode())
     assert card.data.license == "apache-2.0" and card.data.library_name == "transformers"
-    assert {"hf_dpmerge", "differential-privacy", "merge", "lora"} <= set(card.data.tags)
+    assert {"hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "text-classification"
+    assert {r.dataset_name: r.metric_value for r in card.data.eval_results} == {"alpha": 0.79, "beta": 0.6}
     assert card.data.base_model is None  # runs/base is a local path, not a Hub id
     text = card.text
     assert "mergekit's own card" not in text
@@ -147,10 +150,8 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     assert "(7.75, 1e-05)-DP" in text and "post-processing" in text
     assert f"```yaml\n{MERGE_YAML.rstrip()}\n```" in text
     assert "Method: `task_arithmetic`" in text
-    assert "| task | metric | epsilon | individual | merged | retention | interference | num_examples |" in text
-    assert "| beta | macro_f1 | 7.75 | 0.64 | 0.6 | 0.9375 | – | 60 |" in text
-    assert "| **average** | – | – | 0.725 | 0.695 | 0.956 | – | – |" in text
-    assert "- max_epsilon: 7.75" in text and "- definitions.retention: merged / individual" in text
+    assert "| task | metric | ε | individual | merged | retention | interference | examples |" in text
+    assert "| beta | macro_f1 | 7.75 | 0.6400 | 0.6000 | 93.8% | +0.0400 | 60 |" in text
     assert "Not covered by the guarantee" in text
 
     for seed, (task, (num_labels, eps, n, labels)) in enumerate(TASKS.items()):

@@ -113,6 +113,41 @@ class EvaluationReport:
             },
         }
 
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "evaluation results") -> EvaluationReport:
+        """The report :meth:`to_dict` wrote (retention and interference are recomputed from the scores)."""
+        try:
+            metrics, deltas = data.get("metrics") or {}, data.get("deltas") or {}
+            tasks = [
+                TaskEvaluation(
+                    task=str(task), metric=str(row["metric"]), epsilon=float(row["epsilon"]),
+                    delta=None if deltas.get(task) is None else float(deltas[task]),
+                    individual=float(row["individual"]), merged=float(row["merged"]),
+                    num_examples=int(row["num_examples"]),
+                    individual_metrics=dict((metrics.get(task) or {}).get("individual") or {}),
+                    merged_metrics=dict((metrics.get(task) or {}).get("merged") or {}),
+                )
+                for task, row in data["tasks"].items()
+            ]
+            return cls(tasks=tasks, merged_model=str(data["merged_model"]), base_model=str(data["base_model"]),
+                       max_eval_samples=data.get("max_eval_samples"))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{source} is not what `hf-dpmerge evaluate` writes ({type(err).__name__}: {err})"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EvaluationReport:
+        """Read ``results.json``, with errors naming the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"evaluation file {path} does not exist")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: corrupt evaluation JSON ({err})") from None
+        return cls.from_dict(data, str(path))
+
     def save(self, directory: str | os.PathLike) -> tuple[Path, Path]:
         """Write ``results.json`` and ``retention.png`` into ``directory``; return both paths."""
         directory = Path(directory)

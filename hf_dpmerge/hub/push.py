@@ -30,12 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.hub.model_card import (
-    HeadInfo,
-    MergeRecipe,
-    build_model_card,
-    load_eval_json,
-)
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 
@@ -241,13 +236,15 @@ def push_merged_model(
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
-    eval_results = load_eval_json(eval_json) if eval_json is not None else None
+    from hf_dpmerge.analysis.evaluation import EvaluationReport
+
+    evaluation = EvaluationReport.load(eval_json) if eval_json is not None else None
     card = build_model_card(
         records,
         repo_id=repo_id,
         merge=MergeRecipe.load(merged_dir, merge_config),
         heads={task: info for task, (_, info) in heads.items()},
-        eval_results=eval_results,
+        evaluation=evaluation,
         base_model=base_model,
         license=license,
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
