@@ -157,3 +157,26 @@ def test_bad_inputs_fail_clearly_without_output(workdir: Path, broken: str, mess
     assert main(["merge", "bad.yaml", str(out), "--lora-merge-cache", "cache", "--quiet"]) == 1
     assert message in capsys.readouterr().err
     assert not out.exists() and not [p for p in workdir.iterdir() if p.name.startswith(".bad_out")]
+
+
+def test_merged_task_folders_give_evaluates_logits_through_stock_transformers(workdir: Path, monkeypatch,
+                                                                              tmp_path: Path) -> None:
+    from stock_loading import TEXTS, load_without_hf_dpmerge
+    from tiny_models import tiny_tokenizer
+
+    from hf_dpmerge.analysis.task_models import load_merged_with_head
+    from hf_dpmerge.data import get_task_spec
+
+    monkeypatch.chdir(workdir)
+    out = workdir / "merged" / "stock"
+    assert main(["merge", str(REPO / "merge_configs" / "dp.yaml"), str(out), "--lora-merge-cache", "runs/lora_cache",
+                 "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(TASKS)
+    spec = get_task_spec("reuters_r8")
+    model = load_merged_with_head(out, workdir / "runs" / "reuters_r8" / "adapter", spec).eval()
+    with torch.no_grad():
+        expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+    answer = load_without_hf_dpmerge("auto", out, "reuters_r8", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
+    assert list(answer["id2label"].values()) == list(spec.label_names)

@@ -163,12 +163,7 @@ def _stage(
     adapters: Mapping[str, Path],
     card_text: str,
 ) -> None:
-    from hf_dpmerge.modeling.stock_release import (
-        REMOTE_CODE_FILE,
-        copy_tokenizer,
-        save_stock_classifier,
-        task_model,
-    )
+    from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, write_task_model
 
     for source in sorted(merged_dir.iterdir()):
         if not source.is_file() or source.name.startswith(".") or source.name in _SKIP_MERGED:
@@ -178,8 +173,7 @@ def _stage(
     for task, (_, info) in heads.items():
         task_dir = staging_dir / task
         labels = info.label_names or [f"LABEL_{i}" for i in range(info.num_labels or 0)]
-        save_stock_classifier(task_model(merged_dir, adapters[task], labels), task_dir, labels)
-        copy_tokenizer(merged_dir, task_dir)
+        write_task_model(merged_dir, adapters[task], labels, task_dir)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
             shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)

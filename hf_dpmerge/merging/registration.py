@@ -9,8 +9,9 @@ The output-directory policy lives in hf_dpmerge's own command: ``hf-dpmerge merg
 which wraps ``run_merge`` in that process only (:func:`guard_run_merge`). There, for any method: an unknown
 method name is refused up front, a non-empty output directory is refused unless overwriting a previous merge
 was asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at
-the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and
-when inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and
+the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped,
+when inputs carry privacy records the model card gets a privacy section, and each task merged from a
+training run folder gets ``<out>/<task>/`` for stock loaders (:mod:`.task_folders`). For ``cauchy_poe`` and
 ``dp_aware`` every input is also checked before anything is written. Under plain ``mergekit-yaml`` our
 methods check each input when they merge its first tensor (mergekit's own output handling applies).
 """
@@ -80,6 +81,7 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
         from hf_dpmerge.merging.model_card import append_privacy_section
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
         from hf_dpmerge.merging.staging import staged_directory
+        from hf_dpmerge.merging.task_folders import write_task_folders
 
         options = kwargs["options"] if "options" in kwargs else args[0]
         check_merge_output(out_path, overwrite_requested())
@@ -92,6 +94,7 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
                 raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
             if options.write_model_card:
                 append_privacy_section(str(staged), merge_config)
+            write_task_folders(staged, merge_config)
         return result
 
     setattr(guarded, _WRAPPED, True)

@@ -88,6 +88,16 @@ def task_model(encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, l
     return model.eval()
 
 
+def write_task_model(
+    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str],
+    directory: str | os.PathLike,
+) -> None:
+    """A merged model's task folder for stock loaders: ``encoder_dir``'s weights with the adapter's head, the
+    release config and the tokenizer."""
+    save_stock_classifier(task_model(encoder_dir, adapter_dir, label_names), directory, label_names)
+    copy_tokenizer(encoder_dir, directory)
+
+
 def make_adapter_stock_loadable(
     adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str]
 ) -> None:
