@@ -105,7 +105,7 @@ def test_dp_aware_through_merge_state_dicts_needs_the_inputs_privacy_to_be_state
     stated = merge_state_dicts(models, "dp_aware", base="base",
                                parameters={"allow_non_private": True, "noise_std": {"a": 0.0, "c": 0.0}})
     arithmetic = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 1.0})
-    for name in ("w", "b"):  # zero noise: dp_aware is task arithmetic (docs/design.md §dp_aware)
+    for name in ("w", "b"):  # zero noise: dp_aware is task arithmetic (docs/design.md §6)
         torch.testing.assert_close(stated[name], arithmetic[name])
     with pytest.warns(UserWarning, match="estimating its noise"):
         estimated = merge_state_dicts(models, "dp_aware", base="base",

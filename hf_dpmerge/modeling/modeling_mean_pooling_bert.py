@@ -5,7 +5,7 @@ imports torch and transformers only — never hf_dpmerge. The classifier reads t
 
     h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1)        (m = attention mask, h_t = last hidden states)
 
-instead of the [CLS] → pooler path (docs/design.md §task model). A release's ``model_type`` is
+instead of the [CLS] → pooler path (docs/design.md §10). A release's ``model_type`` is
 ``mean_pooling_bert``, which transformers does not know: without ``trust_remote_code=True`` stock loaders
 refuse it loudly rather than fall back to [CLS] pooling and compute another function.
 """

@@ -3,7 +3,7 @@
 Training, merging and evaluation keep plain ``bert`` checkpoints (mergekit knows them) with
 ``classifier_pooling: "mean"`` in ``config.json``, which stock classes ignore: they would read the [CLS]
 pooler instead. A release therefore carries the Hub's convention for a custom head
-(docs/design.md §release): ``model_type: "mean_pooling_bert"`` with an ``auto_map`` to
+(docs/design.md §10): ``model_type: "mean_pooling_bert"`` with an ``auto_map`` to
 ``modeling_mean_pooling_bert.py`` copied beside ``config.json``. ``trust_remote_code=True`` loads exactly
 the training-time class; without it transformers refuses the unknown ``model_type`` loudly. ``id2label`` /
 ``label2id`` carry the task's label names. A ``cls``-pooling model is a stock class already and keeps its
