@@ -37,7 +37,7 @@ from transformers import (
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.data import DEFAULT_TASK, compute_metrics, default_model_path, load_task, predictions_from_logits, tokenize_task
 from hf_dpmerge.data.metrics import trainer_compute_metrics
-from hf_dpmerge.data.model_path import require_model_source
+from hf_dpmerge.data.model_path import require_model_source, source_hub_id
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.merging.staging import staged_directory
 from hf_dpmerge.modeling import default_classifier_pooling, load_sequence_classifier
@@ -182,7 +182,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
-                        classifier_pooling=script.classifier_pooling)
+                        classifier_pooling=script.classifier_pooling,
+                        base_model_hub_id=source_hub_id(model_source(script)))  # for the card's base_model
     record.save(adapter_dir)
     export_encoder_adapter(adapter_dir, out / "encoder_adapter")
     make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)

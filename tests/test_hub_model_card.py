@@ -108,3 +108,12 @@ def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):
     path.write_text("[1, 2")
     with pytest.raises(ValueError, match="corrupt evaluation JSON"):
         EvaluationReport.load(path)
+
+
+def test_base_model_comes_from_the_encoder_training_started_from():
+    records = {t: privacy_record(t, base_model="/home/me/runs/base",
+                                 extra={"base_model_hub_id": "sentence-transformers/all-MiniLM-L6-v2"})
+               for t in ("sst2", "qnli")}
+    card = ModelCard(str(build_model_card(records, repo_id="bob/m")))
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.base_model_relation == "merge" and "/home/me" not in str(card)

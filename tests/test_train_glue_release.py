@@ -86,3 +86,12 @@ def test_a_cached_hub_id_is_accepted_offline(tmp_path: Path, monkeypatch) -> Non
     assert AutoConfig.from_pretrained("me/tiny", cache_dir=tmp_path, local_files_only=True).model_type == "bert"
     with pytest.raises(FileNotFoundError, match="me/absent is not in the Hugging Face cache"):
         require_model_source("me/absent")
+
+
+def test_the_base_hub_id_is_the_source_or_the_packaged_models_origin(tmp_path: Path) -> None:
+    from hf_dpmerge.data import default_model_path
+    from hf_dpmerge.data.model_path import source_hub_id
+
+    assert source_hub_id(default_model_path()) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert source_hub_id("me/tinyroberta") == "me/tinyroberta"
+    assert source_hub_id(save_tiny_bert(tmp_path / "local")) is None  # a local model of unknown origin

