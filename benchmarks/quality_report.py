@@ -273,7 +273,9 @@ def write_report(store: Store, grid: Grid, cells: Sequence[Cell], settings: Sett
         "(tuned by the project on validation splits only, never on test splits); ρ and λ are `DPSAMConfig`'s defaults "
         "unless `DP_DEFAULTS` sets them; merge parameters are those of `merge_configs/*.yaml`. This benchmark selects "
         "nothing: it reads test splits only to report accuracy and computes diagnostics on validation subsets. "
-        "`dp_seed` is fixed per seed for reproducibility (a real release leaves it unset).",
+        "`dp_seed` is fixed per seed for reproducibility (a real release leaves it unset); each task draws its own "
+        "sampling and noise streams, derived from `dp_seed` and its training set's fingerprint, so the adapters "
+        "merged in one cell carry independent noise.",
         "",
         f"- `DP_DEFAULTS`: `{' '.join(dp_defaults)}`",
         f"- grid flags: `{' '.join(grid.train_flags) or '(none)'}`",

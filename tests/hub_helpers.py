@@ -58,6 +58,7 @@ def privacy_record(task: str, epsilon: float = 3.0, **overrides: Any) -> Privacy
         base_model_hash=None,
         versions={"hf_dpmerge": "0.1.0"},
         task=task,
+        seeded=False,
     )
     fields.update(overrides)
     return PrivacyRecord(**fields)

@@ -21,6 +21,7 @@ from hub_helpers import privacy_record
 
 from hf_dpmerge.cli import main as cli_main
 from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.training.release import is_release_file
 
 TOKEN = "hf_loopback_dummy_token"
 REPO = "alice/dp-merged"
@@ -132,6 +133,7 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     }
     assert expected <= set(repo.files), sorted(repo.files)
     assert not [p for p in repo.files if p.startswith(".")]
+    assert all(is_release_file(p) for p in repo.files), sorted(repo.files)  # the release allow-list
     # the root holds no model: stock loaders cannot pick up the merged encoder with a meaningless head
     assert "config.json" not in repo.files and "model.safetensors" not in repo.files
     assert repo.files["mergekit_config.yml"].decode() == MERGE_YAML
@@ -324,3 +326,45 @@ def test_corrupt_eval_json(release, cli, tmp_path, capsys):
 def test_real_push_needs_repo_id(release, cli, capsys):
     assert cli(["push", str(release.merged), "--runs", str(release.runs)]) == 1
     assert "--repo_id" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- release hygiene
+
+
+def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, hub, tmp_path, capsys):
+    merged = tmp_path / "merged"
+    shutil.copytree(release.merged, merged)
+    (merged / "trainer_state.json").write_text("{}")
+    (merged / "logs").mkdir()
+    (merged / "logs" / "events.out").write_text("loss")
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
+    err = capsys.readouterr().err
+    assert "logs/events.out, trainer_state.json" in err and "RELEASE_ALLOW_LIST" in err
+    assert REPO not in hub.repos
+
+
+def _seeded_runs(release, tmp_path, seeded) -> Path:
+    runs = _runs_copy(release, tmp_path)
+    path = runs / "beta/adapter/dp_privacy.json"
+    data = json.loads(path.read_text())
+    if seeded is None:  # a schema-1 record, written before seeding was recorded
+        del data["seeded"], data["eval_data_is_public"]
+    else:
+        data["seeded"] = seeded
+    path.write_text(json.dumps(data))
+    return runs
+
+
+@pytest.mark.parametrize("seeded, reason", [(True, "beta trained with a fixed dp_seed"),
+                                            (None, "beta have privacy records written before")])
+def test_seeded_release_is_refused_unless_allowed(release, cli, hub, tmp_path, capsys, seeded, reason):
+    runs = _seeded_runs(release, tmp_path, seeded)
+    args = ["push", str(release.merged), "--runs", str(runs), "--tasks", "alpha,beta", "--repo_id", REPO]
+    assert cli(args) == 1
+    err = capsys.readouterr().err
+    assert reason in err and "--allow-seeded" in err and "subtract" in err
+    assert REPO not in hub.repos
+
+    assert cli([*args, "--allow-seeded"]) == 0
+    card = hub.repos[REPO].files["README.md"].decode()
+    assert "**Seeded training: `beta`.**" in card and "undo it" in card

@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--staging_dir", help="where --dry-run writes the staged folder (default: <MERGED_DIR>-hub)"
     )
+    parser.add_argument(
+        "--allow-seeded", "--allow_seeded", dest="allow_seeded", action="store_true",
+        help="release adapters trained with a fixed dp_seed (or whose record predates the 'seeded' field); "
+             "anyone holding the seed can undo their noise, and the card says so",
+    )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE)
 
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             merge_config=args.merge_config,
             base_model=args.base_model,
             license=args.license,
+            allow_seeded=args.allow_seeded,
         )
     except network_errors as err:
         print(f"hf-dpmerge push: upload to the Hub failed: {err}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.privacy.statement import privacy_statement
+from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
@@ -194,6 +194,7 @@ def build_model_card(
         merge_text=merge.text.rstrip() if merge.text is not None else None,
         merge_source=merge.source,
         privacy_statement=privacy_statement(records),
+        privacy_notes=[note for note in (seeded_warning(records), public_eval_note(records)) if note],
         fingerprint_text=_fingerprint_text(records),
         heads=list((heads or {}).values()),
         evaluation=evaluation,

@@ -1,6 +1,6 @@
 """Release a merged model to the Hugging Face Hub: merged weights, per-task heads and privacy records, card.
 
-The repository is laid out as::
+The repository holds only allow-listed files (``hf_dpmerge.training.release.RELEASE_ALLOW_LIST``), laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
     mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
@@ -27,12 +27,14 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.privacy.statement import check_unseeded_release
+from hf_dpmerge.training.release import unlisted_files
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
@@ -72,6 +74,20 @@ def _check_merged_dir(merged_dir: Path) -> None:
     weights = [p for p in merged_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
     if not weights:
         raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
+    unlisted = [rel for rel in unlisted_files(merged_dir) if not _skipped(PurePosixPath(rel))]
+    if unlisted:
+        raise PushError(
+            f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
+            "weights, model/merge configuration, tokenizer files, privacy records and the card "
+            "(hf_dpmerge.training.release.RELEASE_ALLOW_LIST); move the others out of the merged directory"
+        )
+
+
+def _skipped(rel: PurePosixPath) -> bool:
+    """Merged-directory files the release does not take over: hidden ones, mergekit's card, the root model
+    (each task gets its own in ``<task>/``) and task folders ``hf-dpmerge merge`` wrote (rebuilt)."""
+    return (any(part.startswith(".") for part in rel.parts) or len(rel.parts) > 1 or rel.name in _SKIP_MERGED
+            or rel.suffix in _MODEL_SUFFIXES)
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
@@ -169,9 +185,7 @@ def _stage(
     from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, write_task_model
 
     for source in sorted(merged_dir.iterdir()):
-        if not source.is_file() or source.name.startswith(".") or source.name in _SKIP_MERGED:
-            continue
-        if source.suffix not in _MODEL_SUFFIXES:
+        if source.is_file() and not _skipped(PurePosixPath(source.name)):
             _place(source, staging_dir / source.name)
     for task, (_, info) in heads.items():
         task_dir = staging_dir / task
@@ -181,6 +195,8 @@ def _stage(
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
             shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
+    if unlisted := [rel for rel in unlisted_files(staging_dir) if rel != STAGING_MARKER]:
+        raise PushError(f"the staged release holds files outside the release allow-list: {', '.join(unlisted)}")
 
 
 def _listing(staging_dir: Path) -> list[tuple[str, int]]:
@@ -214,6 +230,7 @@ def push_merged_model(
     base_model: str | None = None,
     license: str = "apache-2.0",
     endpoint: str | None = None,
+    allow_seeded: bool = False,
 ) -> PushResult:
     """Stage ``merged_dir`` + each task's head and privacy record + the card, then upload (or not).
 
@@ -222,6 +239,10 @@ def push_merged_model(
     ``<merged_dir>-hub``) and kept; nothing touches the network. Otherwise the repository is created
     (private unless ``private=False``; an existing public repository is refused when ``private``) and
     the folder is uploaded in one ``upload_folder`` call to ``endpoint`` (default: ``HF_ENDPOINT``).
+
+    Only allow-listed files are released (``RELEASE_ALLOW_LIST``): a merged directory holding anything else is
+    refused with the list of those files. Adapters trained with a fixed ``dp_seed`` (or whose record predates
+    the ``seeded`` field) are refused unless ``allow_seeded``; the card then warns that the seed undoes the noise.
     """
     from huggingface_hub.utils import validate_repo_id
 
@@ -232,6 +253,7 @@ def push_merged_model(
         raise PushError("no adapters given: the release needs each task's head and privacy record")
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
+    check_unseeded_release(records, allow_seeded, "--allow-seeded")
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
     card = build_model_card(
         records,

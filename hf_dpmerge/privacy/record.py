@@ -34,6 +34,10 @@ class PrivacyRecord:
     ``sum_lr_squared`` is Σ_t η_t² over the optimizer steps taken. ``dp`` is False for non-private
     baselines, whose ``epsilon`` is ``inf``. ``base_model_hash`` is :func:`~hf_dpmerge.privacy.fingerprint.
     base_fingerprint` of the base tensors named in ``base_model_hash_tensors`` (those the adapter modifies).
+    ``seeded`` is True when ``dp_seed`` fixed the sampling and noise streams (whoever holds the seed can
+    regenerate and subtract the noise), False when they came from OS entropy, and None in records written
+    before it was recorded (schema 1): unknown, so treated as possibly seeded. ``eval_data_is_public`` is
+    True when the run evaluated or selected its model during training on data declared public.
     """
 
     epsilon: float
@@ -60,6 +64,8 @@ class PrivacyRecord:
     task: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    seeded: bool | None = None
+    eval_data_is_public: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -53,3 +53,61 @@ def privacy_statement(records: Mapping[str, PrivacyRecord]) -> str:
             f"contributes to several datasets, the ε of those datasets add up for that individual."
         )
     return f"{table}\n\n{claim}\n"
+
+
+def seeded_inputs(records: Mapping[str, PrivacyRecord]) -> tuple[list[str], list[str]]:
+    """The private inputs whose sampling and noise were seeded (``dp_seed``), and those whose record predates
+    the ``seeded`` field (may have been seeded)."""
+    private = {name: rec for name, rec in records.items() if rec.dp}
+    return (
+        [name for name, rec in private.items() if rec.seeded],
+        [name for name, rec in private.items() if rec.seeded is None],
+    )
+
+
+def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: bool, flag: str) -> None:
+    """Refuse to release seeded inputs (or inputs of unknown seeding) unless ``allow_seeded``; ``flag`` is
+    the option that opts in, named in the error."""
+    seeded, unknown = seeded_inputs(records)
+    if allow_seeded or not (seeded or unknown):
+        return
+    reasons = []
+    if seeded:
+        reasons.append(f"{', '.join(seeded)} trained with a fixed dp_seed")
+    if unknown:
+        reasons.append(
+            f"{', '.join(unknown)} have privacy records written before hf_dpmerge recorded seeding (no 'seeded' "
+            "field), so they may have been seeded"
+        )
+    raise ValueError(
+        f"refusing to release: {'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and "
+        f"the noise and subtract it, which undoes the differential privacy; retrain without dp_seed, or pass "
+        f"{flag} to release anyway (the card then says so)"
+    )
+
+
+def seeded_warning(records: Mapping[str, PrivacyRecord]) -> str:
+    """Markdown warning naming the seeded inputs (empty when there are none)."""
+    seeded, unknown = seeded_inputs(records)
+    if not (seeded or unknown):
+        return ""
+    names = ", ".join(f"`{n}`" for n in seeded + unknown)
+    return (
+        f"**Seeded training: {names}.** These inputs were trained with a fixed `dp_seed` (or their record "
+        "predates the `seeded` field and they may have been): anyone holding the seed can regenerate the "
+        "sampling masks and the noise and undo it, so for them the (ε, δ) guarantee holds only against someone "
+        "who does not know the seed.\n"
+    )
+
+
+def public_eval_note(records: Mapping[str, PrivacyRecord]) -> str:
+    """Markdown note naming the inputs whose training evaluated or selected the model on data declared
+    public (empty when there are none)."""
+    public = [name for name, rec in records.items() if rec.eval_data_is_public]
+    if not public:
+        return ""
+    return (
+        f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** These inputs were "
+        "evaluated (and possibly selected: best checkpoint, early stopping) during training on data their "
+        "trainer declared public (`eval_data_is_public`); the guarantee does not cover that data.\n"
+    )

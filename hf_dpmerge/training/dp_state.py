@@ -87,11 +87,29 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path:
     )
 
 
+def mid_epoch_checkpoint(checkpoint: str | os.PathLike, steps_per_epoch: int) -> Path | None:
+    """``checkpoint`` if it was written mid-epoch, else None.
+
+    Trainer restores a checkpoint's RNG states (``rng_state.pth``: torch, CUDA, numpy, python) at the start of
+    the resumed epoch, before creating the epoch's data iterator, which draws from torch's generator. That
+    matches an uninterrupted run only at an epoch boundary; mid-epoch the states must be restored again just
+    before the first resumed step, or dropout masks differ from the uninterrupted run's.
+    """
+    state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+    return Path(checkpoint) if state.global_step % steps_per_epoch else None
+
+
 class DPStateCallback(TrainerCallback):
-    """Stops training before the ε budget is exceeded."""
+    """Restores the RNG states before the first step resumed mid-epoch; stops before the ε budget is exceeded."""
 
     def __init__(self, trainer: DPSAMTrainer):
         self.trainer = trainer
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        if self.trainer.rng_checkpoint is not None:
+            self.trainer._load_rng_state(str(self.trainer.rng_checkpoint))
+            self.trainer.rng_checkpoint = None
+        return control
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         accountant = self.trainer.accountant

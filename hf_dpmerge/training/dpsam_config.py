@@ -56,6 +56,11 @@ class DPSAMConfig(TrainingArguments):
     max_grad_norm: float = field(
         default=0.0, metadata={"help": "Trainer-level clipping of the aggregate; must stay 0 under DP."}
     )
+    eval_data_is_public: bool = field(
+        default=False,
+        metadata={"help": "Declare the evaluation data public, permitting evaluation during training and model "
+                  "selection (load_best_model_at_end, early stopping) under DP; the privacy record says so."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +108,36 @@ class DPSAMConfig(TrainingArguments):
                 "max_grad_norm > 0 would clip the noisy aggregate gradient and distort DP updates; "
                 "set max_grad_norm=0 and use per_sample_max_grad_norm for clipping"
             )
+        if self.fp16 or self.bf16:
+            problems.append(
+                "fp16/bf16 mixed precision is not supported under DP: the private step takes per-sample gradients "
+                "outside accelerator.backward, so the loss scaler would unscale gradients it never scaled; "
+                "set fp16=False and bf16=False (--fp16 false --bf16 false)"
+            )
+        if self.activation_checkpointing:
+            problems.append(
+                "activation (gradient) checkpointing is not supported under DP: per-sample gradients need each "
+                "layer's activations from the forward pass, which checkpointing discards and recomputes inside "
+                "backward; set activation_checkpointing=False (gradient_checkpointing=False) and lower "
+                "physical_batch_size to save memory instead"
+            )
+        if self.push_to_hub and self.hub_strategy != "end":
+            problems.append(
+                f"hub_strategy={getattr(self.hub_strategy, 'value', self.hub_strategy)!r} pushes during training (checkpoints with the noise generator "
+                "state, training_args.bin with dp_seed, loss logs) under DP; use hub_strategy='end' and push the "
+                "release with trainer.push_to_hub()"
+            )
+        if not self.eval_data_is_public:
+            selection = [name for name, on in (
+                ("load_best_model_at_end", self.load_best_model_at_end),
+                (f"eval_strategy={getattr(self.eval_strategy, 'value', self.eval_strategy)!r}", self.eval_strategy != "no"),
+            ) if on]
+            if selection:
+                problems.append(
+                    f"{' and '.join(selection)}: evaluating or selecting the model during training on private data "
+                    "is not covered by the DP guarantee; set eval_strategy='no' and load_best_model_at_end=False, "
+                    "or eval_data_is_public=True if the evaluation data is public (the privacy record says so)"
+                )
         if self.gradient_accumulation_steps != 1:
             problems.append(
                 "gradient_accumulation_steps must be 1 under DP: accumulating separate Poisson draws breaks "

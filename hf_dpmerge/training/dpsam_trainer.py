@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -32,9 +33,11 @@ from opacus import GradSampleModule
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import Trainer
+from transformers.utils import hf_api
 
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.privacy.statement import check_unseeded_release
 from hf_dpmerge.training.accounting import (
     PrivacyAccountant,
     PrivacyBudgetExhausted,
@@ -48,15 +51,24 @@ from hf_dpmerge.training.dp_state import (
     DPStateCallback,
     last_complete_checkpoint,
     load_dp_state,
+    mid_epoch_checkpoint,
     missing_checkpoint_files,
     save_checkpoint_dp_state,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.input_checks import check_adapter_type, check_finite_step, check_labels
+from hf_dpmerge.training.input_checks import (
+    check_adapter_type,
+    check_finite_step,
+    check_labels,
+    check_no_gradient_checkpointing,
+    check_no_model_selection,
+    check_sized_dataset,
+)
 from hf_dpmerge.training.per_example_loss import per_example_loss
 from hf_dpmerge.training.poisson_loader import poisson_dataloader
 from hf_dpmerge.training.privatizer import GradientPrivatizer
-from hf_dpmerge.training.release import check_finite_weights, release_adapter
+from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
+from hf_dpmerge.training.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
 from hf_dpmerge.training.sharpness import ascent_step, per_example_sam_grads, perturbed
 
 logger = logging.getLogger(__name__)
@@ -81,6 +93,7 @@ class DPSAMTrainer(Trainer):
             raise TypeError(f"DPSAMTrainer needs a DPSAMConfig, got {type(args).__name__}")
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
+        check_sized_dataset(train_dataset)
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers
         if launched != args.world_size:
@@ -94,6 +107,8 @@ class DPSAMTrainer(Trainer):
         if not named:
             raise ValueError("the model has no trainable parameters: wrap it with peft.get_peft_model first")
         check_adapter_type(self.model, args.dp, args.sam_mode)
+        if args.dp:
+            check_no_gradient_checkpointing(self.model)
         check_labels(train_dataset, self.model, args.label_names)
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -114,10 +129,16 @@ class DPSAMTrainer(Trainer):
         self.queries_per_step = 2 if args.sam_mode == "two_query" else 1
         self.sum_lr_squared = 0.0
         self.previous_gradient: list[torch.Tensor] | None = None
-        # the global Poisson draw is made identically by every process; noise is drawn by the main one only
-        self.sample_generator = _generator(shared_seed(self.accelerator, args.dp_seed))
-        device = self._params[0].device
-        self.noise_generator = _generator(None if args.dp_seed is None else args.dp_seed + 1, device)
+        self.rng_checkpoint: Path | None = None  # whose RNG states the first resumed step restores
+        # the global Poisson draw is made identically by every process; noise is drawn by the main one only.
+        # A dp_seed seeds this run's own streams: derived from the seed and the training data's identity.
+        sample_seed = noise_seed = None
+        if args.dp_seed is not None:
+            identity = main_process_value(self.accelerator, lambda: dataset_identity(train_dataset))
+            sample_seed = stream_seed(args.dp_seed, identity, SAMPLING_STREAM)
+            noise_seed = stream_seed(args.dp_seed, identity, NOISE_STREAM)
+        self.sample_generator = _generator(shared_seed(self.accelerator, sample_seed))
+        self.noise_generator = _generator(noise_seed, self._params[0].device)
 
         self.accountant: PrivacyAccountant | None = None
         self.privatizer: GradientPrivatizer | None = None
@@ -381,6 +402,8 @@ class DPSAMTrainer(Trainer):
             versions={pkg: version(pkg) for pkg in ("hf_dpmerge", "torch", "transformers", "peft", "opacus")},
             dp=dp,
             queries_per_step=self.queries_per_step,
+            seeded=args.dp_seed is not None,
+            eval_data_is_public=args.eval_data_is_public,
         )
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
@@ -398,13 +421,57 @@ class DPSAMTrainer(Trainer):
             super().save_model(output_dir)
             return
         release_adapter(output_dir, self._write_release, overwrite)
+        if self.args.push_to_hub:  # as Trainer.save_model does when the user saves
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _write_release(self, directory: Path) -> None:
-        super().save_model(str(directory))
+        super().save_model(str(directory), _internal_call=True)
         self.privacy_record().save(directory)
 
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        allow_seeded: bool = False,
+        **kwargs: Any,
+    ):
+        """Under DP, upload the release only: the allow-listed adapter files, ``dp_privacy.json`` and a card with
+        the privacy statement (no logs, ``trainer_state.json``, ``training_args.bin``, checkpoints or "Training
+        Loss" card). A run with a fixed ``dp_seed`` is refused unless ``allow_seeded`` (the card then warns).
+        The upload is always blocking (it is made from a temporary folder) and ``kwargs`` (Trainer's model-card
+        fields) are not used. Without DP: Trainer's push."""
+        if not self.args.dp:
+            return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
+        record = self.privacy_record()
+        name = (self.args.hub_model_id or Path(self.args.output_dir).name).split("/")[-1]
+        check_unseeded_release({name: record}, allow_seeded, "push_to_hub(allow_seeded=True)")
+        check_finite_weights(self._param_names, self._params)
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token, private=private)
+        if not self.is_world_process_zero():
+            return None
+        self._finish_current_push()
+        with tempfile.TemporaryDirectory(prefix="hf_dpmerge-release-") as tmp:
+            release = release_adapter(Path(tmp) / "release", self._write_release)
+            (release / "README.md").write_text(adapter_card(record, name), encoding="utf-8")
+            return hf_api().upload_folder(
+                repo_id=self.hub_model_id,
+                folder_path=release,
+                commit_message=commit_message,
+                token=token,
+                revision=revision if revision is not None else self.args.hub_revision,
+            )
+
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
-        """Train; when resuming, the accountant history, g̃_{t−1}, Σ η² and generators continue."""
+        """Train; when resuming, the accountant history, g̃_{t−1}, Σ η², the generators and (at the first
+        step) the torch/numpy/python RNG states that dropout draws from continue."""
+        if self.args.dp and not self.args.eval_data_is_public:
+            check_no_model_selection(self.callback_handler.callbacks)
         if resume_from_checkpoint is True:  # the last checkpoint a killed run finished writing
             resume_from_checkpoint = str(last_complete_checkpoint(self.args.output_dir))
         if resume_from_checkpoint:
@@ -414,4 +481,6 @@ class DPSAMTrainer(Trainer):
                     "checkpoint (interrupted while being written?); cannot continue the privacy accounting"
                 )
             load_dp_state(self, Path(resume_from_checkpoint) / DP_STATE_NAME)
+            if self.args.dp:  # DP skips no data on resume, so Trainer does not re-sync the RNG itself
+                self.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

@@ -4,6 +4,9 @@
   ``per_example``) DoRA layers are refused too, since opacus has no per-sample-gradient rule for them.
 - The labels of a sequence classifier: the dataset needs a label column, and every class id must lie in
   [0, num_labels) of the model (cross-entropy would index past the head).
+- The training set must have a size N (q = B_exp/N); under DP the model must not use gradient
+  checkpointing (per-sample gradients need the forward activations it discards), and no callback may select
+  the model on evaluation data unless that data is declared public (``eval_data_is_public``).
 - Each step: the loss and the (privatised) gradient must be finite; training stops at the first step where
   they are not, before the weights change, so no NaN/inf adapter or privacy record is ever saved.
 """
@@ -17,6 +20,7 @@ import datasets
 import numpy as np
 import torch
 from torch import nn
+from transformers import EarlyStoppingCallback
 
 from hf_dpmerge.training.alignment import UnsupportedAdapterError
 
@@ -91,3 +95,37 @@ def check_finite_step(step: int, loss: torch.Tensor, gradient: Sequence[torch.Te
         f"step {step}: {problem} (NaN/inf weights or inputs, or a learning rate that diverges); training "
         "stopped before the update, and no adapter or privacy record was saved"
     )
+
+
+def check_sized_dataset(dataset: Any) -> None:
+    """Refuse an iterable (streaming) dataset: the sample rate q = B_exp/N needs its size N."""
+    if isinstance(dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)) or not hasattr(
+        dataset, "__len__"
+    ):
+        raise TypeError(
+            f"train_dataset is a {type(dataset).__name__} without a length: Poisson sampling and the privacy "
+            "accounting need the training set's size N (sample rate q = B_exp/N) and random access to its rows; "
+            "materialise it (e.g. datasets.Dataset.from_generator, or load_dataset without streaming=True)"
+        )
+
+
+def check_no_gradient_checkpointing(model: nn.Module) -> None:
+    """Refuse a model with gradient checkpointing on: per-sample gradients need the forward activations."""
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        raise ValueError(
+            "the model has gradient checkpointing enabled, which DP training does not support: per-sample "
+            "gradients need each layer's activations from the forward pass, which checkpointing discards and "
+            "recomputes inside backward; call model.gradient_checkpointing_disable() (and keep "
+            "gradient_checkpointing=False) and lower physical_batch_size to save memory instead"
+        )
+
+
+def check_no_model_selection(callbacks: Sequence[Any]) -> None:
+    """Refuse early stopping under DP: it selects the model on evaluation data the guarantee does not cover."""
+    stopping = [type(c).__name__ for c in callbacks if isinstance(c, EarlyStoppingCallback)]
+    if stopping:
+        raise ValueError(
+            f"{', '.join(stopping)} selects the model on evaluation data, which the DP guarantee does not cover "
+            "when that data is private; remove the callback, or set eval_data_is_public=True if the evaluation "
+            "data is public (the privacy record says so)"
+        )
