@@ -7,7 +7,8 @@
 Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…);
 ``--output_dir``, ``--push_to_hub`` and ``--hub_model_id`` are refused (``--runs_dir``, ``hf-dpmerge push``),
 ``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
-``--eval_strategy steps|epoch`` evaluates on the task's validation split.
+``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
+``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
 All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
 ``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock

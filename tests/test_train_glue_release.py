@@ -45,8 +45,11 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(train_g
                                                                         monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # a relative --runs_dir, as in the README
     base = save_tiny_bert(tmp_path / "tiny")
-    train_glue.main(["--model_name_or_path", str(base), "--runs_dir", "runs", "--task", "bbc_news",
-                     "--eval_strategy", "steps", "--eval_steps", "1", *TINY_RUN])
+    evaluating = ["--model_name_or_path", str(base), "--runs_dir", "runs", "--task", "bbc_news",
+                  "--eval_strategy", "steps", "--eval_steps", "1", *TINY_RUN]
+    with pytest.raises(ValueError, match="evaluating or selecting the model during training on private data"):
+        train_glue.main(evaluating)  # under DP only on data declared public (docs/design.md §10)
+    train_glue.main([*evaluating, "--eval_data_is_public", "true"])
     assert "'eval_accuracy'" in capsys.readouterr().out  # evaluated on the validation split while training
     adapter = tmp_path / "runs" / "bbc_news" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())

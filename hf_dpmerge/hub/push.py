@@ -84,10 +84,11 @@ def _check_merged_dir(merged_dir: Path) -> None:
 
 
 def _skipped(rel: PurePosixPath) -> bool:
-    """Merged-directory files the release does not take over: hidden ones, mergekit's card, the root model
-    (each task gets its own in ``<task>/``) and task folders ``hf-dpmerge merge`` wrote (rebuilt)."""
-    return (any(part.startswith(".") for part in rel.parts) or len(rel.parts) > 1 or rel.name in _SKIP_MERGED
-            or rel.suffix in _MODEL_SUFFIXES)
+    """Merged-directory files the release does not take over: hidden ones, and at the root mergekit's card and
+    the model (each task gets its own in ``<task>/``). Only root files are copied: task folders are rebuilt."""
+    top = len(rel.parts) == 1
+    return any(part.startswith(".") for part in rel.parts) or top and (
+        rel.name in _SKIP_MERGED or rel.suffix in _MODEL_SUFFIXES)
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:

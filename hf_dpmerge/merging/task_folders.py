@@ -17,8 +17,7 @@ from pathlib import Path
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.merging.merge_inputs import input_settings
-from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, write_task_model
-from hf_dpmerge.modeling.task_head import task_head_state
+from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, head_label_names, write_task_model
 from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
 
 ADAPTER_DIR = "adapter"
@@ -38,16 +37,15 @@ def task_adapters(config: MergeConfiguration) -> dict[str, Path]:
 
 
 def label_names(task: str, adapter: Path, record: PrivacyRecord) -> list[str]:
-    """The record's label names (training saves them), else the task's, else ``LABEL_i`` for the head's size."""
+    """The record's label names (training saves them), else the task's, when they fit the adapter's head;
+    else ``LABEL_i`` for the head's size."""
     from hf_dpmerge.data.tasks import get_task_spec
 
-    if names := record.extra.get("label_names"):
-        return [str(name) for name in names]
     try:
-        return list(get_task_spec(record.task or task).label_names)
+        spec_names = list(get_task_spec(record.task or task).label_names)
     except KeyError:
-        rows = next(t.shape[0] for k, t in task_head_state(adapter).items() if k.endswith("weight") and t.ndim == 2)
-        return [f"LABEL_{i}" for i in range(rows)]
+        spec_names = None
+    return head_label_names(adapter, record.extra.get("label_names"), spec_names)
 
 
 def write_task_folders(merged_dir: str | Path, config: MergeConfiguration) -> list[str]:

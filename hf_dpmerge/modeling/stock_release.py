@@ -78,6 +78,16 @@ def copy_tokenizer(source: str | os.PathLike, directory: str | os.PathLike) -> N
             shutil.copyfile(Path(source) / name, Path(directory) / name)
 
 
+def head_label_names(adapter_dir: str | os.PathLike, *candidates: Sequence[str] | None) -> list[str]:
+    """The first of ``candidates`` with as many names as the adapter's head has outputs, else ``LABEL_i``."""
+    head = task_head_state(adapter_dir)
+    rows = min(t.shape[0] for k, t in head.items() if k.endswith("weight") and t.ndim == 2)
+    for names in candidates:
+        if names and len(names) == rows:
+            return [str(name) for name in names]
+    return [f"LABEL_{i}" for i in range(rows)]
+
+
 def task_model(encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str]) -> PreTrainedModel:
     """``encoder_dir``'s weights with the head saved in ``adapter_dir`` (its ``modules_to_save``)."""
     model = load_sequence_classifier(
