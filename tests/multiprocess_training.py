@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 from accelerate import PartialState
-from training_helpers import collate, make_trainer, text_dataset
+from training_helpers import collate, make_trainer, text_dataset, unit_dataset
 
 from hf_dpmerge.privacy.record import PrivacyRecord
 
@@ -107,6 +107,16 @@ def calibration_error(out: Path, batch: int) -> str:
     return ""
 
 
+def unit_level_run(out: Path, batch: int) -> dict[str, Any]:
+    """User-level DP (units = authors, 2 expected per process and draw): the first draw's share, then 3 steps."""
+    trainer = make_trainer(out, dataset=unit_dataset(), privacy_unit_column="author",
+                           per_device_train_batch_size=batch // 5, max_steps=3, sam_mode="dp_sat", sam_rho=0.1)
+    rows = first_draw(trainer)
+    trainer.train()
+    params = [p.detach().clone() for p in trainer._params]
+    return {"rows": rows, "params": params, "epsilon": trainer.accountant.epsilon(), "sample_rate": trainer.sample_rate}
+
+
 def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str, Any]:
     """Everything the fast tests look at, from one process group (start-up dominates the cost)."""
     batch = PER_PROCESS_BATCH
@@ -118,6 +128,7 @@ def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str
         "full": training_run(out / "full", batch),
         "resumed": training_run(out / "resumed", batch, str(out / "full" / "out" / "checkpoint-3")),
         "resumed_from_single": training_run(out / "from_single", batch, single_process_checkpoint),
+        "unit_level": unit_level_run(out / "units", batch),
     }
 
 

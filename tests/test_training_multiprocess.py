@@ -17,6 +17,7 @@ from multiprocess_training import (
     noise_only_queries,
     spawn_two_processes,
     training_run,
+    unit_level_run,
 )
 from opacus.accountants import create_accountant
 from tiny_models import tiny_tokenizer
@@ -38,6 +39,7 @@ def single(tmp_path_factory):
         "clipped": {mode: clipped_query(out, mode, batch) for mode in SAM_MODES},
         "noise": noise_only_queries(out, batch),
         "full": training_run(out / "full", batch),
+        "unit_level": unit_level_run(out / "units", batch),
     }
 
 
@@ -178,3 +180,16 @@ def test_accelerate_launch_of_two_cpu_processes_trains_like_one_process(tmp_path
     for rank in ranks:
         assert rank["epsilon"] == pytest.approx(single["full"]["epsilon"], rel=1e-9)
         assert_same_weights(rank["params"], single["full"]["params"])
+
+
+def test_unit_level_draws_are_shared_by_unit_and_train_like_one_process(single, two):
+    reference = single["unit_level"]
+    shares = [rank["unit_level"]["rows"] for rank in two["ranks"]]
+    assert sorted(shares[0] + shares[1]) == sorted(reference["rows"]) and reference["rows"]
+    units = [{row % 40 for row in share} for share in shares]
+    assert not units[0] & units[1]  # each unit's rows, and so its clipped sum, lie on one process
+    for rank in two["ranks"]:
+        run = rank["unit_level"]
+        assert run["sample_rate"] == reference["sample_rate"] == 4 / 40
+        assert run["epsilon"] == pytest.approx(reference["epsilon"], rel=1e-12)
+        assert_same_weights(run["params"], reference["params"])

@@ -25,6 +25,14 @@ def text_dataset(copies: int = 25) -> Dataset:
     return ds.map(lambda batch: tok(batch["text"]), batched=True)
 
 
+UNITS = 40  # unit_dataset(): author u holds rows u, u+40, u+80, u+120, u+160 of text_dataset()
+
+
+def unit_dataset() -> Dataset:
+    ds = text_dataset()
+    return ds.add_column("author", [f"author-{i % UNITS}" for i in range(len(ds))])
+
+
 def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
     settings = dict(
         output_dir=str(tmp_path / "out"),

@@ -13,6 +13,7 @@ Example::
     hf-dpmerge audit                                        # rotten_tomatoes, packaged MiniLM, ε = 8
     hf-dpmerge audit --task bbc_news --target_epsilon 4 --sam_mode two_query --align_lambda 0.1
     hf-dpmerge audit --no_dp --max_steps 20                 # the same run without noise: how much leaks
+    hf-dpmerge audit --privacy_unit_column movie --canary_rows 4 --per_device_train_batch_size 16   # per film
 
 Every DPSAMConfig / TrainingArguments field is accepted as a flag (--target_epsilon, --sam_mode, --no_dp,
 --max_steps, ...); the defaults below match the packaged training example (examples/train_glue.py).
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the task head reads (default: mean for BERT encoders, else cls)")
     parser.add_argument("--num_canaries", type=int, default=1000, help="m, canaries drawn (default: 1000)")
     parser.add_argument("--canary_length", type=int, default=8, help="words per canary text (default: 8)")
+    parser.add_argument("--canary_rows", type=int, default=1,
+                        help="rows per canary: > 1 makes each canary a unit of that many rows sharing one unit id, "
+                        "to audit user-level DP (needs --privacy_unit_column; default: 1)")
     parser.add_argument("--k_plus", type=int, help="'in' guesses on the highest scores (default: m/10)")
     parser.add_argument("--k_minus", type=int, help="'out' guesses on the lowest scores (default: m/10)")
     parser.add_argument("--confidence", type=float, default=0.95, help="confidence of the bound (default: 0.95)")
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
     from hf_dpmerge.training.recipe import DP_RECIPE
 
-    for name in ("num_canaries", "canary_length", "max_length", "lora_r", "lora_alpha"):
+    for name in ("num_canaries", "canary_length", "canary_rows", "max_length", "lora_r", "lora_alpha"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
     default_guesses = max(1, args.num_canaries // 10)
@@ -90,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, splits["train"], spec, config,
             num_canaries=args.num_canaries, k_plus=k_plus, k_minus=k_minus, canary_length=args.canary_length,
             confidence=args.confidence, seed=args.audit_seed, max_length=args.max_length, adapter_dir=adapter_dir,
+            rows_per_canary=args.canary_rows,
         )
     print(result.summary())
     print(f"saved {result.save(output)}")

@@ -12,12 +12,14 @@ from hf_dpmerge.data.tasks import TaskSpec
 D = TypeVar("D", datasets.Dataset, datasets.DatasetDict)
 
 
-def tokenize_task(dsd: D, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128) -> D:
+def tokenize_task(
+    dsd: D, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128, keep_columns: tuple[str, ...] = ()
+) -> D:
     """Tokenize every split of ``dsd`` (a ``DatasetDict`` or one ``Dataset``), unpadded and truncated.
 
     Sentence pairs are encoded as pairs (``token_type_ids`` kept when the tokenizer makes them) and
-    truncated longest-first. All other columns are dropped; ``label`` becomes ``labels`` (float for
-    regression). Pad per batch with ``DataCollatorWithPadding``.
+    truncated longest-first. All other columns except ``keep_columns`` (e.g. a privacy unit column) are
+    dropped; ``label`` becomes ``labels`` (float for regression). Pad per batch with ``DataCollatorWithPadding``.
     """
 
     def encode(batch: dict) -> dict:
@@ -30,4 +32,8 @@ def tokenize_task(dsd: D, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, ma
     columns = dsd.column_names
     if isinstance(columns, dict):
         columns = next(iter(columns.values()), [])
-    return dsd.map(encode, batched=True, remove_columns=columns, desc=f"tokenizing {spec.name}")
+    missing = [column for column in keep_columns if column not in columns]
+    if missing:
+        raise ValueError(f"{spec.name} has no column {missing} to keep (its columns: {columns})")
+    dropped = [column for column in columns if column not in keep_columns]
+    return dsd.map(encode, batched=True, remove_columns=dropped, desc=f"tokenizing {spec.name}")

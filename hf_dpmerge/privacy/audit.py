@@ -13,6 +13,11 @@
 accounting). ε_lo ≤ claimed ε proves nothing: the audit is a lower bound and one-run audits with input-space
 canaries are far from tight. The trainer sets q = B/N from the realised dataset size, which varies with the
 draw by about √m/2 examples; the claim is the accountant's at that N.
+
+User-level DP (``config.privacy_unit_column`` set): the task rows keep their unit column, each canary is a
+unit of ``rows_per_canary`` rows with its own unit id, and a canary's score is the mean of its rows' scores,
+so the audit tests the per-unit claim. Canaries of several rows under an example-level claim are refused:
+that claim does not cover them (group privacy).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class AuditResult:
     canary_length: int
     seed: int
     adapter_dir: str
+    rows_per_canary: int = 1
     privacy_record: dict[str, Any] = field(default_factory=dict)
     scores: list[float] = field(default_factory=list)
     included: list[bool] = field(default_factory=list)
@@ -71,7 +77,8 @@ class AuditResult:
             f"empirical ε lower bound: {self.epsilon_lower:.3f} at {self.confidence:.0%} confidence, δ = {self.delta:.3g}\n"
             f"claimed ε: {claim} (δ = {self.claimed_delta:.3g}, from {self.adapter_dir}/dp_privacy.json)\n"
             f"{self.num_correct} of {self.num_guesses} guesses correct (k₊ = {self.k_plus}, k₋ = {self.k_minus}); "
-            f"{self.num_included} of {self.num_canaries} canaries trained on\n"
+            f"{self.num_included} of {self.num_canaries} canaries trained on"
+            f"{'' if self.rows_per_canary == 1 else f' (units of {self.rows_per_canary} rows)'}\n"
             "A lower bound below the claim does not prove the guarantee; one above it refutes the claim "
             f"(at {self.confidence:.0%} confidence)."
         )
@@ -99,15 +106,33 @@ def audit_training(
     seed: int = 0,
     max_length: int = 128,
     adapter_dir: str | os.PathLike | None = None,
+    rows_per_canary: int = 1,
 ) -> AuditResult:
     """Audit ``config`` by training the peft ``model`` once on ``train`` (raw task rows) plus canaries."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    canaries = make_canaries(tokenizer, spec, count=num_canaries, length=canary_length, seed=seed)
+    unit = config.privacy_unit_column
+    if rows_per_canary > 1 and unit is None:
+        raise ValueError(
+            f"canaries of {rows_per_canary} rows audit a per-unit guarantee, but the run is example-level: "
+            "set privacy_unit_column (--privacy_unit_column) or use one row per canary"
+        )
+    if unit is not None and unit not in train.column_names:
+        raise ValueError(
+            f"privacy_unit_column={unit!r} is not a column of the audited task (columns: {train.column_names})"
+        )
+    canaries = make_canaries(tokenizer, spec, count=num_canaries, length=canary_length, seed=seed,
+                             rows_per_canary=rows_per_canary)
     one_run_guesses(np.zeros(num_canaries), k_plus, k_minus)  # refuse bad k₊/k₋ before training
-    task_rows = tokenize_task(train, spec, tokenizer, max_length=max_length)
-    canary_rows = tokenize_task(canaries.examples, spec, tokenizer, max_length=max_length).cast(task_rows.features)
-    included = canary_rows.select(np.flatnonzero(canaries.included))
+    keep = (unit,) if unit is not None else ()
+    task_rows = tokenize_task(train, spec, tokenizer, max_length=max_length, keep_columns=keep)
+    canary_rows = tokenize_task(canaries.examples, spec, tokenizer, max_length=max_length)
+    if unit is not None:  # canary j is the unit "hf_dpmerge-canary-j"; task units compared as strings
+        task_rows = task_rows.cast_column(unit, datasets.Value("string"))
+        canary_rows = canary_rows.add_column(unit, [f"hf_dpmerge-canary-{j}" for j in canaries.canary_of_row])
+    canary_rows = canary_rows.cast(task_rows.features)
+    scored_rows = canary_rows.remove_columns(list(keep))
+    included = canary_rows.select(np.flatnonzero(canaries.included[canaries.canary_of_row]))
     train_set = datasets.concatenate_datasets([task_rows, included])
     collator = DataCollatorWithPadding(tokenizer)
     trainer = DPSAMTrainer(model=model, args=config, train_dataset=train_set, data_collator=collator)
@@ -116,10 +141,11 @@ def audit_training(
     trainer.save_model(str(adapter_dir))
     record = PrivacyRecord.load(adapter_dir)
 
-    scores = loss_reduction_scores(trainer.model, canary_rows, collator)
+    row_scores = loss_reduction_scores(trainer.model, scored_rows, collator)
+    scores = row_scores.reshape(num_canaries, rows_per_canary).mean(axis=1)
     guesses = one_run_guesses(scores, k_plus, k_minus)
     correct = int(np.sum((guesses == 1) & canaries.included) + np.sum((guesses == -1) & ~canaries.included))
-    delta = record.delta if record.dp else resolve_delta(config.target_delta, len(train_set))
+    delta = record.delta if record.dp else resolve_delta(config.target_delta, record.num_units)
     epsilon_lower = epsilon_lower_bound(
         num_canaries=num_canaries, num_guesses=k_plus + k_minus, num_correct=correct,
         delta=delta, confidence=confidence,
@@ -138,6 +164,7 @@ def audit_training(
         canary_length=canary_length,
         seed=seed,
         adapter_dir=str(adapter_dir),
+        rows_per_canary=rows_per_canary,
         privacy_record=record.to_dict(),
         scores=scores.tolist(),
         included=canaries.included.tolist(),

@@ -3,7 +3,12 @@
 The record is the contract between training, merging and release: the DP-aware merge reads the noise
 left in each task vector from it (``noise_multiplier``, ``max_grad_norm``, ``expected_batch_size``,
 ``sum_lr_squared``, ``optimizer``), the merge checks ``base_model_hash`` against its base, and model
-cards quote ``epsilon``/``delta``/``accountant``/``num_samples``.
+cards quote ``epsilon``/``delta``/``accountant``/``num_samples`` and what ε covers (``privacy_unit``,
+``num_units``, ``neighbouring_relation``, ``epsilon_replace_one``; docs/design.md §9).
+
+Schema history: 1 had no unit or relation fields. A schema-1 record is read as what its training was:
+example-level (one row is the unit, ``num_units = num_samples``), ε under add/remove-one, and its ε under
+replace-one unknown (``epsilon_replace_one = None``); it is upgraded to schema 2 on loading.
 """
 
 from __future__ import annotations
@@ -18,7 +23,17 @@ from typing import Any
 from hf_dpmerge.privacy.atomic_write import write_text_atomic
 
 PRIVACY_RECORD_NAME = "dp_privacy.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+EXAMPLE_UNIT = "example"
+UNIT_PREFIX = "unit:"
+ADD_REMOVE_ONE = "add/remove-one"
+REPLACE_ONE = "replace-one"
+_SCHEMA_2_KEYS = ("privacy_unit", "num_units", "neighbouring_relation", "epsilon_replace_one")
+
+
+def privacy_unit_name(column: str | None) -> str:
+    """``"example"`` (one training row) or ``"unit:<column>"`` (all rows sharing one value of ``column``)."""
+    return EXAMPLE_UNIT if column is None else f"{UNIT_PREFIX}{column}"
 
 
 class PrivacyRecordError(ValueError):
@@ -38,6 +53,13 @@ class PrivacyRecord:
     regenerate and subtract the noise), False when they came from OS entropy, and None in records written
     before it was recorded (schema 1): unknown, so treated as possibly seeded. ``eval_data_is_public`` is
     True when the run evaluated or selected its model during training on data declared public.
+
+    What ε covers: ``privacy_unit`` is ``"example"`` (one training row) or ``"unit:<column>"`` (every row
+    sharing one value of that column, e.g. an author id: user-level DP); ``num_units`` is the number of such
+    units (q = ``expected_batch_size``/``num_units``). ``epsilon`` holds for datasets differing by one unit
+    under ``neighbouring_relation`` (add/remove-one: present or absent); ``epsilon_replace_one`` is the same
+    run's ε when one unit's data is replaced by other data, always from the PLD accountant (None: not computed,
+    schema-1 records); with ``accountant="rdp"`` the looser RDP ``epsilon`` can exceed it.
     """
 
     epsilon: float
@@ -62,6 +84,10 @@ class PrivacyRecord:
     dp: bool = True
     queries_per_step: int = 1
     task: str | None = None
+    privacy_unit: str = EXAMPLE_UNIT
+    num_units: int | None = None
+    neighbouring_relation: str = ADD_REMOVE_ONE
+    epsilon_replace_one: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     seeded: bool | None = None
@@ -70,8 +96,25 @@ class PrivacyRecord:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def unit_column(self) -> str | None:
+        """The column whose values are the privacy units, or None for example-level records."""
+        return self.privacy_unit.removeprefix(UNIT_PREFIX) if self.privacy_unit != EXAMPLE_UNIT else None
+
     def validate(self) -> None:
         """Raise :class:`PrivacyRecordError` when a field is out of its domain."""
+        if self.num_units is None and self.privacy_unit == EXAMPLE_UNIT:
+            self.num_units = self.num_samples
+        scope = {
+            "privacy_unit": self.privacy_unit == EXAMPLE_UNIT
+            or (self.privacy_unit.startswith(UNIT_PREFIX) and len(self.privacy_unit) > len(UNIT_PREFIX)),
+            "neighbouring_relation": self.neighbouring_relation == ADD_REMOVE_ONE,
+            "num_units": isinstance(self.num_units, int) and 0 < self.num_units <= max(self.num_samples, 1),
+        }
+        bad_scope = [name for name, ok in scope.items() if not ok]
+        if bad_scope:
+            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in bad_scope)
+            raise PrivacyRecordError(f"privacy record has invalid values: {values}")
         if not self.dp:
             return
         checks = {
@@ -86,6 +129,7 @@ class PrivacyRecord:
             "expected_batch_size": self.expected_batch_size > 0,
             "num_samples": self.num_samples > 0,
             "sum_lr_squared": math.isfinite(self.sum_lr_squared) and self.sum_lr_squared >= 0,
+            "epsilon_replace_one": self.epsilon_replace_one is None or self.epsilon_replace_one > 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -109,6 +153,10 @@ class PrivacyRecord:
             )
         known = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        if version >= 2:
+            required |= set(_SCHEMA_2_KEYS)
+        else:
+            data = {**data, "schema_version": SCHEMA_VERSION}  # example-level, add/remove-one (see module doc)
         missing = sorted(n for n in required if n not in data)
         if missing:
             raise PrivacyRecordError(f"{source}: privacy record lacks keys {missing}")

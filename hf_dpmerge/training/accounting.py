@@ -3,7 +3,23 @@
 One optimizer step is one subsampled Gaussian mechanism with sample rate q = B_exp/N. With k privatised
 queries of the same Poisson batch per step (``two_query`` mode, DP-Merging Algorithm 1), the k queries
 together have ℓ2 sensitivity √k·C against noise σC per query, i.e. one step at the effective noise
-multiplier σ/√k (DESIGN-NOTES §1). The accountant is stepped once per optimizer step at that σ_eff.
+multiplier σ/√k (docs/design.md §9). The accountant is stepped once per optimizer step at that σ_eff.
+
+Which ε: opacus' accountants (and so ``target_epsilon``, the budget and the record's ``epsilon``) bound the
+add/remove-one neighbouring relation (datasets differing by one privacy unit present or absent).
+:func:`replace_one_epsilon` states the same run under replace-one (one unit's data swapped for other data)
+with Google's ``dp-accounting`` privacy-loss-distribution accountant (Doroshenko et al. 2022, "Connect the
+Dots"). One Poisson-subsampled Gaussian step with unit contributions of norm ≤ C (rescaled to 1) has, under
+replace-one, the dominating pair
+
+    P = (1−q)·N(0, σ²) + q·N(+1, σ²),   Q = (1−q)·N(0, σ²) + q·N(−1, σ²)
+
+(everything else in the batch is common to both datasets and cancels; the swapped unit joins with
+probability q and contributes g or g′, ‖g − g′‖ ≤ 2C, worst case g′ = −g along one axis). Its privacy loss
+log P(x)/Q(x) is the sum of the add-one and the remove-one losses of the subsampled Gaussian, so replace-one
+ε ≥ add/remove ε, and as q → 1 it tends to the Gaussian mechanism at sensitivity 2. ``dp_accounting`` builds
+that loss (``AdjacencyType.REPLACE``) and composes it over the steps by FFT, rounding pessimistically (an
+upper bound).
 """
 
 from __future__ import annotations
@@ -14,8 +30,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dp_accounting import dp_event
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+from dp_accounting.privacy_accountant import NeighboringRelation
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
+
+from hf_dpmerge.privacy.record import ADD_REMOVE_ONE, REPLACE_ONE
 
 ACCOUNTANTS = ("prv", "rdp")
 
@@ -63,6 +84,34 @@ def calibrate_noise_multiplier(
     return effective * math.sqrt(queries_per_step)
 
 
+PLD_DISCRETIZATION = 1e-3  # privacy-loss grid (rounded pessimistically): ε within 1e-3 of a 1e-4 grid, 10× faster
+_PLD_RELATIONS = {ADD_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE, REPLACE_ONE: NeighboringRelation.REPLACE_ONE}
+
+
+def pld_epsilon(
+    relation: str, *, effective_noise_multiplier: float, sample_rate: float, steps: int, delta: float
+) -> float:
+    """ε after ``steps`` Poisson(q)-subsampled Gaussian steps at σ_eff, under ``relation`` (PLD accountant)."""
+    if relation not in _PLD_RELATIONS:
+        raise ValueError(f"neighbouring relation must be one of {tuple(_PLD_RELATIONS)}, got {relation!r}")
+    if steps == 0 or sample_rate == 0:
+        return 0.0
+    if effective_noise_multiplier == 0:
+        return math.inf
+    accountant = PLDAccountant(_PLD_RELATIONS[relation], value_discretization_interval=PLD_DISCRETIZATION)
+    step = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(effective_noise_multiplier))
+    accountant.compose(step, steps)
+    return float(accountant.get_epsilon(delta))
+
+
+def replace_one_epsilon(*, effective_noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """ε of the same run under replace-one neighbours (see the module docstring for the dominating pair)."""
+    return pld_epsilon(
+        REPLACE_ONE, effective_noise_multiplier=effective_noise_multiplier, sample_rate=sample_rate,
+        steps=steps, delta=delta,
+    )
+
+
 class PrivacyAccountant:
     """An opacus accountant fixed to one (σ_eff, q), with a cached ε and a precomputed step budget."""
 
@@ -75,6 +124,7 @@ class PrivacyAccountant:
         self.delta = delta
         self._accountant = create_accountant(mechanism)
         self._epsilon_cache: tuple[int, float] | None = None
+        self._replace_one_cache: tuple[int, float] | None = None
 
     @property
     def steps(self) -> int:
@@ -96,6 +146,17 @@ class PrivacyAccountant:
             with quiet_prv_domain_bound(self.mechanism):
                 self._epsilon_cache = (steps, float(self._accountant.get_epsilon(delta=self.delta)))
         return self._epsilon_cache[1]
+
+    def epsilon_replace_one(self) -> float:
+        """ε spent so far under replace-one neighbours (:func:`replace_one_epsilon`); cached per step count."""
+        steps = self.steps
+        if self._replace_one_cache is None or self._replace_one_cache[0] != steps:
+            value = replace_one_epsilon(
+                effective_noise_multiplier=self.effective_noise_multiplier, sample_rate=self.sample_rate,
+                steps=steps, delta=self.delta,
+            )
+            self._replace_one_cache = (steps, value)
+        return self._replace_one_cache[1]
 
     def epsilon_after(self, steps: int) -> float:
         """ε of ``steps`` steps at this accountant's (σ_eff, q), without touching its history."""

@@ -19,6 +19,11 @@ class DPSAMConfig(TrainingArguments):
     q = B_exp/N); ``physical_batch_size`` is the micro-batch the draw is split into for memory. Trainer-level
     gradient clipping (``max_grad_norm``) and gradient accumulation over separate draws would break the DP
     analysis, so they are refused when ``dp`` is on.
+
+    ``privacy_unit_column`` (e.g. an author or patient id) makes the guarantee user-level: the units are the
+    column's distinct values, each step Poisson-samples *units* and takes all their rows, each unit's summed
+    gradient is clipped to C, and q = B_exp/N_units where ``per_device_train_batch_size``·world_size is then
+    the expected number of *units* per draw (docs/design.md §9).
     """
 
     dp: bool = field(default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."})
@@ -52,6 +57,12 @@ class DPSAMConfig(TrainingArguments):
     dp_seed: int | None = field(
         default=None,
         metadata={"help": "Seed of the Poisson-sampling and noise generators; default: fresh OS entropy."},
+    )
+    privacy_unit_column: str | None = field(
+        default=None,
+        metadata={"help": "Column whose values are the privacy units (e.g. an author id): user-level DP, "
+                  "sampling and clipping per unit; per_device_train_batch_size is then the expected number "
+                  "of units per draw. Default: one row is the unit."},
     )
     max_grad_norm: float = field(
         default=0.0, metadata={"help": "Trainer-level clipping of the aggregate; must stay 0 under DP."}
@@ -138,6 +149,11 @@ class DPSAMConfig(TrainingArguments):
                     "is not covered by the DP guarantee; set eval_strategy='no' and load_best_model_at_end=False, "
                     "or eval_data_is_public=True if the evaluation data is public (the privacy record says so)"
                 )
+        if self.privacy_unit_column is not None and self.sam_mode == "per_example":
+            problems.append(
+                "sam_mode='per_example' ascends per row, which has no per-unit meaning under privacy_unit_column: "
+                "use sam_mode 'dp_sat', 'two_query' or 'none' with a privacy unit column"
+            )
         if self.gradient_accumulation_steps != 1:
             problems.append(
                 "gradient_accumulation_steps must be 1 under DP: accumulating separate Poisson draws breaks "

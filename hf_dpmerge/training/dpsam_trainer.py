@@ -14,6 +14,10 @@ Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_trai
 q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
 the clipped sums are all-reduced and the noise is added once (by the main process), so every process
 steps with the same g̃ and the accountant sees the single-process (q, σ_eff, steps).
+
+User-level (``privacy_unit_column``): the unit column is read and removed from the training set up front;
+draws sample units (q = B_exp/N_units), each unit's summed gradient is clipped to C, δ defaults to
+1/(10·N_units) and the record's ``privacy_unit`` is ``unit:<column>`` (docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
 from opacus import GradSampleModule
 from torch import nn
@@ -36,7 +41,7 @@ from transformers import Trainer
 from transformers.utils import hf_api
 
 from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.privacy.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
 from hf_dpmerge.privacy.statement import check_unseeded_release
 from hf_dpmerge.training.accounting import (
     PrivacyAccountant,
@@ -65,7 +70,7 @@ from hf_dpmerge.training.input_checks import (
     check_sized_dataset,
 )
 from hf_dpmerge.training.per_example_loss import per_example_loss
-from hf_dpmerge.training.poisson_loader import poisson_dataloader
+from hf_dpmerge.training.poisson_loader import UNIT_KEY, poisson_dataloader
 from hf_dpmerge.training.privatizer import GradientPrivatizer
 from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
 from hf_dpmerge.training.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
@@ -83,6 +88,27 @@ def _generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Ge
     return generator
 
 
+def _split_unit_column(dataset: Any, column: str | None) -> tuple[np.ndarray | None, Any]:
+    """(unit code 0..N_units−1 of every row, ``dataset`` without ``column``); (None, dataset) when no column."""
+    if column is None:
+        return None, dataset
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(
+            f"privacy_unit_column={column!r} needs the training set as a datasets.Dataset holding that column, "
+            f"got {type(dataset).__name__}"
+        )
+    if column not in dataset.column_names:
+        raise ValueError(
+            f"privacy_unit_column={column!r} is not a column of the training set (columns: {dataset.column_names}); "
+            "keep the unit column through tokenization or unset privacy_unit_column"
+        )
+    values = dataset[column]
+    if any(value is None for value in values):
+        raise ValueError(f"privacy_unit_column={column!r} has missing values: every row needs a unit")
+    _, codes = np.unique(np.asarray([str(value) for value in values]), return_inverse=True)
+    return codes.astype(np.int64), dataset.remove_columns(column)
+
+
 class DPSAMTrainer(Trainer):
     """A ``transformers.Trainer`` whose steps are differentially private and sharpness/drift aware."""
 
@@ -94,6 +120,7 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         check_sized_dataset(train_dataset)
+        self.unit_of_row, train_dataset = _split_unit_column(train_dataset, args.privacy_unit_column)
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers
         if launched != args.world_size:
@@ -116,12 +143,14 @@ class DPSAMTrainer(Trainer):
             list(lora_factors(self.model))  # refuses DoRA / LoRA biases / conv LoRA up front
 
         self.num_samples = len(train_dataset)
+        self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
         self.expected_batch_size = args.per_device_train_batch_size * args.world_size
-        if self.expected_batch_size > self.num_samples:
-            raise ValueError(
-                f"expected batch size {self.expected_batch_size} exceeds the dataset size {self.num_samples}"
-            )
-        self.sample_rate = self.expected_batch_size / self.num_samples
+        if self.expected_batch_size > self.num_units:
+            what = "dataset size"
+            if self.unit_of_row is not None:
+                what = f"number of privacy units ({args.privacy_unit_column})"
+            raise ValueError(f"expected batch size {self.expected_batch_size} exceeds the {what} {self.num_units}")
+        self.sample_rate = self.expected_batch_size / self.num_units
         self.steps_per_epoch = int(1 / self.sample_rate)
         self.planned_steps = (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self.steps_per_epoch)
@@ -160,11 +189,11 @@ class DPSAMTrainer(Trainer):
                 "DP training needs whole per-sample gradients of every trainable parameter on each process: "
                 "DeepSpeed and FSDP shard them; use plain multi-process (DDP) launching"
             )
-        self.delta = resolve_delta(args.target_delta, self.num_samples)
-        if self.delta >= 1 / self.num_samples and not args.allow_large_delta:
+        self.delta = resolve_delta(args.target_delta, self.num_units)
+        if self.delta >= 1 / self.num_units and not args.allow_large_delta:
             raise ValueError(
-                f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_samples:g}: such a δ allows releasing "
-                "whole records; pick δ < 1/N or set allow_large_delta=True"
+                f"target_delta={self.delta:g} ≥ 1/N = {1 / self.num_units:g} (N privacy units): such a δ allows "
+                "releasing whole records; pick δ < 1/N or set allow_large_delta=True"
             )
         # computed once, by the main process, so every process holds the same σ and step budget
         self.noise_multiplier, self.allowed_steps = main_process_value(self.accelerator, self._calibrate)
@@ -173,8 +202,10 @@ class DPSAMTrainer(Trainer):
             args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta
         )
         logger.info(
-            "DP-SGD: N=%d, B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, δ=%.3g, accountant=%s",
-            self.num_samples, self.expected_batch_size, self.sample_rate, self.planned_steps,
+            "DP-SGD: N=%d rows, %d privacy units (%s), B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, "
+            "δ=%.3g, accountant=%s",
+            self.num_samples, self.num_units, privacy_unit_name(args.privacy_unit_column), self.expected_batch_size,
+            self.sample_rate, self.planned_steps,
             self.noise_multiplier, self.effective_noise_multiplier, args.per_sample_max_grad_norm,
             self.delta, args.accountant,
         )
@@ -237,6 +268,7 @@ class DPSAMTrainer(Trainer):
             num_workers=self.args.dataloader_num_workers,
             num_processes=self.args.world_size,
             process_index=self.args.process_index,
+            unit_of_row=self.unit_of_row,
         )
 
     # ------------------------------------------------------------------ optimizer
@@ -277,20 +309,21 @@ class DPSAMTrainer(Trainer):
         model = self.accelerator.unwrap_model(model)
         model.train()
         inputs = self._prepare_inputs(inputs)
+        units = inputs.pop(UNIT_KEY, None)
         if "labels" not in inputs:
             raise ValueError("DPSAMTrainer needs 'labels' in every batch")
         mode, rho = self.args.sam_mode, self.args.sam_rho
         if mode == "dp_sat":
             step = ascent_step(self.previous_gradient, rho) if self.previous_gradient is not None else None
             with perturbed(self._params, step):
-                gradient, loss = self._query(model, inputs)
+                gradient, loss = self._query(model, inputs, units)
             self.previous_gradient = gradient
         elif mode == "two_query":
-            first, loss = self._query(model, inputs)
+            first, loss = self._query(model, inputs, units)
             with perturbed(self._params, ascent_step(first, rho)):
-                gradient, _ = self._query(model, inputs)
+                gradient, _ = self._query(model, inputs, units)
         else:
-            gradient, loss = self._query(model, inputs)
+            gradient, loss = self._query(model, inputs, units)
 
         if self.args.align_lambda > 0:
             with torch.enable_grad():
@@ -305,10 +338,17 @@ class DPSAMTrainer(Trainer):
         self.sum_lr_squared += float(self.optimizer.param_groups[0]["lr"]) ** 2
         return loss
 
-    def _query(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def _query(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], units: torch.Tensor | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The (privatised, when dp) mean gradient of the draw at the current weights, and its mean loss,
-        both over the whole draw (all processes' shares)."""
+        both over the whole draw (all processes' shares). ``units`` (each row's unit code) makes the
+        privatiser clip per unit: row gradients are summed per unit across micro-batches, then clipped."""
         labels = inputs["labels"]
+        unit_positions, num_units = None, 0
+        if units is not None and self.privatizer is not None:
+            codes, unit_positions = torch.unique(units, return_inverse=True)
+            num_units = len(codes)
         batch = labels.shape[0]
         features = {k: v for k, v in inputs.items() if k != "labels"}
         sums = [torch.zeros_like(p) for p in self._params]
@@ -337,7 +377,8 @@ class DPSAMTrainer(Trainer):
             params_grads = torch.autograd.grad(loss_sum, self._params, allow_unused=True)
             loss_total += loss_sum.detach()
             if self.privatizer is not None:
-                self.privatizer.accumulate_grad_samples()
+                positions = None if unit_positions is None else unit_positions[start : start + size]
+                self.privatizer.accumulate_grad_samples(positions, num_units)
             else:
                 for total, g in zip(sums, params_grads):
                     if g is not None:
@@ -391,6 +432,10 @@ class DPSAMTrainer(Trainer):
             max_grad_norm=args.per_sample_max_grad_norm,
             expected_batch_size=self.expected_batch_size,
             num_samples=self.num_samples,
+            privacy_unit=privacy_unit_name(args.privacy_unit_column),
+            num_units=self.num_units,
+            neighbouring_relation=ADD_REMOVE_ONE,
+            epsilon_replace_one=self.accountant.epsilon_replace_one() if dp else None,
             sam_mode=args.sam_mode,
             sam_rho=args.sam_rho,
             align_lambda=args.align_lambda,

@@ -13,6 +13,12 @@ With P processes each holds the clipped sum S_r of its share of the draw; as in 
 all-reduce gives every process Σ_r S_r + N(0, σ²C²I): the single-process mechanism, noise drawn once from
 one generator (so a seeded P-process run draws the same noise as the seeded 1-process run), and every
 process left with the same released gradient.
+
+User-level (a privacy unit column): the clipped quantity is a unit's *summed* gradient,
+g_u = Σ_{i∈u} g_i, so g̃ = ( Σ_u clip_C(g_u) + N(0, σ²C²I) ) / B_exp with B_exp the expected number of
+units per draw. Per-sample gradients are added into per-unit sums as micro-batches arrive
+(:meth:`GradientPrivatizer.accumulate_units`: a unit's rows may span micro-batches) and the sums are clipped
+once, when the draw is released. A unit's rows all lie on one process, so each clips whole units.
 """
 
 from __future__ import annotations
@@ -43,12 +49,26 @@ class GradientPrivatizer:
         self.expected_batch_size = expected_batch_size
         self.generator = generator
         self._sums: list[torch.Tensor] = [torch.zeros_like(p) for p in self.params]
+        self._unit_sums: list[torch.Tensor] | None = None
         self.num_examples = 0
 
     def reset(self) -> None:
         for s in self._sums:
             s.zero_()
+        self._unit_sums = None
         self.num_examples = 0
+
+    def accumulate_units(
+        self, per_sample_grads: Sequence[torch.Tensor], unit_positions: torch.Tensor, num_units: int
+    ) -> None:
+        """Add each row's gradient, unclipped, to the sum of its unit (``unit_positions`` ∈ [0, num_units) per row);
+        the unit sums are clipped at :meth:`release`."""
+        if len(per_sample_grads) != len(self.params):
+            raise ValueError("one per-sample gradient tensor is needed per trainable parameter")
+        if self._unit_sums is None:
+            self._unit_sums = [p.new_zeros((num_units, *p.shape)) for p in self.params]
+        for total, grad in zip(self._unit_sums, per_sample_grads):
+            total.index_add_(0, unit_positions.to(total.device), grad.to(total.dtype))
 
     def accumulate(self, per_sample_grads: Sequence[torch.Tensor]) -> torch.Tensor:
         """Clip each example's joint gradient to C and add it to the running sum; returns the raw norms."""
@@ -65,19 +85,25 @@ class GradientPrivatizer:
         self.num_examples += batch
         return norms
 
-    def accumulate_grad_samples(self) -> torch.Tensor:
-        """Consume ``p.grad_sample`` left by an opacus GradSampleModule backward pass."""
+    def accumulate_grad_samples(self, unit_positions: torch.Tensor | None = None, num_units: int = 0) -> None:
+        """Consume ``p.grad_sample`` left by an opacus GradSampleModule backward pass: clipped per row, or
+        added to per-unit sums when ``unit_positions`` is given."""
         grads = [p.grad_sample for p in self.params]
         missing = [i for i, g in enumerate(grads) if g is None]
         if missing:
             raise RuntimeError(f"{len(missing)} trainable parameters got no per-sample gradient")
-        norms = self.accumulate(grads)
+        if unit_positions is None:
+            self.accumulate(grads)
+        else:
+            self.accumulate_units(grads, unit_positions, num_units)
         for p in self.params:
             p.grad_sample = None
-        return norms
 
     def release(self) -> list[torch.Tensor]:
-        """Add N(0, σ²C²) once to the clipped sum (summed over processes) and divide by B_exp; resets."""
+        """Clip pending unit sums, add N(0, σ²C²) once to the clipped sum (summed over processes) and divide
+        by B_exp; resets."""
+        if self._unit_sums is not None:
+            self.accumulate(self._unit_sums)
         std = self.noise_multiplier * self.max_grad_norm
         totals = []
         for total in self._sums:
