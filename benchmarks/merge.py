@@ -23,8 +23,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import BertConfig, BertForSequenceClassification
 
-from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.records.record import PrivacyRecord
 
 METHODS = {
     "ties": "  weight: 1.0\n  density: 0.2\n",

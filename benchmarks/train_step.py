@@ -60,7 +60,8 @@ def measure(mode: str, steps: int, batch: int, length: int) -> dict[str, float]:
         trainer.model.zero_grad()
         if i:
             times.append(time.perf_counter() - start)
-    return {"step_s": statistics.median(times), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb}
 
 
 def main() -> None:

@@ -5,23 +5,26 @@ Names load lazily (PEP 562) so that ``import hf_dpmerge`` — and the mergekit s
 
 from __future__ import annotations
 
+from hf_dpmerge import moved_modules
 from hf_dpmerge.lazy_exports import lazy_getattr
+
+moved_modules.install()
 
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "DPSAMConfig": "hf_dpmerge.training.dpsam_config",
     "DPSAMTrainer": "hf_dpmerge.training.dpsam_trainer",
-    "PrivacyBudgetExhausted": "hf_dpmerge.training.accounting",
+    "PrivacyBudgetExhausted": "hf_dpmerge.training.dp.accounting",
     "alignment_penalty": "hf_dpmerge.training.alignment",
-    "PrivacyRecord": "hf_dpmerge.privacy.record",
-    "PrivacyRecordError": "hf_dpmerge.privacy.record",
-    "PRIVACY_RECORD_NAME": "hf_dpmerge.privacy.record",
-    "base_fingerprint": "hf_dpmerge.privacy.fingerprint",
-    "privacy_statement": "hf_dpmerge.privacy.statement",
-    "audit_training": "hf_dpmerge.privacy.audit",
-    "AuditResult": "hf_dpmerge.privacy.audit",
-    "epsilon_lower_bound": "hf_dpmerge.privacy.one_run_bound",
+    "PrivacyRecord": "hf_dpmerge.records.record",
+    "PrivacyRecordError": "hf_dpmerge.records.record",
+    "PRIVACY_RECORD_NAME": "hf_dpmerge.records.record",
+    "base_fingerprint": "hf_dpmerge.records.fingerprint",
+    "privacy_statement": "hf_dpmerge.records.statement",
+    "audit_training": "hf_dpmerge.audit.audit",
+    "AuditResult": "hf_dpmerge.audit.audit",
+    "epsilon_lower_bound": "hf_dpmerge.audit.one_run_bound",
     "TaskSpec": "hf_dpmerge.data.tasks",
     "load_task": "hf_dpmerge.data.load",
     "tokenize_task": "hf_dpmerge.data.tokenize",

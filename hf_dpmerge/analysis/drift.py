@@ -1,9 +1,9 @@
-"""Reference-point drift of a LoRA adapter from its base (DP-Merging §3.2 diagnostics; DESIGN-NOTES §1, §4).
+"""Reference-point drift of a LoRA adapter from its base (DP-Merging §3.2 diagnostics; docs/design.md §1, §4).
 
 Per adapted weight matrix W_0 with LoRA delta ΔW = s·B·A:   drift = ‖ΔW‖_F / ‖W_0‖_F;
 in total:   drift = sqrt(Σ‖ΔW‖_F²) / sqrt(Σ‖W_0‖_F²) over the adapted matrices — the paper's ‖w_t − w_0‖/‖w_0‖
 restricted to the weights the adapter changes. ‖ΔW‖_F comes from r×r Gram matrices
-(:func:`hf_dpmerge.training.alignment.lora_delta_sq_norm`), ΔW is never materialised. The task head is left
+(:func:`hf_dpmerge.lora.lora_delta_sq_norm`), ΔW is never materialised. The task head is left
 out: it is the task's own, never merged, and its W_0 is a random initialisation.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_dpmerge.modeling.task_head import PEFT_PREFIX
-from hf_dpmerge.training.alignment import lora_delta_sq_norm, lora_factors
+from hf_dpmerge.lora import lora_delta_sq_norm, lora_factors
+from hf_dpmerge.utils.adapter_files import without_peft_prefix
 
 
 @dataclass
@@ -61,7 +61,7 @@ def adapter_drift(model: torch.nn.Module) -> AdapterDrift:
         if not isinstance(module, LoraLayer):
             continue
         base_norm = float(torch.linalg.matrix_norm(module.get_base_layer().weight.float()))
-        plain = name.removeprefix(PEFT_PREFIX)
+        plain = without_peft_prefix(name)
         for factor in lora_factors(module):  # this layer's own (A, B, s), one per active adapter
             adapter = factor.name.rsplit(".", 1)[-1]
             label = plain if len(module.active_adapters) == 1 else f"{plain}.{adapter}"

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
 ADAPTER_DIR = "adapter"
 BASE_DIR = "base"
@@ -104,7 +105,7 @@ def task_runs(
     runs = []
     for name in names:
         adapter_dir = runs_dir / name / ADAPTER_DIR
-        if not (adapter_dir / "adapter_config.json").is_file():
+        if not (adapter_dir / ADAPTER_CONFIG_NAME).is_file():
             raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
         record = PrivacyRecord.load(adapter_dir)
         runs.append(TaskRun(

@@ -1,7 +1,8 @@
-"""Sharpness and top Hessian eigenvalue of a task loss at an adapter's weights (DP-Merging §3.2; DESIGN-NOTES §1).
+"""Sharpness and top Hessian eigenvalue of a task loss at an adapter's weights (DP-Merging §3.2; docs/design.md §1).
 
 - Sharp_t = L_t(w + ρ·∇L_t(w)/‖∇L_t(w)‖) − L_t(w): the loss rise after one SAM ascent step of radius ρ along
-  the full-set gradient (the ascent and restore are training's, :mod:`hf_dpmerge.training.sharpness`).
+  the full-set gradient (the ascent and restore are those of training's SAM step,
+  :mod:`hf_dpmerge.modeling.sam_ascent`).
 - λ_max(∇²L_t(w)) by power iteration on Hessian-vector products Hv = ∇_w(∇_w L_t(w)·v) (double backward):
   v ← Hv/‖Hv‖ with Rayleigh quotient λ = vᵀHv, until |Δλ| ≤ tol·|λ|. Power iteration finds the eigenvalue of
   largest magnitude λ_dom; when λ_dom < 0, a second run on the positive semi-definite H − λ_dom·I gives
@@ -22,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hf_dpmerge.analysis.batching import Batch
 from hf_dpmerge.analysis.task_loss import batch_loss_sum, evaluate_loss, loss_gradient, num_examples
-from hf_dpmerge.training.sharpness import ascent_step, perturbed
+from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 
 Vector = list[torch.Tensor]
 

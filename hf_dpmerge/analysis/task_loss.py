@@ -1,6 +1,6 @@
 """The task loss L_t(w) = (1/N)·Σ_i ℓ(w; x_i, y_i) over an evaluation set, and its gradient.
 
-ℓ is training's per-example loss (:func:`hf_dpmerge.training.per_example_loss.per_example_loss`: cross-entropy
+ℓ is training's per-example loss (:func:`hf_dpmerge.modeling.per_example_loss.per_example_loss`: cross-entropy
 for classification, squared error for regression). Batches come from
 :func:`hf_dpmerge.analysis.batching.length_sorted_batches`; per-batch padding does not change the loss.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.batching import Batch
-from hf_dpmerge.training.per_example_loss import per_example_loss
+from hf_dpmerge.modeling.per_example_loss import per_example_loss
 
 
 @dataclass

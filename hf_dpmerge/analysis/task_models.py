@@ -18,6 +18,7 @@ from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``device``, or CUDA when available and CPU otherwise."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

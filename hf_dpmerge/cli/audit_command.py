@@ -15,8 +15,9 @@ Example::
     hf-dpmerge audit --no_dp --max_steps 20                 # the same run without noise: how much leaks
     hf-dpmerge audit --privacy_unit_column movie --canary_rows 4 --per_device_train_batch_size 16   # per film
 
-Every DPSAMConfig / TrainingArguments field is accepted as a flag (--target_epsilon, --sam_mode, --no_dp,
---max_steps, ...); the defaults below match the packaged training example (examples/train_glue.py).
+The task, base-model and LoRA flags are the training script's (examples/train_glue.py;
+:mod:`hf_dpmerge.scripts.arguments`), with the same defaults, and so is the DP recipe: every DPSAMConfig /
+TrainingArguments field is accepted as a flag (--target_epsilon, --sam_mode, --no_dp, --max_steps, ...).
 """
 
 from __future__ import annotations
@@ -25,25 +26,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments, flags_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--task", help="task whose training split is audited (default: rotten_tomatoes)")
-    parser.add_argument("--model_name_or_path", help="base encoder directory or Hub id (default: the packaged "
-                        "all-MiniLM-L6-v2; pass runs/base to audit the base your adapters train from)")
-    parser.add_argument("--dataset_path", help="GLUE only: dataset repository or local copy")
-    parser.add_argument("--max_train_samples", type=int, help="audit on a seeded stratified subset of the "
-                        "training split")
-    parser.add_argument("--max_length", type=int, default=64, help="truncate inputs to this many tokens (default: 64)")
-    parser.add_argument("--lora_r", type=int, default=8, help="LoRA rank (default: 8)")
-    parser.add_argument("--lora_alpha", type=int, default=16, help="LoRA alpha (default: 16)")
-    parser.add_argument("--lora_target_modules", default="query,value", help="default: query,value")
-    parser.add_argument("--lora_layers", default="top_half",
-                        help="layers that get LoRA: top_half, all or comma-separated indices (default: top_half)")
-    parser.add_argument("--classifier_pooling", choices=("mean", "cls"),
-                        help="what the task head reads (default: mean for BERT encoders, else cls)")
     parser.add_argument("--num_canaries", type=int, default=1000, help="m, canaries drawn (default: 1000)")
     parser.add_argument("--canary_length", type=int, default=8, help="words per canary text (default: 8)")
     parser.add_argument("--canary_rows", type=int, default=1,
@@ -55,23 +43,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit_seed", type=int, default=0, help="seed of the canaries and the inclusion draw")
     parser.add_argument("--output", default="audit/audit.json", help="result JSON (default: audit/audit.json)")
     parser.add_argument("--adapter_dir", help="where the audited adapter is saved (default: beside --output)")
-    parser.epilog = "Other options are DPSAMConfig fields (--target_epsilon, --sam_mode, --no_dp, --max_steps, ...)."
+    parser.epilog = ("task and LoRA options, as for examples/train_glue.py:\n"
+                     f"{flags_help(TaskArguments, LoraArguments)}\n"
+                     "other options are DPSAMConfig fields (--target_epsilon, --sam_mode, --no_dp, --max_steps, ...).")
     parser.set_defaults(accepts_extra=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
-    from hf_dpmerge.data import DEFAULT_TASK, default_model_path, load_task
-    from hf_dpmerge.modeling import default_classifier_pooling
-    from hf_dpmerge.privacy.audit import audit_training
+    from hf_dpmerge.audit.audit import audit_training
+    from hf_dpmerge.data import load_task
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
     from hf_dpmerge.training.recipe import DP_RECIPE
 
-    for name in ("num_canaries", "canary_length", "canary_rows", "max_length", "lora_r", "lora_alpha"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
+    task, lora, config_flags = HfArgumentParser((TaskArguments, LoraArguments)).parse_args_into_dataclasses(
+        args=args.extra, return_remaining_strings=True
+    )
+    for name, value in {"num_canaries": args.num_canaries, "canary_length": args.canary_length,
+                        "canary_rows": args.canary_rows, "max_length": task.max_length, "lora_r": lora.lora_r,
+                        "lora_alpha": lora.lora_alpha}.items():
+        if value <= 0:
+            raise ValueError(f"--{name} must be positive, got {value}")
     default_guesses = max(1, args.num_canaries // 10)
     k_plus = default_guesses if args.k_plus is None else args.k_plus
     k_minus = default_guesses if args.k_minus is None else args.k_minus
@@ -79,21 +73,20 @@ def run(args: argparse.Namespace) -> int:
     adapter_dir = Path(args.adapter_dir) if args.adapter_dir else output.with_name(output.stem + "_adapter")
     with tempfile.TemporaryDirectory(prefix="hf_dpmerge_audit_") as workdir:
         (config,) = HfArgumentParser(DPSAMConfig).parse_args_into_dataclasses(
-            args=["--output_dir", workdir, *DP_RECIPE, *args.extra]
+            args=["--output_dir", workdir, *DP_RECIPE, *config_flags]
         )
-        splits, spec = load_task(args.task or DEFAULT_TASK, max_train_samples=args.max_train_samples,
-                                 path=args.dataset_path)
-        base = args.model_name_or_path or str(default_model_path())
+        base, task = task.model_source(), task.with_pooling()
+        splits, spec = load_task(task.task, max_train_samples=task.max_train_samples, path=task.dataset_path)
         tokenizer = AutoTokenizer.from_pretrained(base)
         set_seed(config.seed)
         model = lora_sequence_classifier(
-            base, spec, r=args.lora_r, alpha=args.lora_alpha, target_modules=args.lora_target_modules.split(","),
-            layers=args.lora_layers, classifier_pooling=args.classifier_pooling or default_classifier_pooling(base),
+            base, spec, r=lora.lora_r, alpha=lora.lora_alpha, target_modules=lora.lora_target_modules.split(","),
+            layers=lora.lora_layers, classifier_pooling=task.classifier_pooling,
         )
         result = audit_training(
             model, tokenizer, splits["train"], spec, config,
             num_canaries=args.num_canaries, k_plus=k_plus, k_minus=k_minus, canary_length=args.canary_length,
-            confidence=args.confidence, seed=args.audit_seed, max_length=args.max_length, adapter_dir=adapter_dir,
+            confidence=args.confidence, seed=args.audit_seed, max_length=task.max_length, adapter_dir=adapter_dir,
             rows_per_canary=args.canary_rows,
         )
     print(result.summary())

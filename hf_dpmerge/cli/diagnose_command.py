@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args, "max_samples", "max_length", "batch_size", "rho")
     report = diagnose_runs(
         args.runs, args.merged, tasks, split=args.split, max_samples=args.max_samples, rho=args.rho,
-        gammas=DEFAULT_GAMMAS if args.gammas is None else args.gammas, hessian_iterations=args.hessian_iterations, base_dir=args.base,
+        gammas=DEFAULT_GAMMAS if args.gammas is None else args.gammas, hessian_iterations=args.hessian_iterations,
+        base_dir=args.base,
         tokenizer=load_tokenizer(args.tokenizer), max_length=args.max_length, data_seed=args.data_seed,
         batch_size=args.batch_size, glue_path=args.glue_path, device=args.device,
         log=lambda line: print(line, file=sys.stderr),

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_allowed
     from hf_dpmerge.merging.registration import activate
+    from hf_dpmerge.scripts.task_folders import write_task_folders
 
     if args.list_methods:
         print("\n".join(list_methods()))
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     config = Path(args.config)
     _check_config_file(config)
     check_merge_output(args.out_path, args.overwrite)
-    activate()
+    activate(finish=write_task_folders)
     try:
         with overwrite_allowed(args.overwrite):
             code = run_yaml.main.main(

@@ -13,7 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from hf_dpmerge.data.tasks import parse_task_list
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,18 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:
     if tasks:
-        names = [t.strip() for t in tasks.split(",") if t.strip()]
-        if not names:
-            raise PushError("--tasks names no task")
-        if len(set(names)) != len(names):
-            raise PushError(f"--tasks names a task twice: {tasks}")
-        return {t: runs / t / "adapter" for t in names}
+        return {t: runs / t / "adapter" for t in parse_task_list(tasks)}
     if not runs.is_dir():
         raise FileNotFoundError(f"runs folder {runs} does not exist (pass --runs, or --tasks)")
     found = {
         d.name: d / "adapter"
         for d in sorted(runs.iterdir())
-        if (d / "adapter" / "adapter_config.json").is_file()
+        if (d / "adapter" / ADAPTER_CONFIG_NAME).is_file()
     }
     if not found:
         raise PushError(f"no adapters under {runs}/<task>/adapter/: train some first, or pass --runs/--tasks")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hf_dpmerge.data.tasks import parse_task_list
+
 
 def add_runs_options(parser: argparse.ArgumentParser) -> None:
     """``--runs --merged --tasks --base --tokenizer --max_length --data_seed --batch_size --glue_path --device``."""
@@ -28,12 +30,7 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_tasks(text: str | None) -> list[str] | None:
     """``--tasks a,b`` as a list of distinct names (None: every run folder)."""
-    if not text:
-        return None
-    tasks = [t.strip() for t in text.split(",") if t.strip()]
-    if not tasks or len(set(tasks)) != len(tasks):
-        raise ValueError(f"--tasks must name distinct tasks, got {text!r}")
-    return tasks
+    return parse_task_list(text) if text else None
 
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:

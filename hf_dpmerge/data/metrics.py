@@ -27,11 +27,12 @@ def metric_path(name: str) -> Path:
     """The directory of the shipped ``evaluate`` module ``name`` (``task_metrics``, ``merge_retention``)."""
     path = METRIC_MODULES / name
     if not (path / f"{name}.py").is_file():
-        raise KeyError(f"no metric module {name!r}; shipped: {sorted(p.name for p in METRIC_MODULES.iterdir() if p.is_dir())}")
+        shipped = sorted(p.name for p in METRIC_MODULES.iterdir() if p.is_dir())
+        raise KeyError(f"no metric module {name!r}; shipped: {shipped}")
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_metric(name: str, config_name: str | None = None):
     """``evaluate.load`` of a shipped module, by path (works offline); loaded once per process."""
     import evaluate

@@ -102,3 +102,11 @@ def get_task_spec(name: str) -> TaskSpec:
             f"unknown task {name!r}; offline tasks: {', '.join(PACKAGED_TASKS)}; GLUE (Hub) tasks: "
             f"{', '.join(GLUE_TASKS)}"
         ) from None
+
+
+def parse_task_list(text: str, flag: str = "--tasks") -> list[str]:
+    """``"a, b"`` → ``["a", "b"]``: comma-separated task names, each once; an empty list or a repeat is refused."""
+    tasks = [task.strip() for task in text.split(",") if task.strip()]
+    if not tasks or len(set(tasks)) != len(tasks):
+        raise ValueError(f"{flag} must name distinct tasks, got {text!r}")
+    return tasks

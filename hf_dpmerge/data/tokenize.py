@@ -13,7 +13,11 @@ D = TypeVar("D", datasets.Dataset, datasets.DatasetDict)
 
 
 def tokenize_task(
-    dsd: D, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128, keep_columns: tuple[str, ...] = ()
+    dsd: D,
+    spec: TaskSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int = 128,
+    keep_columns: tuple[str, ...] = (),
 ) -> D:
     """Tokenize every split of ``dsd`` (a ``DatasetDict`` or one ``Dataset``), unpadded and truncated.
 

@@ -2,9 +2,10 @@
 
 Built with ``huggingface_hub.ModelCard.from_template`` from ``model_card_template.md`` (beside this file) and
 ``ModelCardData`` (``base_model`` + ``base_model_relation: merge`` when the base is a Hub id, ``datasets``
-where a task's Hub dataset is known, ``pipeline_tag``, ``tags``, ``eval_results``). The card quotes each
+where a record names its Hub dataset (``extra.dataset_hub_id``: GLUE tasks), ``pipeline_tag``, ``tags``,
+``eval_results``). The card quotes each
 task's (ε, δ, accountant, N) from its ``dp_privacy.json`` and the composed guarantee from
-:func:`hf_dpmerge.privacy.statement.privacy_statement`; it never computes privacy itself. The evaluation is
+:func:`hf_dpmerge.records.statement.privacy_statement`; it never computes privacy itself. The evaluation is
 read through :class:`hf_dpmerge.analysis.evaluation.EvaluationReport`, the type ``hf-dpmerge evaluate``
 writes. Local paths never enter the card.
 """
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_dpmerge.privacy.record import PrivacyRecord
-from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
@@ -96,22 +97,15 @@ def hub_model_id(candidate: str | None, local_roots: Sequence[str | os.PathLike]
     return candidate
 
 
-def _task_dataset(task: str) -> str | None:
-    """The task's dataset on the Hub, when one is known to be the data it trained on (GLUE tasks)."""
-    from hf_dpmerge.data.tasks import GLUE, get_task_spec
-
-    try:
-        return "nyu-mll/glue" if get_task_spec(task).source == GLUE else None
-    except KeyError:  # a task name hf_dpmerge does not know: no claim about its dataset
-        return None
+DATASET_KEY = "dataset_hub_id"  # a record's extra: the Hub dataset it trained on, when there is one (GLUE)
 
 
-def _eval_results(evaluation: EvaluationReport | None) -> list[EvalResult] | None:
+def _eval_results(evaluation: EvaluationReport | None, datasets: Mapping[str, str | None]) -> list[EvalResult] | None:
     if evaluation is None:
         return None
     return [
-        EvalResult(task_type=PIPELINE_TAG, dataset_type=_task_dataset(t.task) or t.task, dataset_name=t.task,
-                   dataset_config=t.task if _task_dataset(t.task) else None, dataset_split="test",
+        EvalResult(task_type=PIPELINE_TAG, dataset_type=datasets.get(t.task) or t.task, dataset_name=t.task,
+                   dataset_config=t.task if datasets.get(t.task) else None, dataset_split="test",
                    metric_type=t.metric, metric_value=t.merged)
         for t in evaluation.tasks
     ]
@@ -169,7 +163,8 @@ def build_model_card(
     recorded = _common([r.extra.get("base_model_hub_id") for r in records.values()]) or _common(
         [r.base_model for r in records.values()])
     hub_base = hub_model_id(base_model or recorded, local_roots)
-    datasets = sorted({d for d in map(_task_dataset, tasks) if d})
+    task_datasets = {t: r.extra.get(DATASET_KEY) for t, r in records.items()}
+    datasets = sorted({d for d in task_datasets.values() if d})
     title = repo_id.split("/")[-1] if repo_id else "Differentially private merged model"
     card_data = ModelCardData(
         license=license,
@@ -180,7 +175,7 @@ def build_model_card(
         tags=list(CARD_TAGS),
         library_name="transformers",
         model_name=title if evaluation is not None else None,
-        eval_results=_eval_results(evaluation),
+        eval_results=_eval_results(evaluation, task_datasets),
     )
     all_private = all(r.dp and math.isfinite(r.epsilon) for r in records.values())
     return ModelCard.from_template(

@@ -1,6 +1,6 @@
 """Release a merged model to the Hugging Face Hub: merged weights, per-task heads and privacy records, card.
 
-The repository holds only allow-listed files (``hf_dpmerge.training.release.RELEASE_ALLOW_LIST``), laid out as::
+The repository holds only allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``), laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
     mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.privacy.statement import check_unseeded_release
-from hf_dpmerge.training.release import unlisted_files
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.statement import check_unseeded_release
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
@@ -79,7 +79,7 @@ def _check_merged_dir(merged_dir: Path) -> None:
         raise PushError(
             f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
             "weights, model/merge configuration, tokenizer files, privacy records and the card "
-            "(hf_dpmerge.training.release.RELEASE_ALLOW_LIST); move the others out of the merged directory"
+            "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); move the others out of the merged directory"
         )
 
 

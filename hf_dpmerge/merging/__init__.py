@@ -2,11 +2,13 @@
 
 - :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.sure_threshold`, :mod:`.noise_variance`: the maths (torch only);
 - :mod:`.methods`: mergekit method specs and per-tensor kernels (importing it registers them);
-- :mod:`.merge_inputs`: privacy records and LoRA factors of each input, per-model overrides, input checks;
-- :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.model_card`: the
-  README privacy section;
-- :mod:`.encoder_adapter`: an adapter's encoder LoRA weights without its task head; :mod:`.staging`:
-  atomic directory output; :mod:`.output_dir`: when an existing merge output may be replaced.
+- :mod:`.inputs`: privacy records and LoRA factors of each input, per-model overrides (``RECORD_OVERRIDES``);
+- :mod:`.validation`: checks of a merge configuration and its inputs before anything is written;
+- :mod:`.lora_cache`: stale ``--lora-merge-cache`` entries are dropped before a merge;
+- :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.privacy_section`: the
+  README privacy section; :mod:`.output_dir`: when an existing merge output may be replaced.
+
+It imports only :mod:`hf_dpmerge.records`, :mod:`hf_dpmerge.lora` and :mod:`hf_dpmerge.utils` from the package.
 
 Nothing here is imported by ``import hf_dpmerge``; mergekit is imported only by the modules that use it.
 """

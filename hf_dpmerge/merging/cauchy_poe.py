@@ -5,7 +5,7 @@ the MAP estimate under a product of Cauchy experts on the directional residuals 
 
     E(ζ) = Σ_i log(γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²) + j‖ζ‖_F²,        γ_i² = ‖τ_i‖_F²·(tol + d_in·s_i²)
 
-(s_i² = 0 gives the paper's γ_i² = tol·‖τ_i‖²; s_i² > 0 is the DP-calibrated width, DESIGN-NOTES §5).
+(s_i² = 0 gives the paper's γ_i² = tol·‖τ_i‖²; s_i² > 0 is the DP-calibrated width, docs/design.md §5).
 log is concave, so E is majorised by a quadratic at the current iterate; minimising it gives the MM/IRLS
 fixed point (§5, Algorithm 1), started from α ≡ 1:
 
@@ -38,7 +38,9 @@ def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, 
     return float(torch.log(gamma2 + residuals).sum() + jitter * zeta.square().sum())
 
 
-def _cholesky(fill: Callable[[torch.Tensor, float], None], buffer: torch.Tensor, jitter: float, name: str) -> torch.Tensor:
+def _cholesky(
+    fill: Callable[[torch.Tensor, float], None], buffer: torch.Tensor, jitter: float, name: str
+) -> torch.Tensor:
     """Cholesky factor of the system ``fill(buffer, extra)`` writes, computed in ``buffer`` (no second n×n
     matrix); on failure refill with more jitter (×10, up to 3 times), then raise."""
     info = torch.empty((), dtype=torch.int32, device=buffer.device)

@@ -1,4 +1,4 @@
-"""Data-free, noise-calibrated merge of DP task vectors (DESIGN-NOTES §6; post-processing, no privacy cost).
+"""Data-free, noise-calibrated merge of DP task vectors (docs/design.md §6; post-processing, no privacy cost).
 
 Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i² each carries (scalar or per
 coordinate, from :mod:`~hf_dpmerge.merging.noise_variance`):

@@ -3,7 +3,7 @@
 Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
 Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable noise-model
-values of :data:`~hf_dpmerge.merging.merge_inputs.RECORD_OVERRIDES` plus ``noise_std``. They run the same
+values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``. They run the same
 through ``mergekit-yaml``/``run_merge`` and ``mergekit.merge_methods.api.merge_state_dicts`` (in-memory inputs
 have no privacy record: ``dp_aware`` then needs ``allow_non_private: true`` and ``noise_std`` per input or
 ``noise: estimate``, and says so otherwise).
@@ -31,7 +31,7 @@ from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.merge_inputs import (
+from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     RECORD_OVERRIDES,
     check_finite,

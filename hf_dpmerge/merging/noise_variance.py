@@ -1,4 +1,4 @@
-"""The DP-SGD noise left in a released task vector, per coordinate (DESIGN-NOTES §6).
+"""The DP-SGD noise left in a released task vector, per coordinate (docs/design.md §6).
 
 opacus adds N(0, σ²C²) per coordinate to the clipped gradient sum and divides by the expected batch
 size B, so each step moves a directly trained parameter by noise of variance η_t²(σC/B)². Summed over
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_dpmerge.privacy.record import PrivacyRecord
+from hf_dpmerge.records.record import PrivacyRecord
 
 
 def parameter_noise_variance(record: PrivacyRecord) -> float:

@@ -2,7 +2,7 @@
 
 The policy is hf-dpmerge merge's (plain ``mergekit-yaml`` keeps mergekit's own behaviour). The merge writes
 into a scratch directory beside its output and renames it into place at the end
-(:func:`~hf_dpmerge.merging.staging.staged_directory`), so an interrupted merge leaves nothing at the output
+(:func:`~hf_dpmerge.utils.io.staged_directory`), so an interrupted merge leaves nothing at the output
 path. The output path itself may be missing or an empty directory. A non-empty directory is replaced only
 when overwriting was asked for (``--overwrite``, passed to the guarded ``run_merge`` as
 ``HF_DPMERGE_OVERWRITE=1`` because mergekit's command line cannot carry it) *and* it holds a previous merge

@@ -10,8 +10,9 @@ which wraps ``run_merge`` in that process only (:func:`guard_run_merge`). There,
 method name is refused up front, a non-empty output directory is refused unless overwriting a previous merge
 was asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at
 the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped,
-when inputs carry privacy records the model card gets a privacy section, and each task merged from a
-training run folder gets ``<out>/<task>/`` for stock loaders (:mod:`.task_folders`). For ``cauchy_poe`` and
+when inputs carry privacy records the model card gets a privacy section, and ``finish(staged, config)``
+adds what the caller writes into the output before it appears (hf-dpmerge merge: each task's folder for
+stock loaders, :mod:`hf_dpmerge.scripts.task_folders`). For ``cauchy_poe`` and
 ``dp_aware`` every input is also checked before anything is written. Under plain ``mergekit-yaml`` our
 methods check each input when they merge its first tensor (mergekit's own output handling applies).
 """
@@ -23,6 +24,7 @@ import functools
 import importlib
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _WRAPPED = "__hf_dpmerge_guarded__"
@@ -50,8 +52,9 @@ def check_method_name(name: str) -> None:
 
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
-    from hf_dpmerge.merging.merge_inputs import check_inputs, check_parameter_keys, input_settings, require_private
+    from hf_dpmerge.merging.inputs import input_settings, require_private
     from hf_dpmerge.merging.methods import ALLOW_NON_PRIVATE, METHODS
+    from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
     check_method_name(merge_config.merge_method)
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
@@ -70,18 +73,20 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
-def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
-    """``run_merge`` with the output-directory policy, the checks above, atomic output and the privacy card."""
+def guard_run_merge(
+    run_merge: Callable[..., Any], finish: Callable[[Path, Any], Any] | None = None
+) -> Callable[..., Any]:
+    """``run_merge`` with the output-directory policy, the checks above, atomic output, the privacy card and
+    ``finish(staged_output, merge_config)`` before the output is renamed into place."""
     if getattr(run_merge, _WRAPPED, False):
         return run_merge
 
     @functools.wraps(run_merge)
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
-        from hf_dpmerge.merging.merge_inputs import drop_stale_lora_merges
-        from hf_dpmerge.merging.model_card import append_privacy_section
+        from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
-        from hf_dpmerge.merging.staging import staged_directory
-        from hf_dpmerge.merging.task_folders import write_task_folders
+        from hf_dpmerge.merging.privacy_section import append_privacy_section
+        from hf_dpmerge.utils.io import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
         check_merge_output(out_path, overwrite_requested())
@@ -94,7 +99,8 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
                 raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
             if options.write_model_card:
                 append_privacy_section(str(staged), merge_config)
-            write_task_folders(staged, merge_config)
+            if finish is not None:
+                finish(staged, merge_config)
         return result
 
     setattr(guarded, _WRAPPED, True)
@@ -106,11 +112,11 @@ def on_merge_methods_import(_module: types.ModuleType) -> None:
     register_methods()
 
 
-def activate() -> None:
+def activate(finish: Callable[[Path, Any], Any] | None = None) -> None:
     """``hf-dpmerge merge``'s set-up, in its own process: our methods registered, ``mergekit-yaml``'s
-    ``run_merge`` guarded (idempotent)."""
+    ``run_merge`` guarded with ``finish`` (idempotent)."""
     import mergekit.scripts.run_yaml as run_yaml
 
     register_methods()
-    run_yaml.run_merge = guard_run_merge(run_yaml.run_merge)
+    run_yaml.run_merge = guard_run_merge(run_yaml.run_merge, finish)
 

@@ -32,7 +32,7 @@ from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 
-REMOTE_CODE_FILE = Path(remote_code.__file__).name
+REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
 _MODULE = REMOTE_CODE_FILE.removesuffix(".py")
 AUTO_MAP = {
@@ -88,7 +88,9 @@ def head_label_names(adapter_dir: str | os.PathLike, *candidates: Sequence[str] 
     return [f"LABEL_{i}" for i in range(rows)]
 
 
-def task_model(encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str]) -> PreTrainedModel:
+def task_model(
+    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str]
+) -> PreTrainedModel:
     """``encoder_dir``'s weights with the head saved in ``adapter_dir`` (its ``modules_to_save``)."""
     model = load_sequence_classifier(
         encoder_dir, num_labels=len(label_names), ignore_mismatched_sizes=True,

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAMES, without_peft_prefix
+
 if TYPE_CHECKING:  # torch is imported where a .bin adapter is read: the Hub release path stays light
     import torch
 
-PEFT_PREFIX = "base_model.model."
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 class TaskHeadError(ValueError):
@@ -26,7 +26,7 @@ class TaskHeadError(ValueError):
 def load_adapter_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of an adapter's weights file (safetensors preferred), with a clear error if unreadable."""
     adapter_dir = Path(adapter_dir)
-    for name in ADAPTER_WEIGHTS:
+    for name in ADAPTER_WEIGHTS_NAMES:
         path = adapter_dir / name
         if not path.is_file():
             continue
@@ -40,7 +40,7 @@ def load_adapter_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files
             raise TaskHeadError(f"{path}: unreadable adapter weights ({err})") from None
-    raise TaskHeadError(f"{adapter_dir} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
+    raise TaskHeadError(f"{adapter_dir} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS_NAMES)})")
 
 
 def in_modules(name: str, modules: list[str]) -> bool:
@@ -53,7 +53,7 @@ def in_modules(name: str, modules: list[str]) -> bool:
 def task_head_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The adapter's ``modules_to_save`` tensors (its task head), named as in the plain model."""
     adapter_dir = Path(adapter_dir)
-    config_path = adapter_dir / "adapter_config.json"
+    config_path = adapter_dir / ADAPTER_CONFIG_NAME
     if not config_path.is_file():
         raise TaskHeadError(f"{adapter_dir} is not a peft adapter: it has no adapter_config.json")
     try:
@@ -70,7 +70,7 @@ def task_head_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     for key, tensor in load_adapter_state(adapter_dir).items():
         if "lora_" in key:
             continue
-        name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+        name = without_peft_prefix(key)
         name = name.replace(".modules_to_save.default.", ".")
         if in_modules(name, modules):
             head[name] = tensor.detach().cpu().contiguous()

@@ -1,1 +1,2 @@
-"""The released privacy record, the base-weights fingerprint it carries, and the empirical privacy audit."""
+"""Old home of the privacy record (now :mod:`hf_dpmerge.records`) and the audit (now :mod:`hf_dpmerge.audit`);
+``hf_dpmerge.privacy.<module>`` still imports, through :mod:`hf_dpmerge.moved_modules`."""

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from hf_dpmerge.training.accounting import ACCOUNTANTS
-from hf_dpmerge.training.sharpness import SAM_MODES
+from hf_dpmerge.training.dp.accounting import ACCOUNTANTS
+from hf_dpmerge.training.sam import SAM_MODES
 
 
 @dataclass
@@ -26,7 +26,9 @@ class DPSAMConfig(TrainingArguments):
     the expected number of *units* per draw (docs/design.md §9).
     """
 
-    dp: bool = field(default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."})
+    dp: bool = field(
+        default=True, metadata={"help": "Train with DP-SGD. False gives a like-for-like non-private baseline."}
+    )
     target_epsilon: float | None = field(
         default=8.0, metadata={"help": "ε to calibrate σ for (ignored when noise_multiplier is given)."}
     )
@@ -134,14 +136,16 @@ class DPSAMConfig(TrainingArguments):
             )
         if self.push_to_hub and self.hub_strategy != "end":
             problems.append(
-                f"hub_strategy={getattr(self.hub_strategy, 'value', self.hub_strategy)!r} pushes during training (checkpoints with the noise generator "
+                f"hub_strategy={getattr(self.hub_strategy, 'value', self.hub_strategy)!r} pushes during training "
+                "(checkpoints with the noise generator "
                 "state, training_args.bin with dp_seed, loss logs) under DP; use hub_strategy='end' and push the "
                 "release with trainer.push_to_hub()"
             )
         if not self.eval_data_is_public:
             selection = [name for name, on in (
                 ("load_best_model_at_end", self.load_best_model_at_end),
-                (f"eval_strategy={getattr(self.eval_strategy, 'value', self.eval_strategy)!r}", self.eval_strategy != "no"),
+                (f"eval_strategy={getattr(self.eval_strategy, 'value', self.eval_strategy)!r}",
+                 self.eval_strategy != "no"),
             ) if on]
             if selection:
                 problems.append(

@@ -1,6 +1,6 @@
 """``DPSAMTrainer``: DP-SGD + DP-compatible sharpness-aware steps + drift alignment for peft LoRA models.
 
-One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of DESIGN-NOTES §2):
+One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of docs/design.md §2):
 
     B ~ Poisson(q) over the training set                         (one draw per step)
     e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)
@@ -8,7 +8,7 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
-``dp_privacy.json`` (:class:`~hf_dpmerge.privacy.record.PrivacyRecord`).
+``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`).
 
 Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_train_batch_size·P and
 q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
@@ -40,18 +40,32 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.utils import hf_api
 
-from hf_dpmerge.privacy.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.privacy.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
-from hf_dpmerge.privacy.statement import check_unseeded_release
-from hf_dpmerge.training.accounting import (
+from hf_dpmerge.lora import lora_factors
+from hf_dpmerge.modeling.per_example_loss import per_example_loss
+from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
+from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
+from hf_dpmerge.records.statement import check_unseeded_release
+from hf_dpmerge.training.alignment import alignment_penalty
+from hf_dpmerge.training.checks import (
+    check_adapter_type,
+    check_finite_step,
+    check_labels,
+    check_no_gradient_checkpointing,
+    check_no_model_selection,
+    check_sized_dataset,
+)
+from hf_dpmerge.training.dp.accounting import (
     PrivacyAccountant,
     PrivacyBudgetExhausted,
     calibrate_noise_multiplier,
     resolve_delta,
 )
-from hf_dpmerge.training.alignment import alignment_penalty, lora_factors
-from hf_dpmerge.training.cross_process import main_process_value, shared_seed, sum_over_processes
-from hf_dpmerge.training.dp_state import (
+from hf_dpmerge.training.dp.cross_process import main_process_value, shared_seed, sum_over_processes
+from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
+from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
+from hf_dpmerge.training.dp.state import (
     DP_STATE_NAME,
     DPStateCallback,
     last_complete_checkpoint,
@@ -61,20 +75,8 @@ from hf_dpmerge.training.dp_state import (
     save_checkpoint_dp_state,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.input_checks import (
-    check_adapter_type,
-    check_finite_step,
-    check_labels,
-    check_no_gradient_checkpointing,
-    check_no_model_selection,
-    check_sized_dataset,
-)
-from hf_dpmerge.training.per_example_loss import per_example_loss
-from hf_dpmerge.training.poisson_loader import UNIT_KEY, poisson_dataloader
-from hf_dpmerge.training.privatizer import GradientPrivatizer
 from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
-from hf_dpmerge.training.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
-from hf_dpmerge.training.sharpness import ascent_step, per_example_sam_grads, perturbed
+from hf_dpmerge.training.sam import per_example_sam_grads
 
 logger = logging.getLogger(__name__)
 # opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
@@ -241,7 +243,8 @@ class DPSAMTrainer(Trainer):
             args.accountant, noise_multiplier / math.sqrt(self.queries_per_step), self.sample_rate, self.delta
         )
         budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
-        allowed_steps = accountant.max_steps_within(budget, self.planned_steps) if budget is not None else self.planned_steps
+        allowed_steps = (accountant.max_steps_within(budget, self.planned_steps) if budget is not None
+                         else self.planned_steps)
         if allowed_steps < self.planned_steps:
             logger.warning(
                 "ε budget %.3g allows %d of the %d planned steps at σ=%.4g; training will stop there",

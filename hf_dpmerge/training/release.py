@@ -1,11 +1,11 @@
 """Releasing an adapter: its weights and its ``dp_privacy.json`` appear together, or no record appears.
 
-A release holds only the files of ``RELEASE_ALLOW_LIST`` (weights, adapter/model configuration, tokenizer
-files, the privacy record and the card); anything else the writer produced (Trainer's ``training_args.bin``,
-which holds ``dp_seed``) is dropped before the release appears.
+A release holds only the files of ``RELEASE_ALLOW_LIST`` (:mod:`hf_dpmerge.records.release_files`: weights,
+adapter/model configuration, tokenizer files, the privacy record and the card); anything else the writer
+produced (Trainer's ``training_args.bin``, which holds ``dp_seed``) is dropped before the release appears.
 
 The release is written into a scratch directory beside the target first
-(:func:`~hf_dpmerge.merging.staging.staged_directory`). A missing or empty target is then replaced by a
+(:func:`~hf_dpmerge.utils.io.staged_directory`). A missing or empty target is then replaced by a
 single rename. A non-empty target (e.g. a run's ``output_dir``, which holds its checkpoints) receives the
 files one atomic rename each: its old ``dp_privacy.json`` is removed first and the new one is moved in last,
 so a process killed half-way leaves a directory without a record, which merging, evaluation and push refuse.
@@ -15,64 +15,20 @@ released.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 
-from hf_dpmerge.merging.staging import staged_directory
-from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE
-from hf_dpmerge.privacy.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.privacy.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
+from hf_dpmerge.utils.io import staged_directory
 
-RELEASE_FILES = (PRIVACY_RECORD_NAME, "adapter_config.json", "adapter_model.safetensors")
-
-# Everything a release may hold (an adapter folder, what DPSAMTrainer.push_to_hub or `hf-dpmerge push` uploads),
-# as repository paths with shell wildcards per path component. Logs, trainer_state.json, training_args.bin
-# (it holds dp_seed), checkpoints, optimizer/scheduler/RNG states and dp_state.pt (the noise generator's state)
-# and metrics computed on private data are left out: nothing private leaves except through the accounted
-# mechanism (docs/design.md §10).
-RELEASE_ALLOW_LIST = (
-    # weights: a LoRA adapter, or a merged model (one file or shards with their index)
-    "adapter_model.safetensors", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
-    "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json",
-    # configurations: the adapter's, the model's, the merge recipe
-    "adapter_config.json", "config.json", "generation_config.json", "mergekit_config.yml",
-    # tokenizer files (copied from the public base)
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
-    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
-    "chat_template.jinja", "chat_template.json",
-    # the privacy record, the card, and the privatised optimizer statistics the dp_aware merge reads
-    PRIVACY_RECORD_NAME, "README.md", "dp_noise_stats.safetensors",
-    # the remote code of the mean-pooling head (hf_dpmerge.modeling.stock_release)
-    REMOTE_CODE_FILE,
-    # task models for stock loaders, one folder level down: an adapter's base/, a merged release's <task>/
-    *(f"*/{name}" for name in (
-        "model.safetensors", "config.json", REMOTE_CODE_FILE, "tokenizer.json", "tokenizer_config.json",
-        "special_tokens_map.json", "vocab.txt", PRIVACY_RECORD_NAME,
-    )),
-)
-
-
-def is_release_file(path: str) -> bool:
-    """Whether the repository path ``path`` (posix, relative) matches an entry of ``RELEASE_ALLOW_LIST``."""
-    parts = PurePosixPath(path).parts
-    return any(
-        len(parts) == len(pattern_parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts))
-        for pattern_parts in (PurePosixPath(p).parts for p in RELEASE_ALLOW_LIST)
-    )
-
-
-def unlisted_files(directory: str | os.PathLike) -> list[str]:
-    """Files under ``directory`` (relative posix paths) that no entry of ``RELEASE_ALLOW_LIST`` allows."""
-    root = Path(directory)
-    return [
-        rel for rel in (p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file())
-        if not is_release_file(rel)
-    ]
+RELEASE_FILES = (PRIVACY_RECORD_NAME, ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME)
 
 
 def keep_release_files(directory: str | os.PathLike) -> list[str]:

@@ -1,0 +1,102 @@
+"""``python -m benchmarks.quality``: run a grid (or plan it), then write BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hf_dpmerge.training.recipe import DP_RECIPE
+
+from . import __doc__ as DESCRIPTION
+from .grid import GRIDS, MERGE_CONFIGS, TRAINERS, Grid, plan_cells
+from .report import write_report
+from .run import REPO, Context, run_cell, unit_settings
+from .store import Store
+from .time_model import TOKENS_PER_SECOND, estimate_seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=DESCRIPTION.splitlines()[0],
+                                     epilog=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="cpu", help="which grid to run (default: cpu)")
+    parser.add_argument("--work-dir", type=Path, help="where adapters and results go (default: runs/quality/<grid>)")
+    parser.add_argument("--report-dir", type=Path, help="where BENCHMARKS.md and benchmarks/plots/ go "
+                        "(default: the repository for cpu/full, the work dir for smoke)")
+    parser.add_argument("--seeds", type=int, help="seeds of the headline cells (default: the grid's)")
+    parser.add_argument("--tasks", help="comma-separated subset or replacement of the grid's tasks")
+    parser.add_argument("--trainers", help=f"comma-separated subset of {','.join(TRAINERS)}")
+    parser.add_argument("--epsilons", help="comma-separated ε values (default: the grid's)")
+    parser.add_argument("--merges", help=f"comma-separated subset of {','.join(MERGE_CONFIGS)}")
+    parser.add_argument("--model_name_or_path", help="base encoder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--keep-models", action="store_true", help="keep merged models (default: delete each "
+                        "after it is scored; adapters are always kept)")
+    parser.add_argument("--plan", action="store_true", help="print the cells and the estimated time; run nothing")
+    parser.add_argument("--report-only", action="store_true", help="regenerate the report from stored results")
+    args = parser.parse_args(argv)
+
+    grid = _customised(GRIDS[args.grid], args)
+    seeds = args.seeds if args.seeds is not None else grid.seeds
+    if seeds < 1:
+        raise SystemExit("--seeds must be ≥ 1")
+    work_dir = (args.work_dir or REPO / "runs" / "quality" / args.grid).resolve()
+    report_dir = (args.report_dir or (work_dir if args.grid == "smoke" else REPO)).resolve()
+    ctx = Context(grid, work_dir, Store(work_dir), args.model_name_or_path, args.keep_models,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
+    cells = plan_cells(grid, seeds)
+    if args.plan:
+        parts = estimate_seconds(ctx, cells)
+        print(f"{len(cells)} cells × {len(grid.tasks)} tasks = {len(cells) * len(grid.tasks)} trainings, "
+              f"{len(cells) * len(grid.merges)} merges")
+        for cell in cells:
+            print(f"  {cell.name}")
+        for part, seconds in parts.items():
+            print(f"{part:<20} {seconds / 60:6.1f} min")
+        print(f"{'total':<20} {sum(parts.values()) / 60:6.1f} min (2 idle CPU cores, {TOKENS_PER_SECOND:.0f} tokens/s)")
+        return 0
+    if not args.report_only:
+        for cell in cells:
+            run_cell(ctx, cell)
+        print(f"ran {ctx.ran} units, skipped {ctx.skipped} finished ones")
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.quality", *(a for a in given if a != "--report-only")])
+    path = write_report(ctx.store, grid, cells, lambda cell, unit: unit_settings(ctx, cell, unit), report_dir,
+                        command, DP_RECIPE, TRAINERS)
+    print(f"report written to {path}")
+    return 0
+
+
+def _customised(grid: Grid, args: argparse.Namespace) -> Grid:
+    """The grid with the command line's --tasks / --trainers / --epsilons / --merges applied (checked)."""
+    from hf_dpmerge.data import get_task_spec
+
+    def names(text: str | None, known: dict | None, default: tuple) -> tuple:
+        if not text:
+            return default
+        chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+        unknown = [t for t in chosen if known is not None and t not in known]
+        if unknown or not chosen or len(set(chosen)) != len(chosen):
+            raise SystemExit(f"bad choice {text!r}; known: {', '.join(known or [])}")
+        return chosen
+
+    tasks = names(args.tasks, None, grid.tasks)
+    for task in tasks:
+        get_task_spec(task)
+    try:
+        epsilons = tuple(float(e) for e in names(args.epsilons, None, tuple(map(str, grid.epsilons))))
+    except ValueError:
+        raise SystemExit(f"--epsilons takes comma-separated numbers, got {args.epsilons!r}") from None
+    if any(not (e > 0 and np.isfinite(e)) for e in epsilons):
+        raise SystemExit("--epsilons must be finite and positive")
+    return dataclasses.replace(grid, tasks=tasks, epsilons=epsilons,
+                               trainers=names(args.trainers, TRAINERS, grid.trainers),
+                               merges=names(args.merges, MERGE_CONFIGS, grid.merges))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Fingerprint of the base weights an adapter was trained on, checkable from a saved base directory.
+
+The fingerprint covers the base tensors the adapter's LoRA layers modify (each ``base_layer`` weight), named
+as in a plain ``save_pretrained`` of the base model, so a merge can recompute it from the base checkpoint and
+refuse adapters trained on another base. Task heads (``modules_to_save``) are left out: each task may start
+from its own freshly initialised head, and heads are never merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hf_dpmerge.utils.adapter_files import without_peft_prefix
+
+
+def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, shape, float32 bytes) of the tensors, in sorted name order."""
+    digest = hashlib.sha256()
+    for name in sorted(named_tensors):
+        tensor = named_tensors[name].detach().to("cpu", torch.float32).contiguous()
+        digest.update(name.encode())
+        digest.update(json.dumps(list(tensor.shape)).encode())
+        digest.update(tensor.numpy().tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def _canonical(module_name: str) -> str:
+    return without_peft_prefix(module_name)
+
+
+def peft_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Base weights under a peft model's LoRA layers, named as in the base checkpoint."""
+    from peft.tuners.lora import LoraLayer
+
+    return {
+        _canonical(name) + ".weight": module.get_base_layer().weight
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer)
+    }
+
+
+def _safetensors_index(base_dir: Path) -> dict[str, Path]:
+    index_file = base_dir / "model.safetensors.index.json"
+    if index_file.exists():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+        return {name: base_dir / shard for name, shard in weight_map.items()}
+    single = base_dir / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{base_dir}: no model.safetensors or model.safetensors.index.json")
+    from safetensors import safe_open
+
+    with safe_open(single, "pt") as handle:
+        return {name: single for name in handle.keys()}
+
+
+def directory_base_tensors(base_dir: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Load the named tensors from a saved base model directory (safetensors, single or sharded)."""
+    from safetensors import safe_open
+
+    base_dir = Path(base_dir)
+    index = _safetensors_index(base_dir)
+    names = list(names)
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise KeyError(f"{base_dir}: base model lacks tensors {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in names:
+        with safe_open(index[name], "pt") as handle:
+            tensors[name] = handle.get_tensor(name)
+    return tensors

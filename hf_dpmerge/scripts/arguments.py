@@ -1,0 +1,68 @@
+"""Command-line arguments shared by the training script (``examples/train_glue.py``) and ``hf-dpmerge audit``:
+which task and base model (:class:`TaskArguments`) and which LoRA (:class:`LoraArguments`). Each field is a
+flag of ``transformers.HfArgumentParser``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from hf_dpmerge.data.model_path import default_model_path
+from hf_dpmerge.data.tasks import DEFAULT_TASK
+from hf_dpmerge.utils.io import require_model_source
+
+CLASSIFIER_POOLINGS = ("mean", "cls")
+
+
+@dataclass
+class TaskArguments:
+    task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Base encoder (Hub id or path); default: the packaged all-MiniLM-L6-v2."}
+    )
+    dataset_path: str | None = field(default=None, metadata={"help": "GLUE only: dataset repo id or local copy."})
+    max_length: int = field(default=64, metadata={"help": "Truncate inputs to this many tokens."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Train on a seeded stratified subset of the training split of this size."}
+    )
+    classifier_pooling: str | None = field(
+        default=None,
+        metadata={"help": "'mean' (masked token mean; BERT encoders) or 'cls' (pooler). Default: mean for BERT.",
+                  "choices": CLASSIFIER_POOLINGS},
+    )
+
+    def model_source(self) -> str:
+        """The base encoder to load (``--model_name_or_path``, else the packaged MiniLM), refused if it is missing."""
+        source = self.model_name_or_path or str(default_model_path())
+        require_model_source(source)
+        return source
+
+    def with_pooling(self) -> TaskArguments:
+        """A copy with ``classifier_pooling`` filled in: ``mean`` for BERT encoders, ``cls`` otherwise."""
+        if self.classifier_pooling is not None:
+            return self
+        from hf_dpmerge.modeling import default_classifier_pooling  # imports transformers: only when needed
+
+        return dataclasses.replace(self, classifier_pooling=default_classifier_pooling(self.model_source()))
+
+
+@dataclass
+class LoraArguments:
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha (scaling s = α/r)."})
+    lora_target_modules: str = field(default="query,value", metadata={"help": "Comma-separated modules given LoRA."})
+    lora_layers: str = field(
+        default="top_half",
+        metadata={"help": "Layers that get LoRA: 'top_half' (backprop stops halfway: faster steps, fewer noisy "
+                  "coordinates), 'all', or comma-separated indices."},
+    )
+
+
+def flags_help(*types: type) -> str:
+    """One line per field of the ``types`` dataclasses: ``--name (default): help``."""
+    lines = []
+    for kind in types:
+        for item in dataclasses.fields(kind):
+            default = "" if item.default in (None, dataclasses.MISSING) else f" (default: {item.default})"
+            lines.append(f"  --{item.name}{default}: {item.metadata.get('help', '')}")
+    return "\n".join(lines)

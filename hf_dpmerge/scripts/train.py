@@ -1,0 +1,228 @@
+"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks: the workflow
+behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :func:`main`).
+
+    accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
+    accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
+    accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
+
+Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…);
+``--output_dir``, ``--push_to_hub`` and ``--hub_model_id`` are refused (``--runs_dir``, ``hf-dpmerge push``),
+``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
+``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
+``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
+All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
+so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
+``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock
+``AutoPeftModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)``), ``encoder_adapter/``
+(LoRA only: what is merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by
+the DP guarantee).
+
+User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes each film (all its snippets) the
+privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw. The other
+packaged tasks have no natural unit column (election_tweets' author is its label).
+
+Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process
+trains its share of each Poisson draw; the base, the adapters, the privacy record and the metrics are written
+once, by the main process.
+An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    HfArgumentParser,
+)
+
+from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.glue import GLUE_PATH
+from hf_dpmerge.data.metrics import trainer_compute_metrics
+from hf_dpmerge.data.model_path import source_hub_id
+from hf_dpmerge.data.tasks import GLUE, parse_task_list
+from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from hf_dpmerge.training.recipe import DP_RECIPE
+from hf_dpmerge.training.release import check_release_target
+from hf_dpmerge.utils.io import staged_directory
+
+# The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
+# TrainingArguments flags this script cannot honour as Trainer would, and what to use instead
+REFUSED_FLAGS = {
+    "--output_dir": "each task writes to <runs_dir>/<task>/ (checkpoints in <runs_dir>/<task>/checkpoints): "
+                    "use --runs_dir",
+    "--push_to_hub": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+    "--hub_model_id": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+}
+
+
+def refuse_ignored_flags(argv: list[str]) -> None:
+    """Refuse a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it."""
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            raise ValueError(f"{flag} is not used by train_glue.py: {REFUSED_FLAGS[flag]}")
+
+
+def resume_point(config: DPSAMConfig, tasks: list[str]) -> str | bool | None:
+    """``--resume_from_checkpoint``: ``true`` resumes every task from its last complete checkpoint; a path
+    names one checkpoint, so it needs a single task."""
+    value = config.resume_from_checkpoint
+    if value is None or str(value).lower() in ("false", "no", ""):
+        return None
+    if str(value).lower() in ("true", "yes", "last"):
+        return True
+    if len(tasks) != 1:
+        raise ValueError(f"--resume_from_checkpoint {value} names one checkpoint but {len(tasks)} tasks are "
+                         "trained: pass --resume_from_checkpoint true (each task's last checkpoint) or one --task")
+    return str(value)
+
+
+def glue_dataset_hub_id(spec, dataset_path: str | None) -> str | None:
+    """The Hub dataset a GLUE task trained on (``--dataset_path`` when it is no local directory); None for the
+    packaged offline tasks, whose Hub copies (if any) are not the same data."""
+    import os
+
+    if spec.source != GLUE:
+        return None
+    path = dataset_path or GLUE_PATH
+    return None if os.path.isdir(path) else path
+
+
+@dataclass
+class TrainArguments:
+    tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
+    runs_dir: str = field(default="runs", metadata={"help": "Where base/ and <task>/ are written."})
+    max_eval_samples: int | None = field(default=None)
+    base_seed: int = field(default=0, metadata={"help": "Seed of the shared base's (unused) head initialisation."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
+
+
+@dataclass
+class ScriptArguments(TrainArguments, LoraArguments, TaskArguments):
+    """Every flag of the training script besides DPSAMConfig's: task and base, LoRA, and the run's outputs."""
+
+
+def shared_base(script: ScriptArguments) -> Path:
+    """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
+    source = script.model_source()
+    script = script.with_pooling()
+    base_dir = Path(script.runs_dir) / "base"
+    marker = base_dir / "hf_dpmerge_base.json"
+    if marker.exists():
+        saved = json.loads(marker.read_text())
+        wanted = {"source": source, "classifier_pooling": script.classifier_pooling}
+        found = {key: saved.get(key, "cls") for key in wanted}
+        if found != wanted:
+            raise ValueError(f"{base_dir} was built as {found}, not {wanted}: use another --runs_dir")
+        return base_dir
+    if base_dir.exists() and any(base_dir.iterdir()):
+        raise FileExistsError(
+            f"{base_dir} exists but was not built by this script (no {marker.name}): use another --runs_dir"
+        )
+    torch.manual_seed(script.base_seed)
+    model = load_sequence_classifier(source, num_labels=2, classifier_pooling=script.classifier_pooling)
+    with staged_directory(base_dir) as staged:  # a killed run leaves no half-written base
+        model.save_pretrained(staged)
+        AutoTokenizer.from_pretrained(source).save_pretrained(staged)
+        (staged / marker.name).write_text(json.dumps(
+            {"source": source, "seed": script.base_seed, "classifier_pooling": script.classifier_pooling}
+        ))
+    return base_dir
+
+
+def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
+               resume: str | bool | None = None) -> dict | None:
+    """Train one task (``resume``: a checkpoint, or True for the last complete one); returns its summary on the
+    process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the validation
+    split, private data like the training split: those logs are not covered by the DP guarantee."""
+    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
+        splits, spec = load_task(task, max_train_samples=script.max_train_samples,
+                                 max_eval_samples=script.max_eval_samples, path=script.dataset_path)
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        unit = config.privacy_unit_column
+        if unit is not None and unit not in splits["train"].column_names:
+            raise ValueError(
+                f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
+                f"{splits['train'].column_names}); rotten_tomatoes has 'movie', the other packaged tasks none"
+            )
+        data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
+                             keep_columns=(unit,) if unit is not None else ())
+    # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
+    model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
+                                     target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
+    out = Path(script.runs_dir) / task
+    args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
+    evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO")
+    if evaluating and "validation" not in data:
+        raise ValueError(f"--eval_strategy {config.eval_strategy}: task {task} has no validation split")
+    trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],
+                           eval_dataset=data["validation"] if evaluating else None,
+                           compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
+                           data_collator=DataCollatorWithPadding(tokenizer))
+    trainer.train(resume_from_checkpoint=resume)
+    prediction = trainer.predict(data["test"])
+    metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
+    adapter_dir = out / "adapter"
+    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
+    if not config.should_save:
+        return None
+    record = PrivacyRecord.load(adapter_dir)
+    record.task = task
+    record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
+                        classifier_pooling=script.classifier_pooling,
+                        base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
+                        dataset_hub_id=glue_dataset_hub_id(spec, script.dataset_path))  # and its datasets
+    record.save(adapter_dir)
+    export_encoder_adapter(adapter_dir, out / "encoder_adapter")
+    make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
+    summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
+               "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,
+               "steps": record.steps, "num_samples": record.num_samples, "num_units": record.num_units}
+    (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    replace_one = "–" if record.epsilon_replace_one is None else f"{record.epsilon_replace_one:.3g}"
+    print(f"[{task}] test {spec.metric} = {metrics[spec.metric]:.4f}, ε = {record.epsilon:.3g} (add/remove-one; "
+          f"replace-one {replace_one}), δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
+    return summary
+
+
+def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
+    """The script's flags after the defaults (``DP_DEFAULTS`` first, so every later flag overrides them)."""
+    refuse_ignored_flags(argv)
+    return HfArgumentParser((ScriptArguments, DPSAMConfig)).parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train every task of ``argv`` (default: the command line) from one shared base."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script, config = parse_arguments(argv)
+    script = script.with_pooling()
+    tasks = parse_task_list(script.tasks) if script.tasks else [script.task]
+    resume = resume_point(config, tasks)
+    for task in tasks:  # refuse to replace a release before training anything, not after
+        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
+    with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
+        base_dir = shared_base(script)
+    for task in tasks:
+        train_task(task, script, config, base_dir, resume)
+    # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
+    config.distributed_state.wait_for_everyone()
+    config.distributed_state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

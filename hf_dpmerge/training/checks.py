@@ -1,0 +1,131 @@
+"""What DPSAMTrainer refuses before training starts, and at each step, with errors that name the problem.
+
+- The adapter: peft adapters must be LoRA; under DP with opacus hooks (every ``sam_mode`` but
+  ``per_example``) DoRA layers are refused too, since opacus has no per-sample-gradient rule for them.
+- The labels of a sequence classifier: the dataset needs a label column, and every class id must lie in
+  [0, num_labels) of the model (cross-entropy would index past the head).
+- The training set must have a size N (q = B_exp/N); under DP the model must not use gradient
+  checkpointing (per-sample gradients need the forward activations it discards), and no callback may select
+  the model on evaluation data unless that data is declared public (``eval_data_is_public``).
+- Each step: the loss and the (privatised) gradient must be finite; training stops at the first step where
+  they are not, before the weights change, so no NaN/inf adapter or privacy record is ever saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from torch import nn
+from transformers import EarlyStoppingCallback
+
+from hf_dpmerge.lora import UnsupportedAdapterError
+
+LABEL_COLUMNS = ("label", "labels", "label_ids")
+
+
+def check_adapter_type(model: nn.Module, dp: bool, sam_mode: str) -> None:
+    """Refuse non-LoRA peft adapters, and DoRA layers where opacus computes the per-sample gradients."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, config in getattr(model, "peft_config", {}).items():
+        peft_type = getattr(config.peft_type, "value", config.peft_type)
+        if peft_type != "LORA":
+            raise UnsupportedAdapterError(
+                f"adapter {name!r} is {peft_type}: DPSAMTrainer trains LoRA adapters only (per-sample gradients, "
+                "the alignment penalty and the merge methods assume LoRA layers)"
+            )
+    if dp and sam_mode != "per_example":
+        for name, module in model.named_modules():
+            if isinstance(module, LoraLayer) and any(module.use_dora.values()):
+                raise UnsupportedAdapterError(
+                    f"{name}: DoRA layers (use_dora=True) have no opacus per-sample gradient rule; use plain LoRA, "
+                    "or sam_mode='per_example' (the alignment penalty and the merge methods refuse DoRA too)"
+                )
+
+
+def _sequence_classes(model: nn.Module) -> int | None:
+    """num_labels of a single-label sequence classifier, else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if not type(base).__name__.endswith("ForSequenceClassification") or config is None:
+        return None
+    if config.num_labels < 2 or config.problem_type in ("regression", "multi_label_classification"):
+        return None
+    return config.num_labels
+
+
+def check_labels(dataset: Any, model: nn.Module, label_names: Sequence[str] | None = None) -> None:
+    """A sequence classifier's ``datasets.Dataset`` has a label column whose ids all lie in [0, num_labels)."""
+    num_labels = _sequence_classes(model)
+    if num_labels is None or not isinstance(dataset, datasets.Dataset):
+        return
+    candidates = list(label_names or LABEL_COLUMNS)
+    column = next((c for c in candidates if c in dataset.column_names), None)
+    if column is None:
+        raise ValueError(
+            f"train_dataset has no label column (looked for {candidates}; it has {dataset.column_names}): "
+            f"a sequence classifier with num_labels={num_labels} needs a class id per example"
+        )
+    labels = np.asarray(dataset.with_format("numpy")[column])
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"train_dataset column {column!r} holds {labels.dtype} values, not integer class ids")
+    unseen = np.unique(labels[(labels < 0) | (labels >= num_labels)])
+    if unseen.size:
+        count = int(np.isin(labels, unseen).sum())
+        raise ValueError(
+            f"train_dataset column {column!r} holds class ids {unseen[:10].tolist()} outside [0, {num_labels}) "
+            f"of the model's num_labels={num_labels} ({count} rows): build the model with enough labels or drop them"
+        )
+
+
+def check_finite_step(step: int, loss: torch.Tensor, gradient: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+    """Stop at a NaN/inf loss or gradient, naming the step (and the parameter)."""
+    finite = torch.stack([torch.isfinite(loss).all(), *(torch.isfinite(g).all() for g in gradient)])
+    if bool(finite.all()):
+        return
+    if not bool(finite[0]):
+        problem = f"the training loss is {loss.item()}"
+    else:
+        problem = f"the gradient of {names[int((~finite[1:]).nonzero()[0])]} holds NaN or infinite values"
+    raise FloatingPointError(
+        f"step {step}: {problem} (NaN/inf weights or inputs, or a learning rate that diverges); training "
+        "stopped before the update, and no adapter or privacy record was saved"
+    )
+
+
+def check_sized_dataset(dataset: Any) -> None:
+    """Refuse an iterable (streaming) dataset: the sample rate q = B_exp/N needs its size N."""
+    if isinstance(dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)) or not hasattr(
+        dataset, "__len__"
+    ):
+        raise TypeError(
+            f"train_dataset is a {type(dataset).__name__} without a length: Poisson sampling and the privacy "
+            "accounting need the training set's size N (sample rate q = B_exp/N) and random access to its rows; "
+            "materialise it (e.g. datasets.Dataset.from_generator, or load_dataset without streaming=True)"
+        )
+
+
+def check_no_gradient_checkpointing(model: nn.Module) -> None:
+    """Refuse a model with gradient checkpointing on: per-sample gradients need the forward activations."""
+    if any(getattr(module, "gradient_checkpointing", False) is True for module in model.modules()):
+        raise ValueError(
+            "the model has gradient checkpointing enabled, which DP training does not support: per-sample "
+            "gradients need each layer's activations from the forward pass, which checkpointing discards and "
+            "recomputes inside backward; call model.gradient_checkpointing_disable() (and keep "
+            "gradient_checkpointing=False) and lower physical_batch_size to save memory instead"
+        )
+
+
+def check_no_model_selection(callbacks: Sequence[Any]) -> None:
+    """Refuse early stopping under DP: it selects the model on evaluation data the guarantee does not cover."""
+    stopping = [type(c).__name__ for c in callbacks if isinstance(c, EarlyStoppingCallback)]
+    if stopping:
+        raise ValueError(
+            f"{', '.join(stopping)} selects the model on evaluation data, which the DP guarantee does not cover "
+            "when that data is private; remove the callback, or set eval_data_is_public=True if the evaluation "
+            "data is public (the privacy record says so)"
+        )

@@ -1,0 +1,155 @@
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hf_dpmerge.analysis.evaluation import (
+    CHART_NAME,
+    RESULTS_NAME,
+    EvaluationReport,
+    TaskEvaluation,
+    evaluate_runs,
+    predict_logits,
+)
+from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
+from hf_dpmerge.cli import evaluate_command
+from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
+from hf_dpmerge.records.record import PrivacyRecordError
+from tests.utils.runs_builders import MAX_LENGTH, build_fake_runs
+from tests.utils.tiny_models import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return build_fake_runs(tmp_path_factory.mktemp("eval"))
+
+
+def test_head_swap_reproduces_individual_logits(runs):
+    spec = get_task_spec("bbc_news")
+    adapter = runs["runs"] / "bbc" / "adapter"
+    dsd, _ = load_task("bbc_news", max_eval_samples=25)
+    test = tokenize_task(dsd["test"], spec, tiny_tokenizer(), MAX_LENGTH)
+    individual = predict_logits(load_individual_model(runs["base"], adapter, spec), test, tiny_tokenizer())
+    merged = predict_logits(load_merged_with_head(runs["merged"], adapter, spec), test, tiny_tokenizer())
+    assert individual.shape == (25, 5)
+    np.testing.assert_allclose(merged, individual, atol=1e-5)
+    assert individual.std() > 0.1  # the adapter really changed something: not a trivially equal pair
+
+
+def test_predict_logits_matches_unbatched_order(runs):
+    spec = get_task_spec("election_tweets")
+    adapter = runs["runs"] / "election_tweets" / "adapter"
+    model = load_individual_model(runs["base"], adapter, spec)
+    dsd, _ = load_task("election_tweets", max_eval_samples=9)
+    test = tokenize_task(dsd["test"], spec, tiny_tokenizer(), MAX_LENGTH)
+    batched = predict_logits(model, test, tiny_tokenizer(), batch_size=4)
+    with torch.no_grad():
+        one_by_one = [model(input_ids=torch.tensor([row["input_ids"]])).logits[0].numpy() for row in test]
+    np.testing.assert_allclose(batched, np.stack(one_by_one), atol=1e-5)
+
+
+def test_task_head_state_is_the_adapters_trained_head(runs):
+    head = task_head_state(runs["runs"] / "bbc" / "adapter")
+    assert set(head) == {"classifier.weight", "classifier.bias"}
+    assert head["classifier.weight"].shape == (5, 32)
+
+
+def test_evaluate_runs_scores_retention_and_epsilon(runs):
+    report = evaluate_runs(runs["runs"], runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
+                           log=lambda line: None)
+    by_task = {t.task: t for t in report.tasks}
+    assert set(by_task) == {"bbc_news", "election_tweets"}  # named by the privacy records, not the folders
+    bbc, tweets = by_task["bbc_news"], by_task["election_tweets"]
+    assert bbc.merged == bbc.individual and bbc.interference == 0.0
+    assert bbc.retention == pytest.approx(1.0) or bbc.individual == 0.0
+    assert bbc.epsilon == 4.0 and bbc.delta == 1e-5
+    assert math.isinf(tweets.epsilon) and tweets.delta is None
+    assert bbc.num_examples == tweets.num_examples == 30
+    assert bbc.individual_metrics["accuracy"] == bbc.individual and "macro_f1" in bbc.individual_metrics
+    avg = report.averages()
+    assert avg["individual"] == pytest.approx((bbc.individual + tweets.individual) / 2)
+    assert avg["interference"] == pytest.approx((bbc.interference + tweets.interference) / 2)
+
+
+def test_report_definitions_and_json_roundtrip(tmp_path):
+    rows = [
+        TaskEvaluation("a", "accuracy", 8.0, 1e-5, individual=0.8, merged=0.6, num_examples=10),
+        TaskEvaluation("b", "matthews_correlation", math.inf, None, individual=0.0, merged=-0.1, num_examples=10),
+    ]
+    report = EvaluationReport(rows, merged_model="m", base_model="b")
+    assert rows[0].retention == pytest.approx(0.75) and rows[0].interference == pytest.approx(0.2)
+    assert math.isnan(rows[1].retention)  # undefined, not a division by zero
+    avg = report.averages()
+    assert avg["retention"] == pytest.approx(0.75)  # undefined retentions are left out of the mean
+    assert avg["merged"] == pytest.approx(0.25) and avg["interference"] == pytest.approx(0.15)
+    json_path, chart = report.save(tmp_path)
+    data = json.loads(json_path.read_text())
+    assert data["tasks"]["a"]["retention"] == pytest.approx(0.75) and data["tasks"]["b"]["retention"] is None
+    assert math.isinf(data["tasks"]["b"]["epsilon"]) and data["max_epsilon"] == math.inf
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "∞" in report.table() and "75.0%" in report.table()
+
+
+def test_cli_writes_results_and_chart(runs, tmp_path, capsys):
+    parser = __import__("argparse").ArgumentParser()
+    evaluate_command.add_arguments(parser)
+    out = tmp_path / "eval"
+    args = parser.parse_args(["--runs", str(runs["runs"]), "--merged", str(runs["merged"]), "--tasks", "bbc",
+                              "--output", str(out), "--max_eval_samples", "20"])
+    assert evaluate_command.run(args) == 0
+    data = json.loads((out / RESULTS_NAME).read_text())
+    assert list(data["tasks"]) == ["bbc_news"] and data["tasks"]["bbc_news"]["num_examples"] == 20
+    assert (out / CHART_NAME).stat().st_size > 1000
+    assert "bbc_news" in capsys.readouterr().out
+
+
+def test_clear_errors_for_missing_dirs_and_records(runs, tmp_path):
+    with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
+        evaluate_runs(runs["runs"], tmp_path / "nowhere", log=lambda line: None)
+    with pytest.raises(FileNotFoundError, match="not a peft adapter"):
+        evaluate_runs(runs["runs"], runs["merged"], ["missing_task"], log=lambda line: None)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        evaluate_runs(tmp_path / "no_runs", runs["merged"], base_dir=runs["base"], log=lambda line: None)
+    bare = tmp_path / "runs" / "bare" / "adapter"
+    bare.mkdir(parents=True)
+    for f in (runs["runs"] / "bbc" / "adapter").iterdir():
+        if f.name != "dp_privacy.json":
+            (bare / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(PrivacyRecordError, match="no privacy record"):
+        evaluate_runs(tmp_path / "runs", runs["merged"], ["bare"], base_dir=runs["base"], log=lambda line: None)
+
+
+def test_head_of_the_wrong_size_is_refused(runs):
+    spec = get_task_spec("reuters_r8")  # 8 labels; the bbc adapter's head has 5
+    with pytest.raises(ValueError, match="head shapes differ"):
+        load_merged_with_head(runs["merged"], runs["runs"] / "bbc" / "adapter", spec)
+
+
+def test_same_shape_head_is_replaced_not_kept(runs):
+    adapter = runs["runs"] / "election_tweets" / "adapter"  # 2 labels, like the merged model's own head
+    model = load_merged_with_head(runs["merged"], adapter, get_task_spec("election_tweets"))
+    head = task_head_state(adapter)
+    assert torch.equal(model.classifier.weight, head["classifier.weight"])
+    assert torch.equal(model.classifier.bias, head["classifier.bias"])
+    assert model.config.id2label == {0: "HillaryClinton", 1: "realDonaldTrump"}
+
+
+def test_default_tasks_are_the_ones_the_merged_model_merged(runs, tmp_path):
+    import shutil
+
+    from hf_dpmerge.analysis.runs_layout import task_runs
+
+    merged = tmp_path / "merged"
+    shutil.copytree(runs["merged"], merged)
+    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc", "election_tweets"]  # no config
+    (merged / "mergekit_config.yml").write_text(
+        "merge_method: dp_aware\nbase_model: runs/base\nmodels:\n  - model: runs/base+runs/bbc/encoder_adapter\n"
+    )
+    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc"]  # election_tweets never merged
+    assert [r.name for r in task_runs(runs["runs"], ["election_tweets"], merged_dir=merged)] == ["election_tweets"]
+    (merged / "mergekit_config.yml").write_text("merge_method: ties\nmodels:\n  - model: elsewhere/x\n")
+    with pytest.raises(ValueError, match="merges none of the run folders.*pass --runs or --tasks"):
+        task_runs(runs["runs"], merged_dir=merged)

@@ -1,0 +1,47 @@
+"""python -m benchmarks.quality: the smoke grid runs end to end, writes its report, and a rerun skips every unit."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.utils.subprocess_helpers import run_offline
+from tests.utils.tiny_models import save_tiny_bert
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # -m benchmarks.quality
+
+
+@pytest.mark.slow
+def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
+    base = save_tiny_bert(tmp_path / "tiny-base")
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "benchmarks.quality", "--grid", "smoke", "--work-dir", str(work),
+               "--model_name_or_path", str(base), "--trainers", "non_private,dp_merging", "--merges", "ties,dp_aware"]
+    first = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
+    assert "ran 8 units, skipped 0" in first.stdout  # 2 cells × (2 trainings + 2 merges)
+    stored = sorted((work / "results").rglob("*.json"))
+    assert len(stored) == 8
+    before = {path: path.stat().st_mtime_ns for path in stored}
+    merge = json.loads((work / "results" / "dp_merging-eps4-seed0" / "merge_ties.json").read_text())
+    assert set(merge["evaluation"]["tasks"]) == {"rotten_tomatoes", "bbc_news"}
+    assert merge["diagnostics"]["bbc_news"]["interpolation"]["gamma"] == [0.0, 0.5, 1.0]
+    train = json.loads((work / "results" / "dp_merging-eps4-seed0" / "train_bbc_news.json").read_text())
+    assert train["hyperparameters"]["sam_mode"] == "dp_sat" and 0 < train["summary"]["epsilon"] <= 4.0
+    assert train["hyperparameters"]["classifier_pooling"] == "mean"  # resolved as the training script's main() does
+    record = json.loads((work / "cells" / "dp_merging-eps4-seed0" / "runs" / "bbc_news" / "adapter" /
+                         "dp_privacy.json").read_text())
+    assert record["extra"]["classifier_pooling"] == "mean"
+    assert train["diagnostics"]["drift"] > 0 and train["diagnostics"]["sharpness"] is not None
+    assert not (work / "cells" / "dp_merging-eps4-seed0" / "merged" / "ties").exists()  # scored, then removed
+
+    second = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
+    assert "ran 0 units, skipped 8" in second.stdout
+    assert {path: path.stat().st_mtime_ns for path in stored} == before
+    report = (work / "BENCHMARKS.md").read_text()
+    assert "--grid smoke" in report and "## Targets" in report and "not measured in this grid" in report
+    assert "| dp_merging | 4 |" in report
+    assert (work / "benchmarks" / "plots" / "quality_merged_accuracy.png").stat().st_size > 1000
+    assert (work / "benchmarks" / "plots" / "quality_interpolation.png").stat().st_size > 1000

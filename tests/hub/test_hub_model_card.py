@@ -1,0 +1,118 @@
+"""The Hub model card: metadata, privacy section, merge recipe and the evaluation, from the template."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from huggingface_hub import ModelCard
+
+from hf_dpmerge.analysis.evaluation import EvaluationReport, TaskEvaluation
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card, hub_model_id
+from hf_dpmerge.records.record import PrivacyRecord
+from tests.utils.records import privacy_record
+
+
+def _record(task: str, epsilon: float = 3.0, dp: bool = True) -> PrivacyRecord:
+    return privacy_record(task, math.inf if not dp else epsilon, dp=dp, extra={"dataset_hub_id": "nyu-mll/glue"})
+
+
+def test_card_metadata_and_sections():
+    merge = MergeRecipe(text="merge_method: ties\nbase_model: org/base\n", method="ties", source="merge.yml")
+    card = build_model_card(
+        {"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)},
+        repo_id="bob/m",
+        merge=merge,
+        heads={"sst2": HeadInfo("sst2", 2, ["neg", "pos"]), "qnli": HeadInfo("qnli", 2)},
+        license="mit",
+    )
+    reparsed = ModelCard(str(card))
+    assert reparsed.data.license == "mit" and reparsed.data.base_model == "org/base"
+    assert reparsed.data.tags == ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
+    assert reparsed.data.library_name == "transformers" and reparsed.data.pipeline_tag == "text-classification"
+    assert reparsed.data.base_model_relation == "merge" and reparsed.data.datasets == ["nyu-mll/glue"]
+    text = reparsed.text
+    assert "| sst2 | 1.5 | 1e-05 | rdp | 1600 |" in text and "(4, 1e-05)-DP" in text
+    assert "```yaml\nmerge_method: ties\nbase_model: org/base\n```" in text
+    assert "| sst2 | 2 | neg, pos |" in text and "| qnli | 2 | – |" in text
+    assert "No evaluation results were given." in text
+    assert 'pipeline("text-classification", model="bob/m", model_kwargs={"subfolder": "sst2"}' in text
+
+
+def test_card_without_dp_input_claims_no_guarantee():
+    card = build_model_card({"a": _record("a"), "b": _record("b", dp=False)}, repo_id="bob/m")
+    assert "**no** differential-privacy guarantee" in card.text
+    assert "No merge configuration was found" in card.text
+    assert "differentially private (DP-SGD)" not in card.text
+
+
+def test_card_needs_records():
+    with pytest.raises(ValueError, match="at least one adapter"):
+        build_model_card({})
+
+
+def test_hub_model_id(tmp_path):
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    assert hub_model_id("sentence-transformers/all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert hub_model_id("bert-base-uncased") == "bert-base-uncased"
+    assert hub_model_id("/abs/path/model") is None
+    assert hub_model_id("./models/x") is None
+    assert hub_model_id("runs/base", local_roots=[tmp_path]) is None
+    assert hub_model_id("runs/other", local_roots=[tmp_path]) is None  # runs/ is local even if base moved
+    assert hub_model_id(None) is None
+
+
+def test_merge_recipe(tmp_path):
+    assert MergeRecipe.load(tmp_path).text is None
+    (tmp_path / "mergekit_config.yml").write_text("merge_method: dare_ties\n# comment kept\n")
+    recipe = MergeRecipe.load(tmp_path)
+    assert recipe.method == "dare_ties" and "# comment kept" in recipe.text
+    other = tmp_path / "other.yaml"
+    other.write_text("merge_method: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        MergeRecipe.load(tmp_path, other)
+    with pytest.raises(FileNotFoundError):
+        MergeRecipe.load(tmp_path, tmp_path / "missing.yml")
+
+
+def _report() -> EvaluationReport:
+    return EvaluationReport(
+        tasks=[TaskEvaluation("sst2", "accuracy", 1.5, 1e-5, 0.9, 0.81, 872),
+               TaskEvaluation("qnli", "accuracy", float("inf"), None, 0.0, 0.5, 100)],
+        merged_model="/home/me/merged", base_model="/home/me/runs/base", max_eval_samples=None,
+    )
+
+
+def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths():
+    card = build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)}, repo_id="bob/m",
+                            evaluation=_report(), base_model="/home/me/runs/base")
+    reparsed = ModelCard(str(card))
+    assert "| sst2 | accuracy | 1.5 | 0.9000 | 0.8100 | 90.0% | +0.0900 | 872 |" in reparsed.text
+    assert "| qnli | accuracy | ∞ | 0.0000 | 0.5000 | – | -0.5000 | 100 |" in reparsed.text
+    results = {r.dataset_name: r for r in reparsed.data.eval_results}
+    assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
+    assert reparsed.data.base_model is None and "/home/me" not in str(card)
+
+
+def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):
+    import json
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_report().to_dict(), allow_nan=True))
+    loaded = EvaluationReport.load(path)
+    assert loaded.tasks[0] == _report().tasks[0] and math.isinf(loaded.tasks[1].epsilon)
+    path.write_text(json.dumps({"a": {"individual": 0.9}}))
+    with pytest.raises(ValueError, match="results.json is not what `hf-dpmerge evaluate` writes"):
+        EvaluationReport.load(path)
+    path.write_text("[1, 2")
+    with pytest.raises(ValueError, match="corrupt evaluation JSON"):
+        EvaluationReport.load(path)
+
+
+def test_base_model_comes_from_the_encoder_training_started_from():
+    records = {t: privacy_record(t, base_model="/home/me/runs/base",
+                                 extra={"base_model_hub_id": "sentence-transformers/all-MiniLM-L6-v2"})
+               for t in ("sst2", "qnli")}
+    card = ModelCard(str(build_model_card(records, repo_id="bob/m")))
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.base_model_relation == "merge" and "/home/me" not in str(card)

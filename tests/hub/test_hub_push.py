@@ -1,0 +1,369 @@
+"""`hf-dpmerge push` end to end through the CLI, against a loopback Hub (tests/utils/hub_helpers.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from peft import LoraConfig, TaskType, get_peft_model
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import load_file
+
+from hf_dpmerge.cli import main as cli_main
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.release_files import is_release_file
+from tests.utils.records import privacy_record
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert
+
+TOKEN = "hf_loopback_dummy_token"
+REPO = "alice/dp-merged"
+MERGE_YAML = """\
+merge_method: task_arithmetic
+base_model: runs/base
+models:
+  - model: runs/base+runs/alpha/adapter_encoder
+    parameters: {weight: 1.0}
+  - model: runs/base+runs/beta/adapter_encoder
+    parameters: {weight: 1.0}
+dtype: float32
+"""
+# the shape `hf-dpmerge evaluate` writes (hf_dpmerge.analysis.evaluation), with beta's interference missing
+EVAL = {
+    "tasks": {
+        "alpha": {"metric": "accuracy", "epsilon": 2.5, "individual": 0.81, "merged": 0.79, "retention": 0.975,
+                  "interference": 0.02, "num_examples": 100},
+        "beta": {"metric": "macro_f1", "epsilon": 7.75, "individual": 0.64, "merged": 0.6, "retention": 0.9375,
+                 "num_examples": 60},
+    },
+    "average": {"individual": 0.725, "merged": 0.695, "retention": 0.956, "interference": None},
+    "metrics": {"alpha": {"individual": {"accuracy": 0.81}, "merged": {"accuracy": 0.79}}},
+    "deltas": {"alpha": 1e-05, "beta": 1e-05},
+    "max_epsilon": 7.75,
+    "merged_model": "merged",
+    "base_model": "runs/base",
+    "definitions": {"retention": "merged / individual (primary metric; null when individual <= 0)"},
+}
+TASKS = {"alpha": (2, 2.5, 1234, ["negative", "positive"]), "beta": (3, 7.75, 5678, None)}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """runs/<task>/adapter/ for two tasks with different label counts, a merged dir, an eval JSON."""
+    root = tmp_path_factory.mktemp("release")
+    runs = root / "runs"
+    for seed, (task, (num_labels, eps, n, labels)) in enumerate(TASKS.items()):
+        model = tiny_bert(num_labels=num_labels, seed=seed)
+        peft_model = get_peft_model(
+            model, LoraConfig(task_type=TaskType.SEQ_CLS, r=2, target_modules=["query", "value"])
+        )
+        adapter = runs / task / "adapter"
+        peft_model.save_pretrained(adapter)
+        privacy_record(
+            task, eps, accountant="prv", num_samples=n, steps=300, noise_multiplier=1.1,
+            effective_noise_multiplier=1.1, base_model="runs/base", base_model_hash="sha256:" + "ab" * 32,
+            extra={"label_names": labels} if labels else {},
+        ).save(adapter)
+    merged = save_tiny_bert(root / "merged")
+    (merged / "mergekit_config.yml").write_text(MERGE_YAML)
+    (merged / "README.md").write_text("---\ntags: [mergekit]\n---\nmergekit's own card\n")
+    eval_json = root / "eval.json"
+    eval_json.write_text(json.dumps(EVAL))
+    return types.SimpleNamespace(root=root, runs=runs, merged=merged, eval_json=eval_json)
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """``hf_dpmerge.cli.main.main``, with a stand-in for any other verb module not written yet."""
+    for verb, module_name in cli_main.VERBS.items():
+        if verb == "push":
+            continue
+        try:
+            importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            stub = types.ModuleType(module_name, f"{verb} (not built yet)")
+            stub.add_arguments = lambda parser: None
+            stub.run = lambda args: 0
+            monkeypatch.setitem(sys.modules, module_name, stub)
+    return cli_main.main
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """A loopback Hub set through HF_ENDPOINT, with a dummy token and offline mode lifted for the test."""
+    from huggingface_hub import constants
+
+    from tests.utils.hub_helpers import FakeHub
+
+    with FakeHub(token=TOKEN) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield server
+
+
+def _push_args(release, *extra: str) -> list[str]:
+    return ["push", str(release.merged), "--runs", str(release.runs), "--tasks", "alpha,beta", *extra]
+
+
+# ---------------------------------------------------------------------------------------------- upload
+
+
+def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub, capsys):
+    rc = cli(_push_args(release, "--repo_id", REPO, "--eval_json", str(release.eval_json)))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert hub.unhandled == [] and hub.auth_failures == []
+
+    repo = hub.repos[REPO]
+    assert repo.private is True and repo.create_payload["visibility"] == "private"
+    assert len(repo.commits) == 1 and repo.commits[0]["summary"].startswith("Upload differentially private")
+
+    expected = {
+        "README.md", "mergekit_config.yml", "tokenizer.json", "tokenizer_config.json",
+        *(f"{t}/{name}" for t in TASKS for name in ("config.json", "model.safetensors", "dp_privacy.json",
+                                                     "tokenizer.json")),
+    }
+    assert expected <= set(repo.files), sorted(repo.files)
+    assert not [p for p in repo.files if p.startswith(".")]
+    assert all(is_release_file(p) for p in repo.files), sorted(repo.files)  # the release allow-list
+    # the root holds no model: stock loaders cannot pick up the merged encoder with a meaningless head
+    assert "config.json" not in repo.files and "model.safetensors" not in repo.files
+    assert repo.files["mergekit_config.yml"].decode() == MERGE_YAML
+
+    # the card: metadata, per-task ε/δ/accountant/N, composed guarantee, merge YAML verbatim, evaluation
+    card = ModelCard(repo.files["README.md"].decode())
+    assert card.data.license == "apache-2.0" and card.data.library_name == "transformers"
+    assert {"hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "text-classification"
+    assert {r.dataset_name: r.metric_value for r in card.data.eval_results} == {"alpha": 0.79, "beta": 0.6}
+    assert card.data.base_model is None  # runs/base is a local path, not a Hub id
+    text = card.text
+    assert "mergekit's own card" not in text
+    assert "| alpha | 2.5 | 1e-05 | prv | 1234 |" in text
+    assert "| beta | 7.75 | 1e-05 | prv | 5678 |" in text
+    assert "(7.75, 1e-05)-DP" in text and "post-processing" in text
+    assert f"```yaml\n{MERGE_YAML.rstrip()}\n```" in text
+    assert "Method: `task_arithmetic`" in text
+    assert "| task | metric | ε | individual | merged | retention | interference | examples |" in text
+    assert "| beta | macro_f1 | 7.75 | 0.6400 | 0.6000 | 93.8% | +0.0400 | 60 |" in text
+    assert "Not covered by the guarantee" in text
+
+    for task, (num_labels, eps, _n, labels) in TASKS.items():
+        adapter = release.runs / task / "adapter"
+        # the record travels byte for byte
+        assert repo.files[f"{task}/dp_privacy.json"] == (adapter / "dp_privacy.json").read_bytes()
+        assert PrivacyRecord.from_dict(json.loads(repo.files[f"{task}/dp_privacy.json"])).epsilon == eps
+        # the task model: the merged encoder with exactly the adapter's saved classifier
+        weights = load_safetensors_bytes(repo.files[f"{task}/model.safetensors"])
+        saved = load_file(str(adapter / "adapter_model.safetensors"))
+        merged = load_file(str(release.merged / "model.safetensors"))
+        for name in ("classifier.weight", "classifier.bias"):
+            assert torch.equal(weights[name], saved[_saved_head_key(saved, name)])
+        assert torch.equal(weights["bert.encoder.layer.0.attention.self.query.weight"],
+                           merged["bert.encoder.layer.0.attention.self.query.weight"])
+        config = json.loads(repo.files[f"{task}/config.json"])
+        names = labels or [f"LABEL_{i}" for i in range(num_labels)]
+        assert config["num_labels"] == num_labels
+        assert config["id2label"] == {str(i): n for i, n in enumerate(names)}
+
+    assert f"to the private repository {REPO}" in out.out and "beta/model.safetensors" in out.out
+
+
+def _saved_head_key(saved: dict, name: str) -> str:
+    """The adapter's key of head tensor ``name`` (peft saves modules_to_save with or without the wrapper)."""
+    return next(k for k in saved if k.endswith(name) and "lora_" not in k)
+
+
+def test_push_public_creates_public_repo(release, cli, hub):
+    assert cli(_push_args(release, "--repo_id", "alice/open", "--public")) == 0
+    assert hub.repos["alice/open"].private is False
+    assert "README.md" in hub.repos["alice/open"].files
+
+
+def test_push_refuses_existing_public_repo_when_private(release, cli, hub, capsys):
+    hub.add_repo(REPO, private=False)
+    assert cli(_push_args(release, "--repo_id", REPO)) == 1
+    assert "already exists and is public" in capsys.readouterr().err
+    assert hub.repos[REPO].commits == []
+
+
+def test_push_reports_hub_errors(release, cli, hub, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    assert cli(_push_args(release, "--repo_id", REPO)) == 1
+    assert "upload to the Hub failed" in capsys.readouterr().err
+    assert REPO not in hub.repos and hub.auth_failures
+
+
+def test_push_refuses_offline_mode(release, cli, hub, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert cli(_push_args(release, "--repo_id", REPO)) == 1
+    assert "--dry-run" in capsys.readouterr().err
+    assert hub.requests == []
+
+
+# ---------------------------------------------------------------------------------------------- dry run
+
+
+def test_dry_run_stages_without_network(release, cli, hub, tmp_path, capsys):
+    staging = tmp_path / "staged"
+    args = ["push", str(release.merged), "--runs", str(release.runs), "--dry-run", "--staging_dir", str(staging),
+            "--eval_json", str(release.eval_json), "--base_model", "sentence-transformers/all-MiniLM-L6-v2"]
+    assert cli(args) == 0  # tasks discovered from runs/, no --repo_id needed
+    out = capsys.readouterr().out
+    assert hub.requests == []
+    assert "nothing uploaded" in out and "private repository your-username/merged" in out
+    for path in ("README.md", "alpha/model.safetensors", "alpha/config.json", "beta/dp_privacy.json"):
+        assert (staging / path).is_file() and path in out
+    card = ModelCard.load(staging / "README.md")
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert "| alpha | 2.5 |" in card.text and "| beta | 7.75 |" in card.text
+    assert json.loads((staging / "alpha/config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+    # a second dry run replaces its own staging folder
+    (staging / "stale.txt").write_text("old")
+    assert cli(args) == 0
+    assert not (staging / "stale.txt").exists() and (staging / "README.md").is_file()
+
+
+def test_dry_run_default_staging_dir_and_foreign_dir(release, cli, tmp_path, capsys):
+    merged = tmp_path / "merged"
+    shutil.copytree(release.merged, merged)
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--tasks", "beta", "--dry-run"]) == 0
+    staged = tmp_path / "merged-hub"
+    assert (staged / "beta/model.safetensors").is_file() and not (staged / "alpha").exists()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    rc = cli(["push", str(merged), "--runs", str(release.runs), "--dry-run", "--staging_dir", str(foreign)])
+    assert rc == 1 and "not written by hf-dpmerge push" in capsys.readouterr().err
+    assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def _runs_copy(release, tmp_path) -> Path:
+    runs = tmp_path / "runs"
+    shutil.copytree(release.runs, runs)
+    return runs
+
+
+def _dry(cli, merged, runs, *extra) -> int:
+    return cli(["push", str(merged), "--runs", str(runs), "--dry-run", *extra])
+
+
+def test_missing_merged_dir(release, cli, tmp_path, capsys):
+    assert _dry(cli, tmp_path / "nope", release.runs) == 1
+    assert "merged model directory" in capsys.readouterr().err
+
+
+def test_merged_dir_without_model(release, cli, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert _dry(cli, tmp_path / "empty", release.runs) == 1
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_missing_privacy_record(release, cli, tmp_path, capsys):
+    runs = _runs_copy(release, tmp_path)
+    (runs / "beta/adapter/dp_privacy.json").unlink()
+    assert _dry(cli, release.merged, runs) == 1
+    err = capsys.readouterr().err
+    assert "no privacy record" in err and "beta" in err
+    assert not (release.root / "merged-hub").exists()
+
+
+def test_corrupt_privacy_record(release, cli, tmp_path, capsys):
+    runs = _runs_copy(release, tmp_path)
+    (runs / "alpha/adapter/dp_privacy.json").write_text("{not json")
+    assert _dry(cli, release.merged, runs) == 1
+    assert "corrupt privacy record" in capsys.readouterr().err
+
+
+def test_record_of_another_task(release, cli, tmp_path, capsys):
+    runs = _runs_copy(release, tmp_path)
+    shutil.copy(runs / "alpha/adapter/dp_privacy.json", runs / "beta/adapter/dp_privacy.json")
+    assert _dry(cli, release.merged, runs) == 1
+    assert "record of task 'alpha', not of 'beta'" in capsys.readouterr().err
+
+
+def test_no_adapters(release, cli, tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    assert _dry(cli, release.merged, tmp_path / "runs") == 1
+    assert "no adapters" in capsys.readouterr().err
+
+
+def test_unknown_task(release, cli, capsys):
+    assert _dry(cli, release.merged, release.runs, "--tasks", "alpha,gamma") == 1
+    assert "gamma" in capsys.readouterr().err
+
+
+def test_adapter_without_head(release, cli, tmp_path, capsys):
+    runs = _runs_copy(release, tmp_path)
+    config_path = runs / "alpha/adapter/adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["modules_to_save"] = None
+    config_path.write_text(json.dumps(config))
+    assert _dry(cli, release.merged, runs) == 1
+    assert "saves no classifier head" in capsys.readouterr().err
+
+
+def test_corrupt_eval_json(release, cli, tmp_path, capsys):
+    bad = tmp_path / "eval.json"
+    bad.write_text("[1, 2")
+    assert _dry(cli, release.merged, release.runs, "--eval_json", str(bad)) == 1
+    assert "corrupt evaluation JSON" in capsys.readouterr().err
+
+
+def test_real_push_needs_repo_id(release, cli, capsys):
+    assert cli(["push", str(release.merged), "--runs", str(release.runs)]) == 1
+    assert "--repo_id" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- release hygiene
+
+
+def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, hub, tmp_path, capsys):
+    merged = tmp_path / "merged"
+    shutil.copytree(release.merged, merged)
+    (merged / "trainer_state.json").write_text("{}")
+    (merged / "logs").mkdir()
+    (merged / "logs" / "events.out").write_text("loss")
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
+    err = capsys.readouterr().err
+    assert "logs/events.out, trainer_state.json" in err and "RELEASE_ALLOW_LIST" in err
+    assert REPO not in hub.repos
+
+
+def _seeded_runs(release, tmp_path, seeded) -> Path:
+    runs = _runs_copy(release, tmp_path)
+    path = runs / "beta/adapter/dp_privacy.json"
+    data = json.loads(path.read_text())
+    if seeded is None:  # a schema-1 record, written before seeding was recorded
+        del data["seeded"], data["eval_data_is_public"]
+    else:
+        data["seeded"] = seeded
+    path.write_text(json.dumps(data))
+    return runs
+
+
+@pytest.mark.parametrize("seeded, reason", [(True, "beta trained with a fixed dp_seed"),
+                                            (None, "beta have privacy records written before")])
+def test_seeded_release_is_refused_unless_allowed(release, cli, hub, tmp_path, capsys, seeded, reason):
+    runs = _seeded_runs(release, tmp_path, seeded)
+    args = ["push", str(release.merged), "--runs", str(runs), "--tasks", "alpha,beta", "--repo_id", REPO]
+    assert cli(args) == 1
+    err = capsys.readouterr().err
+    assert reason in err and "--allow-seeded" in err and "subtract" in err
+    assert REPO not in hub.repos
+
+    assert cli([*args, "--allow-seeded"]) == 0
+    card = hub.repos[REPO].files["README.md"].decode()
+    assert "**Seeded training: `beta`.**" in card and "undo it" in card

@@ -1,0 +1,230 @@
+"""Merge inputs: records found beside adapters, per-model overrides, encoder export, and input checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import peft
+import pytest
+import torch
+import yaml
+from mergekit.common import ModelReference
+from mergekit.config import MergeConfiguration
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSequenceClassification
+
+from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
+from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.privacy_section import privacy_section
+from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter, save_variant
+
+QUERY = "bert.encoder.layer.0.attention.self.query.weight"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    save_base(root / "base")
+    save_task_adapter(root, "sentiment", num_labels=2, seed=1)
+    save_task_adapter(root, "topics", num_labels=4, seed=2)
+    save_variant(root / "base", root / "full", seed=3)
+    return root
+
+
+def _ref(runs: Path, task: str = "sentiment") -> ModelReference:
+    return ModelReference.parse(f"{runs / 'base'}+{runs / task / 'encoder_adapter'}")
+
+
+def _config(runs: Path, adapters: list[Path], **extra: object) -> MergeConfiguration:
+    text = lora_config_yaml("dp_aware", str(runs / "base"), [str(a) for a in adapters])
+    data = yaml.safe_load(text) | extra
+    return MergeConfiguration.model_validate(data)
+
+
+def _no_noise_needed(_settings: object) -> bool:
+    return False
+
+
+def test_encoder_export_drops_the_head_and_loads_on_a_base_with_another_head(runs: Path) -> None:
+    adapter, exported = runs / "topics" / "adapter", runs / "topics" / "encoder_adapter"
+    assert any("classifier" in key for key in load_file(adapter / "adapter_model.safetensors"))
+    keys = load_file(exported / "adapter_model.safetensors")
+    assert keys and all(".lora_A." in key or ".lora_B." in key for key in keys)
+    config = json.loads((exported / "adapter_config.json").read_text())
+    assert config["modules_to_save"] is None and config["task_type"] is None
+    assert PrivacyRecord.load(exported) == PrivacyRecord.load(adapter)
+    base = AutoModelForSequenceClassification.from_pretrained(runs / "base")  # 2 labels, adapter's head has 4
+    merged = peft.PeftModel.from_pretrained(base, exported).merge_and_unload()
+    fresh = AutoModelForSequenceClassification.from_pretrained(runs / "base").state_dict()
+    changed = {name for name, value in merged.state_dict().items() if not torch.equal(value, fresh[name])}
+    assert changed and all(".query." in name or ".value." in name for name in changed)
+
+
+def test_encoder_export_is_atomic(runs: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "adapter"
+    broken.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (broken / name).write_bytes((runs / "topics" / "adapter" / name).read_bytes())
+    with pytest.raises(PrivacyRecordError):
+        export_encoder_adapter(broken, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+    export_encoder_adapter(runs / "topics" / "adapter", tmp_path / "out")
+    export_encoder_adapter(runs / "sentiment" / "adapter", tmp_path / "out")  # replaces the previous export
+    assert PrivacyRecord.load(tmp_path / "out").task == "sentiment"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "out"]
+
+
+def test_records_are_found_beside_the_adapter_or_the_model(runs: Path) -> None:
+    assert input_record(_ref(runs)).task == "sentiment"
+    assert input_record(ModelReference.parse(str(runs / "full"))) == PrivacyRecord.load(runs / "full")
+    assert input_record(ModelReference.parse(str(runs / "base"))) is None
+    with pytest.raises(FileNotFoundError, match="adapter directory .* does not exist"):
+        input_record(ModelReference.parse(f"{runs / 'base'}+{runs / 'missing'}"))
+
+
+def test_noise_variance_uses_the_lora_factors_the_record_and_overrides(runs: Path) -> None:
+    reference = _ref(runs)
+    record = input_record(reference)
+    lora = input_noise_variance(reference, QUERY, {})
+    adapter = adapter_weights(runs / "sentiment" / "encoder_adapter")
+    factors = adapter.factors[QUERY]
+    assert not adapter.trained  # the encoder export holds LoRA weights only
+    assert factors.scaling == 2.0  # lora_alpha 8 / r 4
+    expected = lora_noise_variance(factors.lora_a, factors.lora_b, 2.0, record.sum_lr_squared)
+    torch.testing.assert_close(lora, expected)
+    assert input_noise_variance(reference, "bert.pooler.dense.weight", {}) == 0.0  # frozen: no noise
+    with_head = ModelReference.parse(f"{runs / 'base'}+{runs / 'sentiment' / 'adapter'}")
+    assert "classifier.weight" in adapter_weights(runs / "sentiment" / "adapter").trained
+    assert input_noise_variance(with_head, "classifier.weight", {}) == record.sum_lr_squared
+    assert input_noise_variance(reference, QUERY, {"noise_std": 0.5}) == 0.25
+    sgd = {"optimizer.name": "SGD", "optimizer.momentum": 0.5, "noise_multiplier": 2.0}
+    expected_sgd = (2.0 * record.max_grad_norm / record.expected_batch_size) ** 2 * record.sum_lr_squared / 0.25
+    assert input_noise_variance(with_head, "classifier.weight", sgd) == pytest.approx(expected_sgd)
+
+
+def test_overrides_cover_the_noise_model_and_never_the_guarantee() -> None:
+    for name in ("noise_multiplier", "max_grad_norm", "expected_batch_size", "sum_lr_squared"):
+        assert name in RECORD_OVERRIDES
+    assert RECORD_OVERRIDES["optimizer.momentum"] is float
+    assert "optimizer" not in RECORD_OVERRIDES and "versions" not in RECORD_OVERRIDES
+    for stated in ("epsilon", "delta", "dp", "accountant", "num_samples", "base_model_hash", "task"):
+        assert stated not in RECORD_OVERRIDES  # the card states these: one YAML line must not change them
+
+
+def test_missing_record_is_an_error_unless_noise_is_estimated(runs: Path) -> None:
+    full = ModelReference.parse(str(runs / "base"))  # has no record
+    with pytest.raises(PrivacyRecordError, match="noise: estimate"):
+        input_noise_variance(full, QUERY, {})
+    noise = 0.02 * torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="estimating its noise"):
+        estimate = input_noise_variance(full, QUERY, {}, estimate_from=noise)
+    assert estimate == pytest.approx(0.02**2, rel=0.05)
+
+
+def test_misspelt_parameter_keys_are_errors(runs: Path) -> None:
+    adapters = [runs / "sentiment" / "encoder_adapter"]
+    config = _config(runs, adapters)
+    config.models[0].parameters = {"wieght": 0.5}
+    with pytest.raises(ValueError, match=r"'wieght' \(did you mean 'weight'\?\)"):
+        check_parameter_keys(config, {"lambda"}, {"weight"})
+    config.models[0].parameters = {"lambda": 0.5}  # a shared key per model is ignored by mergekit: an error too
+    with pytest.raises(ValueError, match="per-model parameter 'lambda'"):
+        check_parameter_keys(config, {"lambda"}, {"weight"})
+    with pytest.raises(ValueError, match="unknown parameter 'lamda'"):
+        check_parameter_keys(_config(runs, adapters, parameters={"lamda": 1.0}), {"lambda"}, {"weight"})
+
+
+def test_input_checks_accept_good_inputs(runs: Path) -> None:
+    adapters = [runs / "sentiment" / "encoder_adapter", runs / "topics" / "encoder_adapter"]
+    check_inputs(_config(runs, adapters), lambda _: True, lora_cache="cache")
+
+
+def _copy_adapter(runs: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for source in (runs / "sentiment" / "encoder_adapter").iterdir():
+        (target / source.name).write_bytes(source.read_bytes())
+    return target
+
+
+def test_input_checks_reject_bad_inputs(runs: Path, tmp_path: Path) -> None:
+    def check(adapter: Path, needs_noise=_no_noise_needed, lora_cache: str | None = "cache") -> None:
+        check_inputs(_config(runs, [adapter]), needs_noise, lora_cache)
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="--lora-merge-cache"):
+        check(runs / "sentiment" / "encoder_adapter", lora_cache=None)
+
+    other_base = _copy_adapter(runs, tmp_path / "other_base")
+    record = PrivacyRecord.load(other_base)
+    record.base_model_hash = "sha256:" + "0" * 64
+    record.save(other_base)
+    with pytest.raises(ValueError, match="trained on another base model"):
+        check(other_base)
+
+    wrong_shape = _copy_adapter(runs, tmp_path / "wrong_shape")
+    weights = load_file(wrong_shape / "adapter_model.safetensors")
+    key = next(k for k in weights if ".lora_A." in k)
+    weights[key] = torch.zeros(weights[key].shape[0], 7)
+    save_file(weights, wrong_shape / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="LoRA delta of shape"):
+        check(wrong_shape)
+
+    nan = _copy_adapter(runs, tmp_path / "nan")
+    weights = load_file(nan / "adapter_model.safetensors")
+    weights[key] = torch.full_like(weights[key], float("nan"))
+    save_file(weights, nan / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="NaN"):
+        check(nan)
+
+    unrecorded = _copy_adapter(runs, tmp_path / "unrecorded")
+    (unrecorded / PRIVACY_RECORD_NAME).unlink()
+    check(unrecorded)  # fine for a method that needs no noise model
+    with pytest.raises(PrivacyRecordError, match="no dp_privacy.json"):
+        check(unrecorded, needs_noise=lambda _: True)
+
+    corrupt = _copy_adapter(runs, tmp_path / "corrupt")
+    (corrupt / PRIVACY_RECORD_NAME).write_text("{not json")
+    with pytest.raises(PrivacyRecordError, match="corrupt privacy record"):
+        check(corrupt)
+
+
+def test_full_model_inputs_are_checked_for_shape_and_nan(runs: Path, tmp_path: Path) -> None:
+    def config(model: Path) -> MergeConfiguration:
+        return MergeConfiguration.model_validate(
+            {"merge_method": "dp_aware", "base_model": str(runs / "base"), "models": [{"model": str(model)}]}
+        )
+
+    check_inputs(config(runs / "full"), lambda _: True, lora_cache=None)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_bytes((runs / "full" / "config.json").read_bytes())
+    weights = load_file(runs / "full" / "model.safetensors")
+    weights["classifier.weight"] = torch.zeros(3, weights["classifier.weight"].shape[1])
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(ValueError, match="classifier.weight: input .* has shape"):
+        check_inputs(config(bad), _no_noise_needed, lora_cache=None)
+    weights = load_file(runs / "full" / "model.safetensors")
+    weights[QUERY][0, 0] = float("inf")
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(ValueError, match=f"{QUERY}: input .* NaN or infinite"):
+        check_inputs(config(bad), _no_noise_needed, lora_cache=None)
+
+
+def test_model_card_section_states_method_parameters_and_each_inputs_budget(runs: Path) -> None:
+    config = _config(runs, [runs / "sentiment" / "encoder_adapter", runs / "topics" / "encoder_adapter"],
+                     parameters={"lambda": 0.5})
+    config.models[1].parameters = {"noise_multiplier": 4.0}
+    section = privacy_section(config)
+    assert "**dp_aware**" in section and "`lambda`=0.5" in section and "`consensus`='none'" in section
+    assert "`noise_multiplier`=4.0" in section
+    assert "| 8 | 1e-05 |" in section and "| 4 | 1e-05 |" not in section
+    assert "(8, 1e-05)-DP" in section
+    plain = MergeConfiguration.model_validate(
+        {"merge_method": "linear", "models": [{"model": str(runs / "base")}], "parameters": {"weight": 1.0}}
+    )
+    assert privacy_section(plain) is None

@@ -1,0 +1,277 @@
+"""The bad-input matrix of docs/bad-inputs.md, for the cases no other test file covers: each ends in an
+error that names the problem and leaves nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from mergekit.io.tensor_writer import TensorWriter
+from peft import IA3Config, LoraConfig, get_peft_model
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.lora import UnsupportedAdapterError
+from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.scripts import train as train_script
+from tests.utils.merging_builders import lora_config_yaml, make_record, save_base, save_task_adapter
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert, tiny_gpt2, tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """A directory nothing can be created in: mode 0555, and for root (which ignores modes) ``chattr +i``."""
+    directory = tmp_path / "read_only"
+    directory.mkdir()
+    directory.chmod(0o555)
+    immutable = False
+    if os.access(directory, os.W_OK):
+        chattr = shutil.which("chattr")
+        immutable = chattr is not None and subprocess.run([chattr, "+i", str(directory)]).returncode == 0
+        if not immutable:
+            directory.chmod(0o755)
+            pytest.skip("running as root without a working `chattr +i`: cannot make a directory read-only")
+    yield directory
+    if immutable:
+        subprocess.run([shutil.which("chattr"), "-i", str(directory)], check=True)
+    directory.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def test_classifier_data_without_a_label_column_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"train_dataset has no label column .*num_labels=2"):
+        make_trainer(tmp_path, dataset=text_dataset().remove_columns(["label"]))
+
+
+def test_batches_without_labels_stop_at_the_first_step(tmp_path: Path) -> None:
+    model = get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], task_type="CAUSAL_LM",
+                                                    fan_in_fan_out=True))
+    tok = tiny_tokenizer()
+    data = Dataset.from_dict({"text": ["a dull script", "markets rallied"] * 20}).map(
+        lambda batch: tok(batch["text"]), batched=True, remove_columns=["text"])
+    trainer = make_trainer(tmp_path, model=model, dataset=data, save_strategy="steps", save_steps=1)
+    with pytest.raises(ValueError, match="needs 'labels' in every batch"):
+        trainer.train()
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_class_ids_the_model_has_no_output_for_are_refused(tmp_path: Path) -> None:
+    data = text_dataset().map(lambda row, i: {"label": [0, 1, 2, 5][i % 4]}, with_indices=True)
+    with pytest.raises(ValueError, match=r"class ids \[2, 5\] outside \[0, 2\) .*\(100 rows\)"):
+        make_trainer(tmp_path, dataset=data)
+
+
+def test_nan_weights_stop_training_at_step_one_and_are_never_released(tmp_path: Path) -> None:
+    model = lora_classifier()
+    name, lora_b = next((n, p) for n, p in model.named_parameters() if "lora_B" in n)
+    with torch.no_grad():
+        lora_b.fill_(float("nan"))
+    trainer = make_trainer(tmp_path, model=model, save_strategy="steps", save_steps=1)
+    with pytest.raises(FloatingPointError, match="step 1: the training loss is nan"):
+        trainer.train()
+    with pytest.raises(FloatingPointError, match=f"{re.escape(name)} holds NaN"):
+        trainer.save_model(str(tmp_path / "adapter"))
+    assert not (tmp_path / "adapter").exists() and not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_a_diverging_loss_stops_at_the_step_it_happens(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, learning_rate=1e30, max_steps=6, save_strategy="steps", save_steps=1)
+    with pytest.raises(FloatingPointError, match=r"step 2: the training loss is (nan|inf)"):
+        trainer.train()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-1"]  # step 1 was finite
+
+
+def test_adapters_other_than_lora_are_refused(tmp_path: Path) -> None:
+    model = get_peft_model(tiny_bert(), IA3Config(target_modules=["query", "value"], feedforward_modules=[]))
+    with pytest.raises(UnsupportedAdapterError, match="adapter 'default' is IA3: DPSAMTrainer trains LoRA"):
+        make_trainer(tmp_path, model=model, align_lambda=0.0)
+
+
+def test_dora_is_refused_where_opacus_computes_per_sample_gradients(tmp_path: Path) -> None:
+    def dora():
+        return get_peft_model(tiny_bert(), LoraConfig(r=2, target_modules=["query"], use_dora=True,
+                                                      task_type="SEQ_CLS"))
+
+    with pytest.raises(UnsupportedAdapterError, match="DoRA layers .* no opacus per-sample gradient rule"):
+        make_trainer(tmp_path, model=dora(), align_lambda=0.0, sam_mode="dp_sat")
+    assert make_trainer(tmp_path, model=dora(), align_lambda=0.0, sam_mode="per_example").args.dp
+
+
+def test_resuming_from_a_nonexistent_checkpoint_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "checkpoint-7"
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(missing))} lacks .*dp_state.pt"):
+        make_trainer(tmp_path).train(resume_from_checkpoint=str(missing))
+
+
+def test_release_into_a_read_only_directory(tmp_path: Path, read_only_dir: Path) -> None:
+    trainer = make_trainer(tmp_path, max_steps=1)
+    trainer.train()
+    with pytest.raises(PermissionError, match=re.escape(str(read_only_dir))):
+        trainer.save_model(str(read_only_dir / "adapter"))
+    assert list(read_only_dir.iterdir()) == []
+
+
+def test_record_write_on_a_full_disk_keeps_the_previous_record(tmp_path: Path, monkeypatch) -> None:
+    make_record(task="old").save(tmp_path)
+    fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, fd: int, mode: str) -> None:
+            self.handle = fdopen(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+        def write(self, text: str) -> None:
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fdopen", FullDisk)
+    with pytest.raises(OSError, match="No space left on device"):
+        make_record(task="new").save(tmp_path)
+    monkeypatch.undo()
+    assert PrivacyRecord.load(tmp_path).task == "old"
+    assert [p.name for p in tmp_path.iterdir()] == [PRIVACY_RECORD_NAME]
+
+
+@pytest.mark.parametrize("pooling", [[], ["--classifier_pooling", "cls"]], ids=["default-pooling", "given-pooling"])
+def test_train_glue_names_a_nonexistent_model_path(tmp_path: Path, pooling: list[str]) -> None:
+    with pytest.raises(FileNotFoundError, match=f"model directory {re.escape(str(tmp_path / 'nope'))} does not"):
+        train_script.main(["--model_name_or_path", str(tmp_path / "nope"), "--runs_dir", str(tmp_path / "runs"),
+                         *pooling])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path) -> None:
+    adapter = tmp_path / "runs" / "rotten_tomatoes" / "adapter"
+    make_record(task="rotten_tomatoes").save(adapter)
+    base = save_tiny_bert(tmp_path / "tiny")
+    with pytest.raises(FileExistsError, match="already holds a released adapter .*overwrite"):
+        train_script.main(["--model_name_or_path", str(base), "--runs_dir", str(tmp_path / "runs")])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rotten_tomatoes"]  # no base built
+
+
+@pytest.mark.slow
+def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(train_glue, tmp_path: Path) -> None:
+    base = save_tiny_bert(tmp_path / "tiny")
+    common = ["--model_name_or_path", str(base), "--max_train_samples", "120", "--max_eval_samples", "20",
+              "--max_steps", "1", "--per_device_train_batch_size", "4", "--max_length", "16", "--use_cpu"]
+    with pytest.raises(ValueError, match="--privacy_unit_column author: task rotten_tomatoes has no such column"):
+        train_glue.main([*common, "--runs_dir", str(tmp_path / "bad"), "--privacy_unit_column", "author"])
+    train_glue.main([*common, "--runs_dir", str(tmp_path / "runs"), "--privacy_unit_column", "movie"])
+    record = json.loads((tmp_path / "runs" / "rotten_tomatoes" / "adapter" / "dp_privacy.json").read_text())
+    assert record["privacy_unit"] == "unit:movie" and record["num_samples"] == 120
+    assert 4 <= record["num_units"] < 120 and record["sample_rate"] == pytest.approx(4 / record["num_units"])
+
+
+# ---------------------------------------------------------------------------------------- merging
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runs/base with adapters a and b, a second base, and broken copies of a's encoder adapter."""
+    root = tmp_path_factory.mktemp("bad_merge")
+    runs = root / "runs"
+    save_base(runs / "base")
+    save_tiny_bert(runs / "other_base", seed=1)
+    save_task_adapter(runs, "a", num_labels=2, seed=1)
+    save_task_adapter(runs, "b", num_labels=3, seed=2)
+    good = runs / "a" / "encoder_adapter"
+
+    newer = shutil.copytree(good, root / "broken" / "newer_schema")
+    data = json.loads((newer / PRIVACY_RECORD_NAME).read_text())
+    (newer / PRIVACY_RECORD_NAME).write_text(json.dumps({**data, "schema_version": 99}))
+
+    foreign = shutil.copytree(good, root / "broken" / "foreign_record")  # the record of a query-only adapter
+    record = PrivacyRecord.load(foreign)
+    covered = [name for name in record.base_model_hash_tensors if ".query." in name]
+    base = {k: v for k, v in tiny_bert(num_labels=2, seed=0).state_dict().items() if k in covered}
+    record.base_model_hash_tensors, record.base_model_hash = covered, base_fingerprint(base)
+    record.save(foreign)
+
+    dora = get_peft_model(tiny_bert(num_labels=2, seed=0),
+                          LoraConfig(r=2, target_modules=["query", "value"], use_dora=True))
+    dora.save_pretrained(root / "broken" / "dora")
+    tensors = peft_base_tensors(dora)
+    make_record(base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors)).save(
+        root / "broken" / "dora")
+    return root
+
+
+ADAPTERS = ["./runs/a/encoder_adapter", "./runs/b/encoder_adapter"]
+
+
+def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> int:
+    if config is not None:
+        (workdir / "bad.yaml").write_text(config)
+    code = main(["merge", "bad.yaml" if config is not None else "absent.yaml", out, *flags,
+                 "--lora-merge-cache", "cache", "--quiet"])
+    assert not (workdir / out).exists() and not list(workdir.glob(f".{Path(out).name}.*"))
+    return code
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (None, "no merge config at absent.yaml"),
+        ("", "merge config bad.yaml is empty or not a mapping"),
+        (lora_config_yaml("dp_awre", "./runs/base", ADAPTERS),
+         "unknown merge_method 'dp_awre' (did you mean 'dp_aware'?)"),
+        (lora_config_yaml("dp_aware", "./runs/nobase", ADAPTERS), "base model directory ./runs/nobase does not exist"),
+        (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/newer_schema"]),
+         "privacy record schema 99 is newer than this hf_dpmerge understands"),
+        (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/foreign_record"]),
+         "dp_privacy.json does not belong to this adapter"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS,
+                          per_model="    parameters:\n      max_grad_norm: -1.0\n"),
+         "privacy record has invalid values: max_grad_norm=-1.0"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, per_model="    parameters:\n      epsilon: 1.0\n"),
+         "unknown per-model parameter 'epsilon'"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS).replace(
+            "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
+        (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
+         "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
+    ],
+    ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
+         "invalid_override", "guarantee_override", "mixed_bases", "dora"],
+)
+def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
+                                                 message: str) -> None:
+    monkeypatch.chdir(workdir)
+    assert _merge(workdir, config) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_merge_on_a_full_disk_names_the_output_and_leaves_nothing(workdir: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(workdir)
+
+    def full_disk(self, shard_data: dict, shard_path: str) -> None:
+        Path(shard_path).write_bytes(b"\x00" * 64)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(TensorWriter, "_save_st", full_disk)
+    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS)) == 1
+    assert "error: [Errno 28] No space left on device while writing out" in capsys.readouterr().err
+
+
+def test_merge_into_a_read_only_directory_names_it(workdir: Path, read_only_dir: Path, monkeypatch,
+                                                   capsys) -> None:
+    monkeypatch.chdir(workdir)
+    out = str(read_only_dir / "merged")
+    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS), out=out) == 1
+    assert re.search(rf"error: \[Errno (1|13)\] .*{re.escape(str(read_only_dir))}", capsys.readouterr().err)
+    assert list(read_only_dir.iterdir()) == []

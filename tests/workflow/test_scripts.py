@@ -1,0 +1,46 @@
+"""The training script's flags live in hf_dpmerge.scripts (examples/train_glue.py is a thin launcher over them),
+and ``hf-dpmerge audit`` takes the same task and LoRA flags from the same dataclasses."""
+
+import dataclasses
+
+import pytest
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, parse_arguments
+from hf_dpmerge.training.recipe import DP_RECIPE
+
+TRAIN_FLAGS = {
+    "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
+    "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
+    "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
+    "overwrite": True,
+}
+
+
+def test_every_training_flag_parses_into_the_script_arguments() -> None:
+    argv = [part for name, value in TRAIN_FLAGS.items() for part in (f"--{name}", str(value))]
+    script, config = parse_arguments(argv)
+    assert {name: getattr(script, name) for name in TRAIN_FLAGS} == TRAIN_FLAGS
+    assert config.max_steps == int(DP_RECIPE[DP_RECIPE.index("--max_steps") + 1])  # the recipe comes first
+    assert parse_arguments(["--max_steps", "7"])[1].max_steps == 7  # and any flag overrides it
+
+
+def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
+    names = {f.name for f in dataclasses.fields(ScriptArguments)}
+    shared = {f.name for kind in (TaskArguments, LoraArguments, TrainArguments) for f in dataclasses.fields(kind)}
+    assert names == shared == set(TRAIN_FLAGS)
+
+
+def test_a_bad_pooling_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        parse_arguments(["--classifier_pooling", "max"])
+
+
+def test_audit_takes_the_task_and_lora_flags_of_training(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(f"--{f.name}" in help_text for kind in (TaskArguments, LoraArguments) for f in dataclasses.fields(kind))
+    assert main(["audit", "--lora_r", "0"]) == 1
+    assert "--lora_r must be positive, got 0" in capsys.readouterr().err
