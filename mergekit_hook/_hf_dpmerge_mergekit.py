@@ -3,15 +3,14 @@
 Installed at the top of site-packages beside ``_hf_dpmerge_mergekit.pth`` (an ``import`` line, Python < 3.15)
 and ``_hf_dpmerge_mergekit.start`` (a PEP 829 entry point, Python >= 3.15; its presence disables the .pth
 import line). :func:`install` only puts a finder on ``sys.meta_path``; nothing is imported until
-``mergekit.merge_methods`` or ``mergekit.merge`` is, right after which the matching callback of
-``hf_dpmerge.merging.registration`` runs.
+``mergekit.merge_methods`` is, right after which ``hf_dpmerge.merging.registration.on_merge_methods_import``
+registers the methods. Nothing else of mergekit is touched.
 """
 
 import sys
 
 _CALLBACKS = {
     "mergekit.merge_methods": "on_merge_methods_import",
-    "mergekit.merge": "on_merge_import",
 }
 
 
@@ -41,7 +40,7 @@ class _CallbackLoader:
 
 
 class _Finder:
-    """Meta-path finder that wraps the loaders of the two mergekit modules and ignores everything else."""
+    """Meta-path finder that wraps the loader of ``mergekit.merge_methods`` and ignores everything else."""
 
     def find_spec(self, fullname, path, target=None):
         callback = _CALLBACKS.get(fullname)

@@ -94,7 +94,7 @@ def unit_settings(ctx: Context, cell: Cell, unit: str) -> dict[str, Any]:
     if kind == "train":
         return {"argv": train_arguments(ctx, cell), "task": name, "diagnostics": _diagnostic_settings(ctx.grid)}
     adapters = [ctx.runs_dir(cell) / task / "encoder_adapter" for task in ctx.grid.tasks]
-    return {"merge": merge_config(name, ctx.base_dir, adapters),
+    return {"merge": merge_config(name, ctx.base_dir, adapters, non_private=cell.trainer == "non_private"),
             "trained": [unit_settings(ctx, cell, f"train_{task}") for task in ctx.grid.tasks],
             "max_eval_samples": ctx.grid.max_eval_samples, "diagnostics": _diagnostic_settings(ctx.grid)}
 
@@ -138,13 +138,16 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     })
 
 
-def merge_config(merge: str, base_dir: Path, adapters: list[Path]) -> dict[str, Any]:
-    """``merge_configs/<method>.yaml`` with its base and inputs replaced by this cell's (parameters kept)."""
+def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: bool = False) -> dict[str, Any]:
+    """``merge_configs/<method>.yaml`` with its base and inputs replaced by this cell's (parameters kept); for
+    non-private adapters, ``dp_aware`` is told so (``allow_non_private: true``), as it requires."""
     import yaml
 
     template = yaml.safe_load((REPO / "merge_configs" / MERGE_CONFIGS[merge]).read_text())
     if template["merge_method"] != merge:
         raise ValueError(f"merge_configs/{MERGE_CONFIGS[merge]} merges with {template['merge_method']}, not {merge}")
+    if non_private and merge == "dp_aware":
+        template["parameters"] = {**(template.get("parameters") or {}), "allow_non_private": True}
     return {**template, "base_model": str(base_dir), "models": [{"model": f"{base_dir}+{a}"} for a in adapters]}
 
 

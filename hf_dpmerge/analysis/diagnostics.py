@@ -180,7 +180,7 @@ def diagnose_runs(
     check_model_dirs(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
-    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
+    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir):
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir] + ([merged_dir] if merged_dir else []))
         data = load_split(run, split, tok, max_samples=max_samples, glue_path=glue_path)
         batches = length_sorted_batches(data, tok, batch_size)

@@ -116,6 +116,41 @@ class EvaluationReport:
             },
         }
 
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "evaluation results") -> EvaluationReport:
+        """The report :meth:`to_dict` wrote (retention and interference are recomputed from the scores)."""
+        try:
+            metrics, deltas = data.get("metrics") or {}, data.get("deltas") or {}
+            tasks = [
+                TaskEvaluation(
+                    task=str(task), metric=str(row["metric"]), epsilon=float(row["epsilon"]),
+                    delta=None if deltas.get(task) is None else float(deltas[task]),
+                    individual=float(row["individual"]), merged=float(row["merged"]),
+                    num_examples=int(row["num_examples"]),
+                    individual_metrics=dict((metrics.get(task) or {}).get("individual") or {}),
+                    merged_metrics=dict((metrics.get(task) or {}).get("merged") or {}),
+                )
+                for task, row in data["tasks"].items()
+            ]
+            return cls(tasks=tasks, merged_model=str(data["merged_model"]), base_model=str(data["base_model"]),
+                       max_eval_samples=data.get("max_eval_samples"), split=str(data.get("split", "test")))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{source} is not what `hf-dpmerge evaluate` writes ({type(err).__name__}: {err})"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EvaluationReport:
+        """Read ``results.json``, with errors naming the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"evaluation file {path} does not exist")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: corrupt evaluation JSON ({err})") from None
+        return cls.from_dict(data, str(path))
+
     def save(self, directory: str | os.PathLike) -> tuple[Path, Path]:
         """Write ``results.json`` and ``retention.png`` into ``directory``; return both paths."""
         directory = Path(directory)
@@ -183,7 +218,8 @@ def evaluate_runs(
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``
     (test by default; validation when the scores select something, e.g. a merge weight).
 
-    ``tasks`` names run folders (default: every one with an adapter and privacy record); the dataset is
+    ``tasks`` names run folders (default: those the merged model's ``mergekit_config.yml`` merged, else every
+    one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
     Models run on ``device`` (default: CUDA when available, else CPU).
@@ -193,7 +229,7 @@ def evaluate_runs(
     check_model_dirs(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
-    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length):
+    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)

@@ -22,6 +22,7 @@ from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
 ADAPTER_DIR = "adapter"
 BASE_DIR = "base"
+MERGE_CONFIG_NAME = "mergekit_config.yml"
 DEFAULT_MAX_LENGTH = 128
 SPLITS = ("train", "validation", "test")
 
@@ -50,6 +51,31 @@ def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:
     return sorted(d.name for d in runs_dir.iterdir() if (d / ADAPTER_DIR / "dp_privacy.json").is_file())
 
 
+def merged_tasks(runs_dir: str | os.PathLike, merged_dir: str | os.PathLike) -> list[str] | None:
+    """The run folders whose adapter or model the merged model's ``mergekit_config.yml`` names, in its order
+    (None when the merged model has no such file). A path names run folder ``t`` when one of its parts is
+    ``t`` and ``<runs>/t/adapter/dp_privacy.json`` exists (``runs/t/encoder_adapter`` → ``t``)."""
+    import yaml
+
+    config_path = Path(merged_dir) / MERGE_CONFIG_NAME
+    if not config_path.is_file():
+        return None
+    data = yaml.safe_load(config_path.read_text()) or {}
+    sources = list(data.get("models") or [])
+    sources += [source for part in data.get("slices") or [] for source in part.get("sources") or []]
+    known = set(discover_tasks(runs_dir))
+    names: list[str] = []
+    for source in sources:
+        model = source.get("model") if isinstance(source, dict) else None
+        for part in Path(str(model)).parts if model else ():
+            if part in known and part not in names:
+                names.append(part)
+    if not names:
+        raise ValueError(f"{config_path} merges none of the run folders under {runs_dir} ({sorted(known)}): "
+                         "pass --runs or --tasks")
+    return names
+
+
 def check_model_dirs(base_dir: Path, merged_dir: Path | None) -> None:
     """Refuse a base or merged directory without ``config.json``, saying which step produces it."""
     for what, directory in (("base model", base_dir), ("merged model", merged_dir)):
@@ -64,11 +90,15 @@ def task_runs(
     *,
     data_seed: int | None = None,
     max_length: int | None = None,
+    merged_dir: str | os.PathLike | None = None,
 ) -> list[TaskRun]:
-    """The runs named ``names`` (default: every run folder with an adapter and privacy record)."""
+    """The runs named ``names``; by default the runs ``merged_dir`` merged (:func:`merged_tasks`), else every
+    run folder with an adapter and privacy record."""
     from hf_dpmerge.data.load import DEFAULT_SPLIT_SEED
 
     runs_dir = Path(runs_dir)
+    if not names and merged_dir is not None:
+        names = merged_tasks(runs_dir, merged_dir)
     names = list(names) if names else discover_tasks(runs_dir)
     if not names:
         raise FileNotFoundError(f"no <task>/{ADAPTER_DIR}/dp_privacy.json under {runs_dir}")

@@ -3,7 +3,10 @@
 ``hf-dpmerge merge CONFIG OUT [mergekit-yaml options]``: every option after the two paths (``--lora-merge-cache
 DIR``, ``--cuda``, …) goes to mergekit unchanged. The merge is written into a temporary directory beside
 OUT and renamed into place only when it succeeded, so a failed or killed merge leaves nothing at OUT; an
-existing non-empty OUT is refused, and with ``--overwrite`` replaced only if it holds a previous merge.
+existing non-empty OUT is refused, and with ``--overwrite`` replaced only if it holds a previous merge;
+``cauchy_poe``/``dp_aware`` inputs are checked before anything is written. This policy is this command's:
+plain ``mergekit-yaml`` keeps mergekit's own behaviour. ``hf-dpmerge merge --list-methods`` lists the
+merge methods mergekit knows, ours included.
 """
 
 from __future__ import annotations
@@ -14,12 +17,28 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="mergekit YAML configuration (e.g. merge_configs/dp.yaml)")
-    parser.add_argument("out_path", help="output directory for the merged model")
+    parser.add_argument("config", nargs="?", help="mergekit YAML configuration (e.g. merge_configs/dp.yaml)")
+    parser.add_argument("out_path", nargs="?", help="output directory for the merged model")
+    parser.add_argument("--list-methods", "--list_methods", dest="list_methods", action="store_true",
+                        help="list the merge methods mergekit knows (hf_dpmerge's included) and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output directory that holds a previous merge")
     parser.epilog = "Options after the two paths (--lora-merge-cache DIR, --cuda, ...) go to mergekit-yaml unchanged."
     parser.set_defaults(accepts_extra=True)
+
+
+def list_methods() -> list[str]:
+    """One line per registered merge method: name, pretty name, and whose it is."""
+    from mergekit.merge_methods import registered_methods
+
+    from hf_dpmerge.merging.methods import METHODS
+
+    ours = {method.spec.name for method in METHODS}
+    return [
+        f"{method.spec.name:24} {'hf_dpmerge' if method.spec.name in ours else 'mergekit':10} "
+        f"{method.spec.pretty_name or ''}"
+        for method in sorted(registered_methods(), key=lambda m: m.spec.name)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,11 +48,17 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.merging.config_edit import load_config_mapping
     from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_allowed
     from hf_dpmerge.merging.registration import activate
+    from hf_dpmerge.scripts.task_folders import write_task_folders
 
+    if args.list_methods:
+        print("\n".join(list_methods()))
+        return 0
+    if args.config is None or args.out_path is None:
+        raise ValueError("give the merge CONFIG and the OUT directory (or --list-methods)")
     config = Path(args.config)
     load_config_mapping(config)
     check_merge_output(args.out_path, args.overwrite)
-    activate()
+    activate(finish=write_task_folders)
     try:
         with overwrite_allowed(args.overwrite):
             code = run_yaml.main.main(

@@ -91,14 +91,17 @@ def run(args: argparse.Namespace) -> int:
         if not args.dry_run:
             raise PushError("--repo_id user/name is required (unless --dry-run)")
         repo_id = f"your-username/{Path(args.merged_dir).resolve().name}"
+    from hf_dpmerge.analysis.evaluation import EvaluationReport
+
     adapters = _adapters(Path(args.runs), args.tasks)
+    evaluation = EvaluationReport.load(args.eval_json) if args.eval_json else None
     private = not args.public
     try:
         result = push_merged_model(
             args.merged_dir,
             repo_id,
             adapters=adapters,
-            eval_json=args.eval_json,
+            evaluation=evaluation,
             private=private,
             dry_run=args.dry_run,
             token=args.token,

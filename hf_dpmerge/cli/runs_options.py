@@ -13,8 +13,8 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
                         "(default: runs)")
     parser.add_argument("--merged", default="merged", help="merged model directory written by mergekit-yaml "
                         "(default: merged)")
-    parser.add_argument("--tasks", help="comma-separated run folders (default: every <runs>/<task>/ with "
-                        "adapter/dp_privacy.json)")
+    parser.add_argument("--tasks", help="comma-separated run folders (default: those the merged model's "
+                        "mergekit_config.yml merged, else every <runs>/<task>/ with adapter/dp_privacy.json)")
     parser.add_argument("--base", help="base model directory (default: <runs>/base)")
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub id (default: the adapter's, the "
                         "base's or the merged model's)")

@@ -1,48 +1,48 @@
-"""Task metrics computed offline with scikit-learn and scipy (``evaluate.load`` needs the Hub).
+"""Task metrics through ``evaluate``, from the metric modules shipped in this package (offline).
 
-Keys: ``accuracy``, ``f1`` (binary, positive class 1), ``macro_f1`` (more than two classes),
-``matthews_correlation``, ``pearson``, ``spearmanr``. Correlations of a constant input are reported as 0.0
-(undefined; the convention scikit-learn uses for Matthews).
+``evaluate.load("accuracy")`` needs the Hub; ``evaluate.load(path)`` of a local module does not. The modules
+live in ``hf_dpmerge/data/metric_modules/`` (:data:`METRIC_MODULES`): ``task_metrics`` (configurations
+``binary``, ``multiclass``, ``regression``; keys ``accuracy``, ``f1`` (binary, class 1), ``macro_f1``,
+``matthews_correlation``, ``pearson``, ``spearmanr``) and ``merge_retention`` (retention and interference
+of a merged model from anyone's predictions). Users load them the same way::
+
+    evaluate.load(str(hf_dpmerge.data.metrics.metric_path("merge_retention")))
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
-from scipy import stats
-from sklearn import metrics as skm
 
 from hf_dpmerge.data.tasks import TaskSpec
 
 ArrayLike = Sequence | np.ndarray
+METRIC_MODULES = Path(__file__).with_name("metric_modules")
 
 
-def accuracy(predictions: ArrayLike, references: ArrayLike) -> float:
-    return float(np.mean(np.asarray(predictions) == np.asarray(references)))
+def metric_path(name: str) -> Path:
+    """The directory of the shipped ``evaluate`` module ``name`` (``task_metrics``, ``merge_retention``)."""
+    path = METRIC_MODULES / name
+    if not (path / f"{name}.py").is_file():
+        shipped = sorted(p.name for p in METRIC_MODULES.iterdir() if p.is_dir())
+        raise KeyError(f"no metric module {name!r}; shipped: {shipped}")
+    return path
 
 
-def f1(predictions: ArrayLike, references: ArrayLike, average: str = "binary") -> float:
-    return float(skm.f1_score(references, predictions, average=average, zero_division=0))
+@functools.cache
+def load_metric(name: str, config_name: str | None = None):
+    """``evaluate.load`` of a shipped module, by path (works offline); loaded once per process."""
+    import evaluate
+
+    return evaluate.load(str(metric_path(name)), config_name)
 
 
-def matthews_correlation(predictions: ArrayLike, references: ArrayLike) -> float:
-    return float(skm.matthews_corrcoef(references, predictions))
-
-
-def _correlation(fn: Callable, predictions: ArrayLike, references: ArrayLike) -> float:
-    x, y = np.asarray(predictions, dtype=float), np.asarray(references, dtype=float)
-    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return 0.0
-    return float(fn(x, y)[0])
-
-
-def pearson(predictions: ArrayLike, references: ArrayLike) -> float:
-    return _correlation(stats.pearsonr, predictions, references)
-
-
-def spearmanr(predictions: ArrayLike, references: ArrayLike) -> float:
-    return _correlation(stats.spearmanr, predictions, references)
+def task_metric_config(spec: TaskSpec) -> str:
+    """The ``task_metrics`` configuration of ``spec``: ``regression``, ``binary`` or ``multiclass``."""
+    return "regression" if spec.is_regression else ("binary" if spec.num_labels == 2 else "multiclass")
 
 
 def predictions_from_logits(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
@@ -52,20 +52,11 @@ def predictions_from_logits(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
 
 
 def compute_metrics(spec: TaskSpec, predictions: ArrayLike, references: ArrayLike) -> dict[str, float]:
-    """All metrics that apply to ``spec`` (its primary ``spec.metric`` among them)."""
+    """All metrics that apply to ``spec`` (its primary ``spec.metric`` among them), via ``task_metrics``."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
-    if spec.is_regression:
-        return {"pearson": pearson(predictions, references), "spearmanr": spearmanr(predictions, references)}
-    result = {
-        "accuracy": accuracy(predictions, references),
-        "matthews_correlation": matthews_correlation(predictions, references),
-    }
-    if spec.num_labels == 2:
-        result["f1"] = f1(predictions, references)
-    else:
-        result["macro_f1"] = f1(predictions, references, average="macro")
-    return result
+    metric = load_metric("task_metrics", task_metric_config(spec))
+    return metric.compute(predictions=np.asarray(predictions).tolist(), references=np.asarray(references).tolist())
 
 
 def trainer_compute_metrics(spec: TaskSpec) -> Callable:

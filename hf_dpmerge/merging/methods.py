@@ -2,8 +2,11 @@
 
 Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
-Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable privacy-record
-values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``.
+Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable noise-model
+values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``. They run the same
+through ``mergekit-yaml``/``run_merge`` and ``mergekit.merge_methods.api.merge_state_dicts`` (in-memory inputs
+have no privacy record: ``dp_aware`` then needs ``allow_non_private: true`` and ``noise_std`` per input or
+``noise: estimate``, and says so otherwise).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from hf_dpmerge.merging.inputs import (
     input_lora_factors,
     input_lora_noise,
     input_noise_variance,
+    require_private,
 )
 
+ALLOW_NON_PRIVATE = "allow_non_private"
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 
@@ -174,6 +179,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
                 _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings
+                _shared(ALLOW_NON_PRIVATE, bool, False),
             ),
             (ParameterSpec("weight", float, ParameterScope.NON_BASE, default=1.0),),
         )
@@ -193,6 +199,8 @@ class DPAwareMethod(_TaskVectorMethod):
         self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
     ) -> torch.Tensor:
         self.check_settings(parameters)
+        for entry in entries:
+            require_private(self.spec.name, entry.id, parameters[ALLOW_NON_PRIVATE])
         variances, denoised = [], []
         for entry in entries:
             overrides = _overrides(parameters, entry.id)

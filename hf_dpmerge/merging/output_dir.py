@@ -1,11 +1,12 @@
-"""Where a merge may write: an existing non-empty output directory is replaced only on request.
+"""Where ``hf-dpmerge merge`` may write: an existing non-empty output directory is replaced only on request.
 
-A merge writes into a scratch directory beside its output and renames it into place at the end
+The policy is hf-dpmerge merge's (plain ``mergekit-yaml`` keeps mergekit's own behaviour). The merge writes
+into a scratch directory beside its output and renames it into place at the end
 (:func:`~hf_dpmerge.utils.io.staged_directory`), so an interrupted merge leaves nothing at the output
 path. The output path itself may be missing or an empty directory. A non-empty directory is replaced only
-when overwriting was asked for (``hf-dpmerge merge --overwrite``, or ``HF_DPMERGE_OVERWRITE=1`` for
-``mergekit-yaml``) *and* it holds a previous merge (mergekit's ``mergekit_config.yml``); anything else there
-is never deleted.
+when overwriting was asked for (``--overwrite``, passed to the guarded ``run_merge`` as
+``HF_DPMERGE_OVERWRITE=1`` because mergekit's command line cannot carry it) *and* it holds a previous merge
+(mergekit's ``mergekit_config.yml``); anything else there is never deleted.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def check_merge_output(target: str | os.PathLike, overwrite: bool) -> None:
         return
     if not overwrite:
         raise FileExistsError(
-            f"merge output {target} exists and is not empty; pass --overwrite (hf-dpmerge merge) or set "
-            f"{OVERWRITE_ENV}=1 (mergekit-yaml) to replace a previous merge"
+            f"merge output {target} exists and is not empty; pass --overwrite to replace a previous merge"
         )
     if not (target / MERGE_MARKER).is_file():
         raise FileExistsError(

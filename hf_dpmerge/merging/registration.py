@@ -1,14 +1,21 @@
-"""Plugging hf_dpmerge into mergekit: method registration and a guarded ``run_merge``.
+"""Plugging hf_dpmerge into mergekit: method registration, and the guarded ``run_merge`` of ``hf-dpmerge merge``.
 
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
-imported and :func:`on_merge_import` right after ``mergekit.merge``. The second wraps
-``mergekit.merge.run_merge`` (which ``mergekit-yaml`` imports from there). For any method: an unknown method
-name is refused up front, a non-empty output directory is refused unless overwriting a previous merge was
-asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at the
-end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped, and when
-inputs carry privacy records the model card gets a privacy section. For ``cauchy_poe`` and ``dp_aware``
-every input is also checked before anything is written; for ``safe_merge``, its keys and unwanted inputs.
+imported. That only registers ``cauchy_poe`` and ``dp_aware``: stock mergekit (``mergekit-yaml``,
+``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
+
+The output-directory policy lives in hf_dpmerge's own command: ``hf-dpmerge merge`` calls :func:`activate`,
+which wraps ``run_merge`` in that process only (:func:`guard_run_merge`). There, for any method: an unknown
+method name is refused up front, a non-empty output directory is refused unless overwriting a previous merge
+was asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at
+the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped,
+when inputs carry privacy records the model card gets a privacy section, and ``finish(staged, config)``
+adds what the caller writes into the output before it appears (hf-dpmerge merge: each task's folder for
+stock loaders, :mod:`hf_dpmerge.scripts.task_folders`). For ``cauchy_poe`` and
+``dp_aware`` every input is also checked before anything is written; for ``safe_merge``, its keys and
+unwanted inputs. Under plain ``mergekit-yaml`` our
+methods check each input when they merge its first tensor (mergekit's own output handling applies).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import functools
 import importlib
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _WRAPPED = "__hf_dpmerge_guarded__"
@@ -46,7 +54,8 @@ def check_method_name(name: str) -> None:
 
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
-    from hf_dpmerge.merging.methods import METHODS
+    from hf_dpmerge.merging.inputs import input_settings, require_private
+    from hf_dpmerge.merging.methods import ALLOW_NON_PRIVATE, METHODS
     from hf_dpmerge.merging.safe_merge import check_safe_merge_config, safe_merge
     from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
@@ -64,11 +73,18 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     )
     shared = merge_config.parameters or {}
     method.check_settings(shared)
+    if any(p.name == ALLOW_NON_PRIVATE for p in method.spec.shared_parameters):
+        for reference, _, base in input_settings(merge_config):
+            if reference != base:
+                require_private(method.spec.name, reference, bool(shared.get(ALLOW_NON_PRIVATE, False)))
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
-def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
-    """``run_merge`` with the output-directory policy, the checks above, atomic output and the privacy card."""
+def guard_run_merge(
+    run_merge: Callable[..., Any], finish: Callable[[Path, Any], Any] | None = None
+) -> Callable[..., Any]:
+    """``run_merge`` with the output-directory policy, the checks above, atomic output, the privacy card and
+    ``finish(staged_output, merge_config)`` before the output is renamed into place."""
     if getattr(run_merge, _WRAPPED, False):
         return run_merge
 
@@ -90,6 +106,8 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
                 raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
             if options.write_model_card:
                 append_privacy_section(str(staged), merge_config)
+            if finish is not None:
+                finish(staged, merge_config)
         return result
 
     setattr(guarded, _WRAPPED, True)
@@ -97,19 +115,15 @@ def guard_run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def on_merge_methods_import(_module: types.ModuleType) -> None:
+    """The start-up hook's only action: register our methods (nothing of mergekit's own is changed)."""
     register_methods()
 
 
-def on_merge_import(module: types.ModuleType) -> None:
-    module.run_merge = guard_run_merge(module.run_merge)
-
-
-def activate() -> None:
-    """Do in-process what the start-up hook does, for callers that may run without it (idempotent)."""
-    import mergekit.merge
+def activate(finish: Callable[[Path, Any], Any] | None = None) -> None:
+    """``hf-dpmerge merge``'s set-up, in its own process: our methods registered, ``mergekit-yaml``'s
+    ``run_merge`` guarded with ``finish`` (idempotent)."""
     import mergekit.scripts.run_yaml as run_yaml
 
     register_methods()
-    on_merge_import(mergekit.merge)
-    run_yaml.run_merge = guard_run_merge(run_yaml.run_merge)
+    run_yaml.run_merge = guard_run_merge(run_yaml.run_merge, finish)
 

@@ -17,50 +17,23 @@ import copy
 import os
 from typing import Any
 
-import torch
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import AutoConfig, AutoModelForSequenceClassification, BertForSequenceClassification
-from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+)
+
+from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
+from hf_dpmerge.modeling.modeling_mean_pooling_bert import masked_mean  # noqa: F401 - exported here
 
 CLASSIFIER_POOLING_KEY = "classifier_pooling"
 
+class MeanPoolingBertForSequenceClassification(remote_code.MeanPoolingBertForSequenceClassification):
+    """The release's mean-pooling classifier (:mod:`.modeling_mean_pooling_bert`) on a plain ``bert`` config:
+    the form training, merging and evaluation use."""
 
-def masked_mean(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1) over the sequence axis (all tokens when no mask is given)."""
-    if attention_mask is None:
-        return hidden_states.mean(dim=1)
-    mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)
-    return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-
-
-class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
-    """``BertForSequenceClassification`` whose classifier reads the masked token mean instead of [CLS]."""
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutput:
-        kwargs.pop("return_dict", None)
-        outputs = self.bert(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            return_dict=True,
-            **kwargs,
-        )
-        logits = self.classifier(self.dropout(masked_mean(outputs.last_hidden_state, attention_mask)))
-        loss = None if labels is None else self._loss(logits, labels)
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+    config_class = BertConfig
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Save as a plain ``BertForSequenceClassification`` checkpoint (same tensors, so mergekit and the Auto
@@ -69,20 +42,6 @@ class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
         config = copy.deepcopy(self.config)
         config.architectures = [BertForSequenceClassification.__name__]
         config.save_pretrained(save_directory)
-
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        problem = self.config.problem_type
-        if problem is None:
-            integer = labels.dtype in (torch.long, torch.int)
-            problem = "regression" if self.num_labels == 1 else (
-                "single_label_classification" if integer else "multi_label_classification"
-            )
-            self.config.problem_type = problem
-        if problem == "regression":
-            return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
-        if problem == "single_label_classification":
-            return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
-        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
 
 
 def default_classifier_pooling(path: str | os.PathLike) -> str:

@@ -11,6 +11,8 @@ from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
 from hf_dpmerge.records.selection_record import SELECTION_RECORD_NAME
 
+REMOTE_CODE_FILE = "modeling_mean_pooling_bert.py"  # the file hf_dpmerge/modeling/ ships as a release's remote code
+
 # Everything a release may hold (an adapter folder, what DPSAMTrainer.push_to_hub or `hf-dpmerge push` uploads),
 # as repository paths with shell wildcards per path component. Logs, trainer_state.json, training_args.bin
 # (it holds dp_seed), checkpoints, optimizer/scheduler/RNG states and dp_state.pt (the noise generator's state)
@@ -30,8 +32,13 @@ RELEASE_ALLOW_LIST = (
     PRIVACY_RECORD_NAME, "README.md", NOISE_STATS_NAME,
     # the accounted merge-hyper-parameter selection of a merged model tuned by `hf-dpmerge tune`
     SELECTION_RECORD_NAME,
-    # a merged release's per-task heads (hf_dpmerge.hub.push)
-    "heads/*/head.safetensors", "heads/*/head_config.json", f"heads/*/{PRIVACY_RECORD_NAME}",
+    # the remote code of the mean-pooling head (hf_dpmerge.modeling.stock_release.REMOTE_CODE_FILE)
+    REMOTE_CODE_FILE,
+    # task models for stock loaders, one folder level down: an adapter's base/, a merged release's <task>/
+    *(f"*/{name}" for name in (
+        "model.safetensors", "config.json", REMOTE_CODE_FILE, "tokenizer.json", "tokenizer_config.json",
+        "special_tokens_map.json", "vocab.txt", PRIVACY_RECORD_NAME,
+    )),
 )
 
 

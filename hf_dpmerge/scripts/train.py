@@ -5,11 +5,17 @@ behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :fun
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
 
-Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…).
+Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…);
+``--output_dir``, ``--push_to_hub`` and ``--hub_model_id`` are refused (``--runs_dir``, ``hf-dpmerge push``),
+``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
+``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
+``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
 All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
-``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``), ``encoder_adapter/`` (LoRA only: what is
-merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by the DP guarantee).
+``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock
+``AutoPeftModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)``), ``encoder_adapter/``
+(LoRA only: what is merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by
+the DP guarantee).
 
 User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes each film (all its snippets) the
 privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw. The other
@@ -37,8 +43,12 @@ from transformers import (
 )
 
 from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
-from hf_dpmerge.data.tasks import parse_task_list
+from hf_dpmerge.data.glue import GLUE_PATH
+from hf_dpmerge.data.metrics import trainer_compute_metrics
+from hf_dpmerge.data.model_path import source_hub_id
+from hf_dpmerge.data.tasks import GLUE, parse_task_list
 from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -48,6 +58,49 @@ from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import staged_directory
+
+# The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
+# TrainingArguments flags this script cannot honour as Trainer would, and what to use instead
+REFUSED_FLAGS = {
+    "--output_dir": "each task writes to <runs_dir>/<task>/ (checkpoints in <runs_dir>/<task>/checkpoints): "
+                    "use --runs_dir",
+    "--push_to_hub": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+    "--hub_model_id": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+}
+
+
+def refuse_ignored_flags(argv: list[str]) -> None:
+    """Refuse a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it."""
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            raise ValueError(f"{flag} is not used by train_glue.py: {REFUSED_FLAGS[flag]}")
+
+
+def resume_point(config: DPSAMConfig, tasks: list[str]) -> str | bool | None:
+    """``--resume_from_checkpoint``: ``true`` resumes every task from its last complete checkpoint; a path
+    names one checkpoint, so it needs a single task."""
+    value = config.resume_from_checkpoint
+    if value is None or str(value).lower() in ("false", "no", ""):
+        return None
+    if str(value).lower() in ("true", "yes", "last"):
+        return True
+    if len(tasks) != 1:
+        raise ValueError(f"--resume_from_checkpoint {value} names one checkpoint but {len(tasks)} tasks are "
+                         "trained: pass --resume_from_checkpoint true (each task's last checkpoint) or one --task")
+    return str(value)
+
+
+def glue_dataset_hub_id(spec, dataset_path: str | None) -> str | None:
+    """The Hub dataset a GLUE task trained on (``--dataset_path`` when it is no local directory); None for the
+    packaged offline tasks, whose Hub copies (if any) are not the same data."""
+    import os
+
+    if spec.source != GLUE:
+        return None
+    path = dataset_path or GLUE_PATH
+    return None if os.path.isdir(path) else path
 
 
 @dataclass
@@ -92,8 +145,11 @@ def shared_base(script: ScriptArguments) -> Path:
     return base_dir
 
 
-def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path) -> dict | None:
-    """Train one task; returns its summary on the process that writes the outputs, None on the others."""
+def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
+               resume: str | bool | None = None) -> dict | None:
+    """Train one task (``resume``: a checkpoint, or True for the last complete one); returns its summary on the
+    process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the validation
+    split, private data like the training split: those logs are not covered by the DP guarantee."""
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
         splits, spec = load_task(task, max_train_samples=script.max_train_samples,
                                  max_eval_samples=script.max_eval_samples, path=script.dataset_path)
@@ -106,13 +162,19 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
             )
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
                              keep_columns=(unit,) if unit is not None else ())
-    model = lora_sequence_classifier(base_dir, spec, r=script.lora_r, alpha=script.lora_alpha,
+    # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
+    model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
                                      target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
+    evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO")
+    if evaluating and "validation" not in data:
+        raise ValueError(f"--eval_strategy {config.eval_strategy}: task {task} has no validation split")
     trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],
+                           eval_dataset=data["validation"] if evaluating else None,
+                           compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
                            data_collator=DataCollatorWithPadding(tokenizer))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
     adapter_dir = out / "adapter"
@@ -122,9 +184,12 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
-                        classifier_pooling=script.classifier_pooling)
+                        classifier_pooling=script.classifier_pooling,
+                        base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
+                        dataset_hub_id=glue_dataset_hub_id(spec, script.dataset_path))  # and its datasets
     record.save(adapter_dir)
     export_encoder_adapter(adapter_dir, out / "encoder_adapter")
+    make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
                "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,
                "steps": record.steps, "num_samples": record.num_samples, "num_units": record.num_units}
@@ -136,8 +201,9 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
 
 
 def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
-    """The script's flags after the tuned DP recipe (``DP_RECIPE`` first, so every later flag overrides it)."""
-    return HfArgumentParser((ScriptArguments, DPSAMConfig)).parse_args_into_dataclasses(args=[*DP_RECIPE, *argv])
+    """The script's flags after the defaults (``DP_DEFAULTS`` first, so every later flag overrides them)."""
+    refuse_ignored_flags(argv)
+    return HfArgumentParser((ScriptArguments, DPSAMConfig)).parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,12 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     script, config = parse_arguments(argv)
     script = script.with_pooling()
     tasks = parse_task_list(script.tasks) if script.tasks else [script.task]
+    resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
     for task in tasks:
-        train_task(task, script, config, base_dir)
+        train_task(task, script, config, base_dir, resume)
     # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()

@@ -76,12 +76,21 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> Path:
 
 
 def require_model_source(source: str | os.PathLike, what: str = "model") -> None:
-    """Refuse a location that is no directory and cannot be a Hub id (or is no directory while offline).
+    """Refuse a location that is no directory and cannot be a Hub id, or, offline, a Hub id whose
+    ``config.json`` is not in the huggingface_hub cache (transformers loads a cached one with
+    ``local_files_only``).
 
     transformers and mergekit report a missing local path as a malformed Hub repo id; this names the path.
     """
-    from huggingface_hub import constants
+    from huggingface_hub import constants, try_to_load_from_cache
 
     source = str(source)
-    if not os.path.isdir(source) and (constants.HF_HUB_OFFLINE or not _HUB_ID.fullmatch(source)):
+    if os.path.isdir(source):
+        return
+    if not _HUB_ID.fullmatch(source):
         raise FileNotFoundError(f"{what} directory {source} does not exist")
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        raise FileNotFoundError(
+            f"{what} directory {source} does not exist, and the Hub id {source} is not in the Hugging Face "
+            "cache (offline mode is on: download it once online, or pass a local directory)"
+        )

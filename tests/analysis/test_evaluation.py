@@ -142,3 +142,21 @@ def test_same_shape_head_is_replaced_not_kept(runs):
     assert torch.equal(model.classifier.weight, head["classifier.weight"])
     assert torch.equal(model.classifier.bias, head["classifier.bias"])
     assert model.config.id2label == {0: "HillaryClinton", 1: "realDonaldTrump"}
+
+
+def test_default_tasks_are_the_ones_the_merged_model_merged(runs, tmp_path):
+    import shutil
+
+    from hf_dpmerge.analysis.runs_layout import task_runs
+
+    merged = tmp_path / "merged"
+    shutil.copytree(runs["merged"], merged)
+    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc", "election_tweets"]  # no config
+    (merged / "mergekit_config.yml").write_text(
+        "merge_method: dp_aware\nbase_model: runs/base\nmodels:\n  - model: runs/base+runs/bbc/encoder_adapter\n"
+    )
+    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc"]  # election_tweets never merged
+    assert [r.name for r in task_runs(runs["runs"], ["election_tweets"], merged_dir=merged)] == ["election_tweets"]
+    (merged / "mergekit_config.yml").write_text("merge_method: ties\nmodels:\n  - model: elsewhere/x\n")
+    with pytest.raises(ValueError, match="merges none of the run folders.*pass --runs or --tasks"):
+        task_runs(runs["runs"], merged_dir=merged)

@@ -1,4 +1,4 @@
-"""The Hub model card: metadata, privacy section, merge recipe and the generic evaluation table."""
+"""The Hub model card: metadata, privacy section, merge recipe and the evaluation, from the template."""
 
 from __future__ import annotations
 
@@ -7,19 +7,14 @@ import math
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_dpmerge.hub.model_card import (
-    HeadInfo,
-    MergeRecipe,
-    build_model_card,
-    evaluation_table,
-    hub_model_id,
-)
+from hf_dpmerge.analysis.evaluation import EvaluationReport, TaskEvaluation
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card, hub_model_id
 from hf_dpmerge.records.record import PrivacyRecord
 from tests.utils.records import privacy_record
 
 
 def _record(task: str, epsilon: float = 3.0, dp: bool = True) -> PrivacyRecord:
-    return privacy_record(task, math.inf if not dp else epsilon, dp=dp)
+    return privacy_record(task, math.inf if not dp else epsilon, dp=dp, extra={"dataset_hub_id": "nyu-mll/glue"})
 
 
 def test_card_metadata_and_sections():
@@ -33,13 +28,15 @@ def test_card_metadata_and_sections():
     )
     reparsed = ModelCard(str(card))
     assert reparsed.data.license == "mit" and reparsed.data.base_model == "org/base"
-    assert reparsed.data.tags == ["hf_dpmerge", "differential-privacy", "merge", "lora"]
-    assert reparsed.data.library_name == "transformers"
+    assert reparsed.data.tags == ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
+    assert reparsed.data.library_name == "transformers" and reparsed.data.pipeline_tag == "text-classification"
+    assert reparsed.data.base_model_relation == "merge" and reparsed.data.datasets == ["nyu-mll/glue"]
     text = reparsed.text
     assert "| sst2 | 1.5 | 1e-05 | rdp | 1600 |" in text and "(4, 1e-05)-DP" in text
     assert "```yaml\nmerge_method: ties\nbase_model: org/base\n```" in text
     assert "| sst2 | 2 | neg, pos |" in text and "| qnli | 2 | – |" in text
-    assert "No evaluation results were given." in text and 'repo, task = "bob/m", "sst2"' in text
+    assert "No evaluation results were given." in text
+    assert 'pipeline("text-classification", model="bob/m", model_kwargs={"subfolder": "sst2"}' in text
 
 
 def test_card_without_dp_input_claims_no_guarantee():
@@ -78,38 +75,44 @@ def test_merge_recipe(tmp_path):
         MergeRecipe.load(tmp_path, tmp_path / "missing.yml")
 
 
-@pytest.mark.parametrize(
-    "data",
-    [
-        {"a": {"individual": 0.9, "merged": 0.8}, "b": {"merged": 0.7, "retention": 1.0}, "mean": {"merged": 0.75}},
-        {"tasks": [{"task": "a", "individual": 0.9, "merged": 0.8}, {"task": "b", "merged": 0.7, "retention": 1.0}],
-         "mean": {"merged": 0.75}},
-        {"per_task": {"a": {"individual": 0.9, "merged": 0.8}, "b": {"merged": 0.7, "retention": 1.0}},
-         "mean": {"merged": 0.75}},
-    ],
-)
-def test_evaluation_table_shapes(data):
-    table = evaluation_table(data, tasks=["a", "b"])
-    assert "| task | individual | merged | retention |" in table
-    assert "| a | 0.9 | 0.8 | – |" in table
-    assert "| b | – | 0.7 | 1 |" in table
-    assert "| **mean** | – | 0.75 | – |" in table
+def _report() -> EvaluationReport:
+    return EvaluationReport(
+        tasks=[TaskEvaluation("sst2", "accuracy", 1.5, 1e-5, 0.9, 0.81, 872),
+               TaskEvaluation("qnli", "accuracy", float("inf"), None, 0.0, 0.5, 100)],
+        merged_model="/home/me/merged", base_model="/home/me/runs/base", max_eval_samples=None,
+    )
 
 
-def test_evaluation_table_nested_and_other_entries():
-    data = {
-        "a": {"individual": {"accuracy": 0.5, "f1": None}, "merged": {"accuracy": float("nan")}, "note": "x|y"},
-        "config": {"seed": 1},
-        "metric": "accuracy",
-        "chart": "eval.png",
-    }
-    table = evaluation_table(data, tasks=["a"])
-    assert "| task | individual.accuracy | individual.f1 | merged.accuracy | note |" in table
-    assert "| a | 0.5 | – | nan | x\\|y |" in table
-    assert "config" not in table.split("\n\n")[0]  # not a task when task names match
-    assert "- metric: accuracy" in table and "- chart: eval.png" in table
+def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths():
+    card = build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)}, repo_id="bob/m",
+                            evaluation=_report(), base_model="/home/me/runs/base")
+    reparsed = ModelCard(str(card))
+    assert "| sst2 | accuracy | 1.5 | 0.9000 | 0.8100 | 90.0% | +0.0900 | 872 |" in reparsed.text
+    assert "| qnli | accuracy | ∞ | 0.0000 | 0.5000 | – | -0.5000 | 100 |" in reparsed.text
+    results = {r.dataset_name: r for r in reparsed.data.eval_results}
+    assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
+    assert reparsed.data.base_model is None and "/home/me" not in str(card)
 
 
-def test_evaluation_table_without_rows_shows_json():
-    assert "```json" in evaluation_table([1, 2, 3])
-    assert "```json" in evaluation_table({"only": "scalars"})
+def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):
+    import json
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_report().to_dict(), allow_nan=True))
+    loaded = EvaluationReport.load(path)
+    assert loaded.tasks[0] == _report().tasks[0] and math.isinf(loaded.tasks[1].epsilon)
+    path.write_text(json.dumps({"a": {"individual": 0.9}}))
+    with pytest.raises(ValueError, match="results.json is not what `hf-dpmerge evaluate` writes"):
+        EvaluationReport.load(path)
+    path.write_text("[1, 2")
+    with pytest.raises(ValueError, match="corrupt evaluation JSON"):
+        EvaluationReport.load(path)
+
+
+def test_base_model_comes_from_the_encoder_training_started_from():
+    records = {t: privacy_record(t, base_model="/home/me/runs/base",
+                                 extra={"base_model_hub_id": "sentence-transformers/all-MiniLM-L6-v2"})
+               for t in ("sst2", "qnli")}
+    card = ModelCard(str(build_model_card(records, repo_id="bob/m")))
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.base_model_relation == "merge" and "/home/me" not in str(card)

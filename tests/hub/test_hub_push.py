@@ -47,6 +47,7 @@ EVAL = {
     "deltas": {"alpha": 1e-05, "beta": 1e-05},
     "max_epsilon": 7.75,
     "merged_model": "merged",
+    "base_model": "runs/base",
     "definitions": {"retention": "merged / individual (primary metric; null when individual <= 0)"},
 }
 TASKS = {"alpha": (2, 2.5, 1234, ["negative", "positive"]), "beta": (3, 7.75, 5678, None)}
@@ -125,20 +126,23 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     assert len(repo.commits) == 1 and repo.commits[0]["summary"].startswith("Upload differentially private")
 
     expected = {
-        "README.md", "config.json", "model.safetensors", "mergekit_config.yml", "tokenizer.json",
-        "tokenizer_config.json",
-        *(f"heads/{t}/{name}" for t in TASKS for name in ("head.safetensors", "head_config.json", "dp_privacy.json")),
+        "README.md", "mergekit_config.yml", "tokenizer.json", "tokenizer_config.json",
+        *(f"{t}/{name}" for t in TASKS for name in ("config.json", "model.safetensors", "dp_privacy.json",
+                                                     "tokenizer.json")),
     }
     assert expected <= set(repo.files), sorted(repo.files)
     assert not [p for p in repo.files if p.startswith(".")]
     assert all(is_release_file(p) for p in repo.files), sorted(repo.files)  # the release allow-list
-    assert repo.files["model.safetensors"] == (release.merged / "model.safetensors").read_bytes()
+    # the root holds no model: stock loaders cannot pick up the merged encoder with a meaningless head
+    assert "config.json" not in repo.files and "model.safetensors" not in repo.files
     assert repo.files["mergekit_config.yml"].decode() == MERGE_YAML
 
     # the card: metadata, per-task ε/δ/accountant/N, composed guarantee, merge YAML verbatim, evaluation
     card = ModelCard(repo.files["README.md"].decode())
     assert card.data.license == "apache-2.0" and card.data.library_name == "transformers"
-    assert {"hf_dpmerge", "differential-privacy", "merge", "lora"} <= set(card.data.tags)
+    assert {"hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "text-classification"
+    assert {r.dataset_name: r.metric_value for r in card.data.eval_results} == {"alpha": 0.79, "beta": 0.6}
     assert card.data.base_model is None  # runs/base is a local path, not a Hub id
     text = card.text
     assert "mergekit's own card" not in text
@@ -147,32 +151,34 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub
     assert "(7.75, 1e-05)-DP" in text and "post-processing" in text
     assert f"```yaml\n{MERGE_YAML.rstrip()}\n```" in text
     assert "Method: `task_arithmetic`" in text
-    assert "| task | metric | epsilon | individual | merged | retention | interference | num_examples |" in text
-    assert "| beta | macro_f1 | 7.75 | 0.64 | 0.6 | 0.9375 | – | 60 |" in text
-    assert "| **average** | – | – | 0.725 | 0.695 | 0.956 | – | – |" in text
-    assert "- max_epsilon: 7.75" in text and "- definitions.retention: merged / individual" in text
+    assert "| task | metric | ε | individual | merged | retention | interference | examples |" in text
+    assert "| beta | macro_f1 | 7.75 | 0.6400 | 0.6000 | 93.8% | +0.0400 | 60 |" in text
     assert "Not covered by the guarantee" in text
 
     for task, (num_labels, eps, _n, labels) in TASKS.items():
         adapter = release.runs / task / "adapter"
         # the record travels byte for byte
-        assert repo.files[f"heads/{task}/dp_privacy.json"] == (adapter / "dp_privacy.json").read_bytes()
-        assert PrivacyRecord.from_dict(json.loads(repo.files[f"heads/{task}/dp_privacy.json"])).epsilon == eps
-        # the head: exactly the adapter's saved classifier, named as in the base model
-        head = load_safetensors_bytes(repo.files[f"heads/{task}/head.safetensors"])
+        assert repo.files[f"{task}/dp_privacy.json"] == (adapter / "dp_privacy.json").read_bytes()
+        assert PrivacyRecord.from_dict(json.loads(repo.files[f"{task}/dp_privacy.json"])).epsilon == eps
+        # the task model: the merged encoder with exactly the adapter's saved classifier
+        weights = load_safetensors_bytes(repo.files[f"{task}/model.safetensors"])
         saved = load_file(str(adapter / "adapter_model.safetensors"))
-        assert set(head) == {"classifier.weight", "classifier.bias"}
-        for name, tensor in head.items():
-            assert torch.equal(tensor, saved[f"base_model.model.{name}"])
-        head_config = json.loads(repo.files[f"heads/{task}/head_config.json"])
-        assert head_config["num_labels"] == num_labels and head_config["label_names"] == labels
-        # and it loads into the task model the way the card's usage snippet says
-        model = tiny_bert(num_labels=head_config["num_labels"], seed=99)
-        missing, unexpected = model.load_state_dict(head, strict=False)
-        assert unexpected == [] and "classifier.weight" not in missing
-        assert torch.equal(model.classifier.weight, head["classifier.weight"])
+        merged = load_file(str(release.merged / "model.safetensors"))
+        for name in ("classifier.weight", "classifier.bias"):
+            assert torch.equal(weights[name], saved[_saved_head_key(saved, name)])
+        assert torch.equal(weights["bert.encoder.layer.0.attention.self.query.weight"],
+                           merged["bert.encoder.layer.0.attention.self.query.weight"])
+        config = json.loads(repo.files[f"{task}/config.json"])
+        names = labels or [f"LABEL_{i}" for i in range(num_labels)]
+        assert config["num_labels"] == num_labels
+        assert config["id2label"] == {str(i): n for i, n in enumerate(names)}
 
-    assert f"to the private repository {REPO}" in out.out and "heads/beta/head.safetensors" in out.out
+    assert f"to the private repository {REPO}" in out.out and "beta/model.safetensors" in out.out
+
+
+def _saved_head_key(saved: dict, name: str) -> str:
+    """The adapter's key of head tensor ``name`` (peft saves modules_to_save with or without the wrapper)."""
+    return next(k for k in saved if k.endswith(name) and "lora_" not in k)
 
 
 def test_push_public_creates_public_repo(release, cli, hub):
@@ -215,14 +221,12 @@ def test_dry_run_stages_without_network(release, cli, hub, tmp_path, capsys):
     out = capsys.readouterr().out
     assert hub.requests == []
     assert "nothing uploaded" in out and "private repository your-username/merged" in out
-    for path in ("README.md", "model.safetensors", "heads/alpha/head.safetensors", "heads/beta/dp_privacy.json"):
+    for path in ("README.md", "alpha/model.safetensors", "alpha/config.json", "beta/dp_privacy.json"):
         assert (staging / path).is_file() and path in out
     card = ModelCard.load(staging / "README.md")
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert "| alpha | 2.5 |" in card.text and "| beta | 7.75 |" in card.text
-    assert json.loads((staging / "heads/alpha/head_config.json").read_text())["label_names"] == [
-        "negative", "positive"
-    ]
+    assert json.loads((staging / "alpha/config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
     # a second dry run replaces its own staging folder
     (staging / "stale.txt").write_text("old")
     assert cli(args) == 0
@@ -234,7 +238,7 @@ def test_dry_run_default_staging_dir_and_foreign_dir(release, cli, tmp_path, cap
     shutil.copytree(release.merged, merged)
     assert cli(["push", str(merged), "--runs", str(release.runs), "--tasks", "beta", "--dry-run"]) == 0
     staged = tmp_path / "merged-hub"
-    assert (staged / "heads/beta/head.safetensors").is_file() and not (staged / "heads/alpha").exists()
+    assert (staged / "beta/model.safetensors").is_file() and not (staged / "alpha").exists()
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")

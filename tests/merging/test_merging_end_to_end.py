@@ -38,7 +38,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _mergekit_yaml(workdir: Path, config: str, out: str) -> subprocess.CompletedProcess[str]:
     (workdir / "config.yaml").write_text(config)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "mergekit_hook"), str(REPO)])}  # this repository's hook
     script = Path(sys.executable).with_name("mergekit-yaml")
     return subprocess.run(
         [str(script), "config.yaml", out, "--lora-merge-cache", "cache", "--quiet"],
@@ -46,14 +47,15 @@ def _mergekit_yaml(workdir: Path, config: str, out: str) -> subprocess.Completed
     )
 
 
-def _assert_merged(workdir: Path, out: str, expect_changed: str) -> None:
+def _assert_merged(workdir: Path, out: str, expect_changed: str, privacy_card: bool = False) -> None:
     merged = AutoModelForSequenceClassification.from_pretrained(workdir / out).state_dict()
     base = AutoModelForSequenceClassification.from_pretrained(workdir / "runs" / "base").state_dict()
     changed = [name for name, tensor in merged.items() if not torch.equal(tensor, base[name])]
     assert changed and all(expect_changed in name for name in changed), changed
     assert all(bool(torch.isfinite(tensor).all()) for tensor in merged.values())
     readme = (workdir / out / "README.md").read_text()
-    assert "## Differential privacy" in readme and "| 8 | 1e-05 |" in readme
+    if privacy_card:  # hf-dpmerge merge adds it; plain mergekit-yaml writes mergekit's own card
+        assert "## Differential privacy" in readme and "| 8 | 1e-05 |" in readme
 
 
 @pytest.mark.parametrize("method", ["dp_aware", "cauchy_poe"])
@@ -72,12 +74,11 @@ def test_mergekit_yaml_merges_full_models(workdir: Path, method: str) -> None:
     _assert_merged(workdir, f"out_full_{method}", expect_changed="")
 
 
-def test_mergekit_yaml_failure_leaves_no_output(workdir: Path) -> None:
-    config = lora_config_yaml("dp_aware", "./runs/base", [*ADAPTERS[:2], "./runs/missing/encoder_adapter"])
-    result = _mergekit_yaml(workdir, config, "out_missing")
+def test_mergekit_yaml_dp_aware_refuses_an_input_without_a_record(workdir: Path) -> None:
+    config = lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], _broken_adapter(workdir, "no_record")])
+    result = _mergekit_yaml(workdir, config, "out_no_record")
     assert result.returncode != 0
-    assert "adapter directory runs/missing/encoder_adapter does not exist" in result.stderr
-    assert not (workdir / "out_missing").exists()
+    assert "is not shown to be differentially private (it has no dp_privacy.json)" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["dp", "cauchy_poe", "task_arithmetic", "ties", "negation", "safe_merge"])
@@ -86,7 +87,7 @@ def test_shipped_merge_configs_run_on_the_training_layout(workdir: Path, name: s
     out = workdir / "merged" / name
     assert main(["merge", str(REPO / "merge_configs" / f"{name}.yaml"), str(out),
                  "--lora-merge-cache", "runs/lora_cache", "--quiet"]) == 0
-    _assert_merged(workdir, f"merged/{name}", expect_changed=".attention.self.")
+    _assert_merged(workdir, f"merged/{name}", expect_changed=".attention.self.", privacy_card=True)
     assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []  # no scratch left
 
 
@@ -156,3 +157,25 @@ def test_bad_inputs_fail_clearly_without_output(workdir: Path, broken: str, mess
     assert main(["merge", "bad.yaml", str(out), "--lora-merge-cache", "cache", "--quiet"]) == 1
     assert message in capsys.readouterr().err
     assert not out.exists() and not [p for p in workdir.iterdir() if p.name.startswith(".bad_out")]
+
+
+def test_merged_task_folders_give_evaluates_logits_through_stock_transformers(workdir: Path, monkeypatch,
+                                                                              tmp_path: Path) -> None:
+    from hf_dpmerge.analysis.task_models import load_merged_with_head
+    from hf_dpmerge.data import get_task_spec
+    from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
+    from tests.utils.tiny_models import tiny_tokenizer
+
+    monkeypatch.chdir(workdir)
+    out = workdir / "merged" / "stock"
+    assert main(["merge", str(REPO / "merge_configs" / "dp.yaml"), str(out), "--lora-merge-cache", "runs/lora_cache",
+                 "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(TASKS)
+    spec = get_task_spec("reuters_r8")
+    model = load_merged_with_head(out, workdir / "runs" / "reuters_r8" / "adapter", spec).eval()
+    with torch.no_grad():
+        expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+    answer = load_without_hf_dpmerge("auto", out, "reuters_r8", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
+    assert list(answer["id2label"].values()) == list(spec.label_names)

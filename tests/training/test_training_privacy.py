@@ -215,3 +215,19 @@ def test_release_ships_noise_statistics_the_merge_uses(tmp_path):
         warnings.simplefilter("error")  # no "no dp_noise_stats" fallback warning
         variance = input_noise_variance(reference, "bert.encoder.layer.0.attention.self.query.weight", {})
     assert variance.shape == (32, 32) and bool((variance > 0).all())
+
+
+def test_prv_accounting_prints_no_rdp_order_warning():
+    import warnings
+
+    from hf_dpmerge.training.dp.accounting import PrivacyAccountant, calibrate_noise_multiplier
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sigma = calibrate_noise_multiplier(target_epsilon=8, target_delta=1e-5, sample_rate=0.032, steps=40,
+                                           accountant="prv")
+        accountant = PrivacyAccountant("prv", sigma, 0.032, 1e-5)
+        for _ in range(40):
+            accountant.step()
+        assert 7.9 < accountant.epsilon() <= 8.0
+    assert not [w for w in caught if "Optimal order" in str(w.message)]

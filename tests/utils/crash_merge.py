@@ -1,9 +1,8 @@
-"""``mergekit-yaml`` that blocks once the merged model's weights and config.json are written, until killed.
+"""``hf-dpmerge merge`` that blocks once the merged model's weights and config.json are written, until killed.
 
-``python crash_merge.py MARKER CONFIG OUT [mergekit-yaml options]`` runs mergekit-yaml's own command line
-(the hf_dpmerge start-up hook is active as for the installed script). When the merge has written its
-weights and saves the output's config.json (where a non-atomic writer would leave a complete-looking model
-at OUT), it creates the file MARKER and sleeps.
+``python crash_merge.py MARKER CONFIG OUT [hf-dpmerge merge options]`` runs ``hf-dpmerge merge``'s command
+line. When the merge has written its weights and saves the output's config.json (where a non-atomic writer
+would leave a complete-looking model at OUT), it creates the file MARKER and sleeps.
 """
 
 from __future__ import annotations
@@ -12,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import mergekit.scripts.run_yaml as run_yaml
 from transformers import PretrainedConfig
+
+from hf_dpmerge.cli.main import main
 
 MARKER, OUT = Path(sys.argv[1]), Path(sys.argv[3])
 _save_pretrained = PretrainedConfig.save_pretrained
@@ -29,4 +29,4 @@ def save_then_pause(self: PretrainedConfig, save_directory: str, *args, **kwargs
 
 if __name__ == "__main__":
     PretrainedConfig.save_pretrained = save_then_pause
-    run_yaml.main(sys.argv[2:])
+    sys.exit(main(["merge", *sys.argv[2:]]))

@@ -236,15 +236,18 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
          "privacy record schema 99 is newer than this hf_dpmerge understands"),
         (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/foreign_record"]),
          "dp_privacy.json does not belong to this adapter"),
-        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, per_model="    parameters:\n      epsilon: -1.0\n"),
-         "privacy record has invalid values: epsilon=-1.0"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS,
+                          per_model="    parameters:\n      max_grad_norm: -1.0\n"),
+         "privacy record has invalid values: max_grad_norm=-1.0"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, per_model="    parameters:\n      epsilon: 1.0\n"),
+         "unknown per-model parameter 'epsilon'"),
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS).replace(
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "mixed_bases", "dora"],
+         "invalid_override", "guarantee_override", "mixed_bases", "dora"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:

@@ -223,15 +223,15 @@ def test_merge_killed_after_writing_leaves_no_complete_looking_output(merge_work
     assert [p.name.startswith(".merged.incomplete-") for p in scratch] == [True]
     assert {"config.json", "model.safetensors"} <= set(_files(scratch[0] / "merged"))  # killed after writing
 
-    script = Path(sys.executable).with_name("mergekit-yaml")
-    done = subprocess.run([str(script), "merge.yaml", "merged", "--lora-merge-cache", "cache", "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "hf_dpmerge.cli.main", "merge", "merge.yaml", "merged",
+                           "--lora-merge-cache", "cache", "--quiet"],
                           cwd=merge_workdir, env=ENV, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     before = _files(out)
     assert {"config.json", "model.safetensors", "mergekit_config.yml"} <= set(before)
 
     marker.unlink()
-    _kill_when(marker, _start(args, log, **{OVERWRITE_ENV: "1"}), log)  # re-merging over it, killed
+    _kill_when(marker, _start([*args, "--overwrite"], log), log)  # re-merging over it, killed
     assert _files(out) == before
 
 
@@ -258,7 +258,7 @@ def test_merge_output_is_replaced_only_when_it_is_a_previous_merge_and_overwrite
 
     monkeypatch.delenv(OVERWRITE_ENV, raising=False)
     for target in (foreign, previous):
-        with pytest.raises(FileExistsError, match=f"{target} exists and is not empty.*{OVERWRITE_ENV}=1"):
+        with pytest.raises(FileExistsError, match=f"{target} exists and is not empty; pass --overwrite"):
             merge(_stub_config("ties"), str(target), options=options)
     monkeypatch.setenv(OVERWRITE_ENV, "1")
     with pytest.raises(FileExistsError, match="holds no previous merge"):

@@ -25,6 +25,9 @@ upper bound).
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dp_accounting import dp_event
@@ -40,6 +43,17 @@ ACCOUNTANTS = ("prv", "rdp")
 
 class PrivacyBudgetExhausted(RuntimeError):
     """Another optimizer step would spend more than the configured ε budget."""
+
+
+@contextmanager
+def quiet_prv_domain_bound(mechanism: str) -> Iterator[None]:
+    """Silence opacus' "Optimal order is the largest alpha" on PRV calls: the PRV accountant bounds its
+    discretisation domain with a loose internal RDP bound (``prv/domain.py``), whose order choice does not
+    enter the reported ε. RDP runs keep the warning, where it does concern ε."""
+    with warnings.catch_warnings():
+        if mechanism == "prv":
+            warnings.filterwarnings("ignore", message="Optimal order is the (largest|smallest) alpha")
+        yield
 
 
 def resolve_delta(target_delta: float | None, num_samples: int) -> float:
@@ -58,14 +72,15 @@ def calibrate_noise_multiplier(
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """σ per query such that ``steps`` steps at σ_eff = σ/√queries_per_step reach at most ``target_epsilon``."""
-    effective = get_noise_multiplier(
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        sample_rate=sample_rate,
-        steps=steps,
-        accountant=accountant,
-        epsilon_tolerance=epsilon_tolerance,
-    )
+    with quiet_prv_domain_bound(accountant):
+        effective = get_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant=accountant,
+            epsilon_tolerance=epsilon_tolerance,
+        )
     return effective * math.sqrt(queries_per_step)
 
 
@@ -128,7 +143,8 @@ class PrivacyAccountant:
         if steps == 0:
             return 0.0
         if self._epsilon_cache is None or self._epsilon_cache[0] != steps:
-            self._epsilon_cache = (steps, float(self._accountant.get_epsilon(delta=self.delta)))
+            with quiet_prv_domain_bound(self.mechanism):
+                self._epsilon_cache = (steps, float(self._accountant.get_epsilon(delta=self.delta)))
         return self._epsilon_cache[1]
 
     def epsilon_replace_one(self) -> float:
@@ -148,7 +164,8 @@ class PrivacyAccountant:
             return 0.0
         probe = create_accountant(self.mechanism)
         probe.history = [(self.effective_noise_multiplier, self.sample_rate, steps)]
-        return float(probe.get_epsilon(delta=self.delta))
+        with quiet_prv_domain_bound(self.mechanism):
+            return float(probe.get_epsilon(delta=self.delta))
 
     def max_steps_within(self, budget: float, upper: int) -> int:
         """The largest n ≤ ``upper`` with ε(n) ≤ ``budget`` (binary search; ε is increasing in n)."""

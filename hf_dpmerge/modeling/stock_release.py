@@ -1,0 +1,125 @@
+"""Released task models that stock transformers and peft load as the same function hf_dpmerge computes.
+
+Training, merging and evaluation keep plain ``bert`` checkpoints (mergekit knows them) with
+``classifier_pooling: "mean"`` in ``config.json``, which stock classes ignore: they would read the [CLS]
+pooler instead. A release therefore carries the Hub's convention for a custom head
+(docs/design.md §10): ``model_type: "mean_pooling_bert"`` with an ``auto_map`` to
+``modeling_mean_pooling_bert.py`` copied beside ``config.json``. ``trust_remote_code=True`` loads exactly
+the training-time class; without it transformers refuses the unknown ``model_type`` loudly. ``id2label`` /
+``label2id`` carry the task's label names. A ``cls``-pooling model is a stock class already and keeps its
+``model_type``.
+
+A task adapter (``runs/<task>/adapter/``) carries its base for stock loaders in ``adapter/base/``: the
+shared base's weights with the task's head shape and values (public weights plus the head the adapter
+releases anyway) under the release config; ``adapter_config.json``'s ``base_model_name_or_path`` names that
+folder by absolute path (the shared base has no Hub id). ``AutoPeftModelForSequenceClassification`` and
+``pipeline(model=adapter)`` load it, then the adapter; the privacy record keeps the shared base it was
+trained on. (A base inside the adapter folder itself would make transformers load the adapter twice.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
+from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
+from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+
+REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
+REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
+_MODULE = REMOTE_CODE_FILE.removesuffix(".py")
+AUTO_MAP = {
+    "AutoConfig": f"{_MODULE}.{remote_code.MeanPoolingBertConfig.__name__}",
+    "AutoModelForSequenceClassification": f"{_MODULE}.{remote_code.MeanPoolingBertForSequenceClassification.__name__}",
+}
+ADAPTER_BASE_DIR = "base"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def stock_config(config: dict[str, Any], label_names: Sequence[str]) -> dict[str, Any]:
+    """``config`` (a ``config.json`` dict) with the task's labels and, for mean pooling, the remote code."""
+    config = dict(config)
+    config.update(
+        num_labels=len(label_names),
+        id2label={str(i): name for i, name in enumerate(label_names)},
+        label2id={name: i for i, name in enumerate(label_names)},
+    )
+    if config.get(CLASSIFIER_POOLING_KEY) == "mean":
+        config.update(
+            model_type=REMOTE_MODEL_TYPE,
+            architectures=[remote_code.MeanPoolingBertForSequenceClassification.__name__],
+            auto_map=dict(AUTO_MAP),
+        )
+    return config
+
+
+def save_stock_classifier(model: PreTrainedModel, directory: str | os.PathLike, label_names: Sequence[str]) -> None:
+    """Save ``model``'s weights with the release ``config.json`` (and the remote code when it mean-pools)."""
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    config_path = directory / "config.json"
+    config = stock_config(json.loads(config_path.read_text()), label_names)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if config.get("model_type") == REMOTE_MODEL_TYPE:
+        shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
+
+
+def copy_tokenizer(source: str | os.PathLike, directory: str | os.PathLike) -> None:
+    """Copy the tokenizer files ``source`` has (pipelines read the tokenizer beside the model)."""
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copyfile(Path(source) / name, Path(directory) / name)
+
+
+def head_label_names(adapter_dir: str | os.PathLike, *candidates: Sequence[str] | None) -> list[str]:
+    """The first of ``candidates`` with as many names as the adapter's head has outputs, else ``LABEL_i``."""
+    head = task_head_state(adapter_dir)
+    rows = min(t.shape[0] for k, t in head.items() if k.endswith("weight") and t.ndim == 2)
+    for names in candidates:
+        if names and len(names) == rows:
+            return [str(name) for name in names]
+    return [f"LABEL_{i}" for i in range(rows)]
+
+
+def task_model(
+    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str]
+) -> PreTrainedModel:
+    """``encoder_dir``'s weights with the head saved in ``adapter_dir`` (its ``modules_to_save``)."""
+    model = load_sequence_classifier(
+        encoder_dir, num_labels=len(label_names), ignore_mismatched_sizes=True,
+        id2label=dict(enumerate(label_names)), label2id={n: i for i, n in enumerate(label_names)},
+    )
+    attach_head(model, task_head_state(adapter_dir), source=str(adapter_dir))
+    return model.eval()
+
+
+def write_task_model(
+    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str],
+    directory: str | os.PathLike,
+) -> None:
+    """A merged model's task folder for stock loaders: ``encoder_dir``'s weights with the adapter's head, the
+    release config and the tokenizer."""
+    save_stock_classifier(task_model(encoder_dir, adapter_dir, label_names), directory, label_names)
+    copy_tokenizer(encoder_dir, directory)
+
+
+def make_adapter_stock_loadable(
+    adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str]
+) -> None:
+    """Write the stock base into ``adapter_dir/base/`` and point ``base_model_name_or_path`` at it."""
+    adapter_dir = Path(adapter_dir).resolve()
+    stock_base = adapter_dir / ADAPTER_BASE_DIR
+    save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
+    for directory in (stock_base, adapter_dir):
+        copy_tokenizer(base_dir, directory)
+    config_path = adapter_dir / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["base_model_name_or_path"] = str(stock_base)
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,146 @@
+"""Released artefacts give the same predictions through stock transformers/peft as through hf_dpmerge, or
+refuse to load: the task adapter (AutoPeftModelForSequenceClassification, AutoModelForSequenceClassification,
+pipeline), each task of the Hub release (``<task>/`` subfolders) and that release after a loopback-Hub push."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+
+from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_stock_loadable
+from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from tests.utils.hub_helpers import FakeHub
+from tests.utils.records import privacy_record
+from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
+from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
+
+pytestmark = pytest.mark.slow  # each check loads a release in a fresh interpreter
+
+SPEC = TaskSpec("topics", 3, ("acq", "crude", "earn"), ("text",), "accuracy", "packaged")
+
+
+@pytest.fixture(scope="module")
+def released_adapter(tmp_path_factory):
+    """A mean-pooling shared base and a 3-label adapter trained from it, released as train_glue releases it."""
+    root = tmp_path_factory.mktemp("stock")
+    tiny_bert().save_pretrained(root / "base")
+    base = load_sequence_classifier(root / "base", classifier_pooling="mean")
+    base.save_pretrained(root / "shared_base")
+    tiny_tokenizer().save_pretrained(root / "shared_base")
+    model = lora_sequence_classifier(root / "shared_base", SPEC, r=4, alpha=8, target_modules=["query", "value"])
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(root / "adapter")
+    make_adapter_stock_loadable(root / "adapter", root / "shared_base", SPEC.label_names)
+    return root
+
+
+def hf_dpmerge_logits(root) -> torch.Tensor:
+    """The adapter's logits as hf_dpmerge computes them: shared base + adapter, mean pooling."""
+    base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
+    model = PeftModel.from_pretrained(base, root / "adapter").eval()
+    with torch.no_grad():
+        return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+
+
+@pytest.mark.parametrize("loader", ["peft", "auto"])
+def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter, loader, tmp_path):
+    answer = load_without_hf_dpmerge(loader, released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter),
+                               atol=1e-5, rtol=0)
+    assert answer["id2label"] == {"0": "acq", "1": "crude", "2": "earn"}
+
+
+def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
+    answer = load_without_hf_dpmerge("pipeline", released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    expected = torch.softmax(hf_dpmerge_logits(released_adapter), dim=-1)
+    for scores, probabilities in zip(answer["pipeline"], expected):
+        by_label = {item["label"]: item["score"] for item in scores}
+        assert set(by_label) == set(SPEC.label_names)
+        torch.testing.assert_close(torch.tensor([by_label[n] for n in SPEC.label_names]), probabilities,
+                                   atol=1e-5, rtol=0)
+
+
+def test_adapter_without_remote_code_is_refused_not_misread(released_adapter, tmp_path):
+    answer = load_without_hf_dpmerge("no_remote_code", released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    assert "trust_remote_code" in answer.get("error", ""), answer
+
+
+def test_adapter_base_is_recorded_by_absolute_path(released_adapter):
+    adapter = released_adapter / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((adapter / "base").resolve())
+    assert (adapter / "base" / REMOTE_CODE_FILE).is_file() and REMOTE_CODE_FILE in RELEASE_ALLOW_LIST
+    model_config = json.loads((adapter / "base" / "config.json").read_text())
+    assert model_config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_mean_pooling_bert.")
+    assert "hf_dpmerge" not in (adapter / "base" / REMOTE_CODE_FILE).read_text().split('"""', 2)[2]
+
+
+@pytest.fixture(scope="module")
+def hub_release(released_adapter, tmp_path_factory):
+    """A merged folder as mergekit writes it (shared base + the adapter's LoRA), pushed to a loopback Hub;
+    the files the Hub received, written back to disk as a download would."""
+    from huggingface_hub import constants
+
+    from hf_dpmerge.hub.push import push_merged_model
+
+    root = released_adapter
+    privacy_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / "adapter")
+    base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
+    merged = PeftModel.from_pretrained(base, root / "adapter").merge_and_unload()
+    merged.save_pretrained(root / "merged")
+    tiny_tokenizer().save_pretrained(root / "merged")
+    (root / "merged" / "mergekit_config.yml").write_text("merge_method: dp_aware\n")
+    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
+    try:
+        with FakeHub(token="hf_dummy") as hub:
+            push_merged_model(root / "merged", "alice/m", adapters={"topics": root / "adapter"}, token="hf_dummy",
+                              endpoint=hub.url)
+            files = hub.repos["alice/m"].files
+    finally:
+        constants.HF_HUB_OFFLINE = offline
+    download = tmp_path_factory.mktemp("download")
+    for name, content in files.items():
+        (download / name).parent.mkdir(parents=True, exist_ok=True)
+        (download / name).write_bytes(content)
+    return download
+
+
+def merged_task_logits(root) -> torch.Tensor:
+    """The merged model's logits for the task as hf-dpmerge evaluate computes them: merged encoder + head."""
+    model = load_sequence_classifier(root / "merged", num_labels=3, ignore_mismatched_sizes=True).eval()
+    attach_head(model, task_head_state(root / "adapter"))
+    with torch.no_grad():
+        return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+
+
+def test_hub_release_task_subfolder_gives_hf_dpmerge_logits(released_adapter, hub_release, tmp_path):
+    answer = load_without_hf_dpmerge("auto", hub_release, "topics", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), merged_task_logits(released_adapter),
+                               atol=1e-5, rtol=0)
+    assert answer["id2label"] == {"0": "acq", "1": "crude", "2": "earn"}
+    classify = load_without_hf_dpmerge("pipeline", hub_release, "topics", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in classify, classify
+    expected = torch.softmax(merged_task_logits(released_adapter), dim=-1)
+    for scores, probabilities in zip(classify["pipeline"], expected):
+        by_label = {item["label"]: item["score"] for item in scores}
+        torch.testing.assert_close(torch.tensor([by_label[n] for n in SPEC.label_names]), probabilities,
+                                   atol=1e-5, rtol=0)
+
+
+def test_hub_release_root_is_refused_not_misread(hub_release, tmp_path):
+    answer = load_without_hf_dpmerge("auto", hub_release, HF_MODULES_CACHE=str(tmp_path))
+    assert "config.json" in answer.get("error", ""), answer
