@@ -25,7 +25,7 @@ import torch
 
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP, private_mean_update
 from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.noise_variance import parameter_noise_variance
+from hf_dpmerge.merging.noise_variance import record_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 
 AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
@@ -47,12 +47,7 @@ class ClientUpdate:
 def tensor_noise_variance(record: PrivacyRecord, name: str) -> float:
     """s² the client's DP-SGD left in tensor ``name``: the record's (encoder) value, scaled by
     (head_lr/lr)² for the task head, which steps at its own learning rate."""
-    variance = parameter_noise_variance(record)
-    if HEAD_MARKER in name:
-        lr = float(record.optimizer.get("lr") or 0.0)
-        head_lr = float(record.optimizer.get("head_lr") or lr)
-        variance *= (head_lr / lr) ** 2 if lr > 0 else 1.0
-    return variance
+    return record_noise_variance(record, head=HEAD_MARKER in name)
 
 
 def _check_states(global_state: State, updates: Sequence[ClientUpdate]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, parameter_noise_variance
+from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance
 from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 
 BENCHMARK_EPSILONS = (4.0, 8.0)
@@ -84,11 +84,13 @@ def noise_to_signal(vector: TaskVector, norm: float) -> float | None:
     if vector.record is None:
         return None
     try:
-        factor_variance = parameter_noise_variance(vector.record)
+        factor_variance = record_noise_variance(vector.record)
     except ValueError:  # an optimizer without a noise model
         return None
-    total = sum(float(lora_noise_variance(f.lora_a, f.lora_b, f.scaling, factor_variance).double().sum())
-                for f in vector.factors.values())
+    total = sum(
+        float(lora_noise_variance(f.lora_a, f.lora_b, f.scaling, factor_variance, factor_variance).double().sum())
+        for f in vector.factors.values()
+    )
     return math.sqrt(total) / norm
 
 
