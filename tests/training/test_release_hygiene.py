@@ -22,6 +22,8 @@ from hf_dpmerge.training.dp.run_streams import dataset_identity
 from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
+TOKEN = "hf_loopback_dummy_token"
+
 
 def _files(directory: Path) -> set[str]:
     return {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
@@ -102,6 +104,21 @@ def test_save_model_writes_only_allow_listed_files(trained, tmp_path):
     assert "training_args.bin" not in files
     assert all(is_release_file(f) for f in files), files
 
+
+@pytest.fixture
+def loopback_hub(monkeypatch):
+    """The loopback Hub (tests/hub_helpers.py) as the endpoint of transformers' shared HfApi."""
+    from huggingface_hub import constants
+    from transformers.utils import hub as transformers_hub
+
+    from tests.utils.hub_helpers import FakeHub
+
+    with FakeHub(token=TOKEN) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(transformers_hub, "_hf_api", None)
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        yield server
 
 
 def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):

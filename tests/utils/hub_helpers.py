@@ -23,7 +23,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MAX_BODY = 8 * 1024 * 1024
-LOOPBACK_TOKEN = "hf_loopback_dummy_token"
 MAX_REQUESTS = 200
 
 _REPO = r"(?P<repo>[^/]+/[^/]+)"

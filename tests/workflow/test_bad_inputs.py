@@ -166,13 +166,13 @@ def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(train_glue, tmp_path: Path) -> None:
+def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(tmp_path: Path) -> None:
     base = save_tiny_bert(tmp_path / "tiny")
     common = ["--model_name_or_path", str(base), "--max_train_samples", "120", "--max_eval_samples", "20",
               "--max_steps", "1", "--per_device_train_batch_size", "4", "--max_length", "16", "--use_cpu"]
     with pytest.raises(ValueError, match="--privacy_unit_column author: task rotten_tomatoes has no such column"):
-        train_glue.main([*common, "--runs_dir", str(tmp_path / "bad"), "--privacy_unit_column", "author"])
-    train_glue.main([*common, "--runs_dir", str(tmp_path / "runs"), "--privacy_unit_column", "movie"])
+        train_script.main([*common, "--runs_dir", str(tmp_path / "bad"), "--privacy_unit_column", "author"])
+    train_script.main([*common, "--runs_dir", str(tmp_path / "runs"), "--privacy_unit_column", "movie"])
     record = json.loads((tmp_path / "runs" / "rotten_tomatoes" / "adapter" / "dp_privacy.json").read_text())
     assert record["privacy_unit"] == "unit:movie" and record["num_samples"] == 120
     assert 4 <= record["num_units"] < 120 and record["sample_rate"] == pytest.approx(4 / record["num_units"])
