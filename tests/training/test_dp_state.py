@@ -94,11 +94,13 @@ class _WriteOriginalFormat(TrainerCallback):
             torch.save(original, Path(args.output_dir) / "checkpoint-3" / DP_STATE_NAME)
 
 
-def test_a_checkpoint_in_the_original_format_resumes_like_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("checkpoint_format", ["current", "original"])
+def test_resume_continues_epsilon_and_matches_an_uninterrupted_run(tmp_path, checkpoint_format):
     full = make_trainer(tmp_path / "full", **RESUME_SETTINGS)
     full.train()
     interrupted = make_trainer(tmp_path / "part", **RESUME_SETTINGS)
-    interrupted.add_callback(_WriteOriginalFormat(interrupted))
+    if checkpoint_format == "original":
+        interrupted.add_callback(_WriteOriginalFormat(interrupted))
     interrupted.train()
 
     resumed = make_trainer(tmp_path / "part", **RESUME_SETTINGS)
