@@ -8,7 +8,9 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
-``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`).
+``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`). Everything DP-specific that a run
+accumulates (accountant, g̃_{t−1}, Σ η², the sampling and noise generators, the step budget) is one object,
+``trainer.dp_state`` (:class:`~hf_dpmerge.training.dp.state.DPState`), which checkpoints save and resuming loads.
 
 Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_train_batch_size·P and
 q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
