@@ -18,7 +18,10 @@ class DPSAMConfig(TrainingArguments):
     ``per_device_train_batch_size`` is the *expected* size B_exp of each step's Poisson draw (sample rate
     q = B_exp/N); ``physical_batch_size`` is the micro-batch the draw is split into for memory. Trainer-level
     gradient clipping (``max_grad_norm``) and gradient accumulation over separate draws would break the DP
-    analysis, so they are refused when ``dp`` is on.
+    analysis, so they are refused when ``dp`` is on; so is every other flag that breaks the guarantee's premises
+    (Poisson sampling at a fixed q, per-example sensitivity, whole per-sample gradients), that Poisson sampling
+    replaces, or that DPSAMTrainer's step does not implement (:meth:`step_problems`); docs/bad-inputs.md
+    lists every TrainingArguments flag.
 
     ``privacy_unit_column`` (e.g. an author or patient id) makes the guarantee user-level: the units are the
     column's distinct values, each step Poisson-samples *units* and takes all their rows, each unit's summed
@@ -191,26 +194,22 @@ class DPSAMConfig(TrainingArguments):
         return problems
 
     def _poisson_loader_problems(self) -> list[tuple[str, str]]:
-        """Sampling flags of Trainer's training loader, which Poisson sampling replaces under DP (the loader
-        takes only ``dataloader_num_workers``); non-default values are refused, not ignored."""
+        """Flags of Trainer's training loader, which Poisson sampling replaces under DP (the Poisson loader takes
+        only ``dataloader_num_workers``): (flag, why) for each non-default value, refused rather than ignored."""
         sampler = "under DP every step's batch is a Poisson draw (sample rate q, the accounting's premise)"
-        accelerator = getattr(self.accelerator_config, "to_dict", dict)()
+        workers_only = "the Poisson training loader takes only dataloader_num_workers"
+        accelerator = self.accelerator_config.to_dict()
         found = [
-            ("train_sampling_strategy", self.train_sampling_strategy != "random",
-             f"{sampler}; leave it 'random'"),
+            ("train_sampling_strategy", self.train_sampling_strategy != "random", f"{sampler}; leave it 'random'"),
             ("data_seed", self.data_seed is not None,
              f"seeds Trainer's sampler, but {sampler} seeded by dp_seed (leave both unset in releases)"),
             ("dataloader_drop_last", self.dataloader_drop_last,
              f"{sampler}, of random size: there is no last batch to drop"),
-            ("dataloader_persistent_workers", self.dataloader_persistent_workers,
-             "the Poisson training loader takes only dataloader_num_workers"),
-            ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None,
-             "the Poisson training loader takes only dataloader_num_workers"),
-            ("dataloader_multiprocessing_context", self.dataloader_multiprocessing_context is not None,
-             "the Poisson training loader takes only dataloader_num_workers"),
-            ("dataloader_in_order", not self.dataloader_in_order,
-             "the Poisson training loader takes only dataloader_num_workers"),
-            *[(f"accelerator_config.{key}", accelerator.get(key, default) != default,
+            ("dataloader_persistent_workers", self.dataloader_persistent_workers, workers_only),
+            ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None, workers_only),
+            ("dataloader_multiprocessing_context", self.dataloader_multiprocessing_context is not None, workers_only),
+            ("dataloader_in_order", not self.dataloader_in_order, workers_only),
+            *[(f"accelerator_config.{key}", accelerator[key] != default,
                "the Poisson training loader shards each draw over the processes itself (accelerate does not "
                "prepare it); leave the default")
               for key, default in (("split_batches", False), ("dispatch_batches", None), ("even_batches", True),

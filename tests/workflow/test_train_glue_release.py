@@ -127,7 +127,8 @@ def test_honoured_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
     assert all(g["betas"] == (0.9, 0.98) for g in groups)
     assert {g["weight_decay"] for g in groups} == {0.01, 0.0}  # decay except on biases and norms
     assert trainer.lr_scheduler.get_last_lr()[0] == 0.0  # linear warm-up from 0
-    assert len(trainer.eval_dataset) == 32  # the validation split (--max_eval_samples) for --eval_on_start
+    assert (trainer.num_samples, len(trainer.eval_dataset)) == (64, 32)  # --max_train/eval_samples; the
+    # validation split is evaluated for --eval_on_start
 
 
 def test_a_checkpoint_path_needs_a_single_task(tmp_path: Path) -> None:
