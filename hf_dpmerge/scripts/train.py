@@ -82,7 +82,8 @@ REFUSED_FLAGS = {
 def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str]) -> None:
     """Refuse a non-default value of a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it (the
     values as parsed, before DPSAMConfig checks combinations)."""
-    given, default = vars(parser.parse_args([*DP_DEFAULTS, *argv])), vars(parser.parse_args(DP_DEFAULTS))
+    given = vars(parser.parse_known_args([*DP_DEFAULTS, *argv])[0])  # an unknown flag: refused by the full parse
+    default = vars(parser.parse_known_args(DP_DEFAULTS)[0])
     for name, why in REFUSED_FLAGS.items():
         if given[name] != default[name]:
             raise ValueError(f"--{name} is not used by train_glue.py: {why}")

@@ -208,3 +208,15 @@ def test_every_flag_of_the_help_is_in_the_honoured_or_refused_table() -> None:
     flags = {action.dest for action in parser._actions if action.dest != "help"}
     missing = sorted(name for name in flags if f"`--{name}" not in table)
     assert not missing, f"flags of --help that docs/bad-inputs.md does not say are honoured or refused: {missing}"
+
+
+@pytest.mark.slow
+def test_half_precision_prediction_leaves_the_release_in_full_precision(tmp_path: Path) -> None:
+    """--fp16_full_eval casts the model for prediction; the adapter is released before that, in float32."""
+    from safetensors.torch import load_file
+
+    train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                     str(tmp_path / "runs"), "--task", "bbc_news", *TINY_RUN, "--fp16_full_eval"])
+    weights = load_file(str(tmp_path / "runs" / "bbc_news" / "adapter" / "adapter_model.safetensors"))
+    assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
+    assert "accuracy" in json.loads((tmp_path / "runs" / "bbc_news" / "eval_metrics.json").read_text())["test"]
