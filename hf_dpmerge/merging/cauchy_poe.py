@@ -175,13 +175,10 @@ def fixed_point_iterates(
     the float64 fixed point (:func:`cauchy_poe_delta` uses it there); its energy check allows float32 rounding.
     """
     count, rows, _ = taus.shape
-    grams = torch.empty(count, rows * rows, dtype=dtype, device=taus.device)
-    targets = torch.empty(count, taus[0].numel(), dtype=dtype, device=taus.device)
-    for index, tau in enumerate(taus):
-        tau = tau.to(dtype)
-        gram = tau @ tau.T
-        grams[index] = gram.reshape(-1)
-        targets[index] = (gram @ tau).reshape(-1)
+    taus = taus.to(dtype)
+    grams = torch.bmm(taus, taus.transpose(1, 2))
+    targets = torch.bmm(grams, taus).reshape(count, -1)
+    grams = grams.reshape(count, -1)
     constant = torch.linalg.vector_norm(grams, dim=1, dtype=torch.float64).square()
     buffer = torch.empty(rows, rows, dtype=dtype, device=taus.device)
 
@@ -251,11 +248,17 @@ def thin_basis(
     the dense solve costs about as much). A sketch of full numerical rank (every |R_jj| > rtol·max|R_jj|
     of its QR) means the span may be wider still; in a rank-deficient one the columns with small R_jj are
     dependent and dropped, and U is accepted once ‖τ_i − UUᵀτ_i‖_F ≤ rtol·‖τ_i‖_F for every i. Full
-    rank, the common case for full fine-tunes, is recognised by :func:`_full_rank` without the QR.
+    rank, the common case for full fine-tunes, is recognised by :func:`_full_rank` without the QR, and
+    first from limit + 1 random columns of [τ_1 … τ_N]: independent ones prove the span wider than any
+    basis allowed, at no matrix product (a dependent draw, as from low-rank τ_i, goes on to the sketches).
     """
     count, rows, cols = taus.shape
     limit = min(rows // 2, max_width or rows)
     generator = torch.Generator(device=taus.device).manual_seed(0)
+    if count * cols > limit:
+        pick = torch.randperm(count * cols, generator=generator, device=taus.device)[: limit + 1]
+        if _full_rank(taus[pick // cols, :, pick % cols].T, rtol):
+            return None
     norms = torch.linalg.norm(taus.reshape(count, -1), dim=1)
     for width in sorted({min(_SKETCH_START, limit), limit} - {0}):
         omega = torch.randn(count, cols, width, generator=generator, dtype=taus.dtype, device=taus.device)
