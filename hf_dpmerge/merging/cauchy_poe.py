@@ -415,17 +415,25 @@ def cauchy_poe_merge(
     """
     dtype = torch.float64 if base.dtype == torch.float64 else torch.float32
     base_c = base.to(dtype)
-    taus = torch.empty(len(finetuned), *base.shape, dtype=dtype, device=base.device)
     if factors is not None:
         factors = [(left.to(dtype=dtype, device=base.device), right.to(dtype=dtype, device=base.device))
                    for left, right in factors]
-        for tau, (left, right) in zip(taus, factors):
-            torch.matmul(left, right, out=tau.view(left.shape[0], -1))
-    else:
-        for tau, tensor in zip(taus, finetuned):
-            torch.sub(tensor.to(dtype), base_c, out=tau)
-    if averaged_by_rule(name, base.shape, layers):
-        return torch.add(base_c, taus.mean(dim=0), alpha=lam).to(base.dtype)
+
+    def task_vector(index: int, out: torch.Tensor) -> torch.Tensor:
+        if factors is None:
+            return torch.sub(finetuned[index].to(dtype), base_c, out=out)
+        left, right = factors[index]
+        torch.matmul(left, right, out=out.view(left.shape[0], -1))
+        return out
+
+    if averaged_by_rule(name, base.shape, layers):  # one task vector at a time: no N copies of an embedding
+        total, scratch = torch.zeros_like(base_c), torch.empty_like(base_c)
+        for index in range(len(finetuned)):
+            total += task_vector(index, scratch)
+        return torch.add(base_c, total, alpha=lam / len(finetuned)).to(base.dtype)
+    taus = torch.empty(len(finetuned), *base.shape, dtype=dtype, device=base.device)
+    for index, tau in enumerate(taus):
+        task_vector(index, tau)
     taus = taus.reshape(len(finetuned), base.shape[0], -1)
     variance = torch.zeros(len(finetuned), dtype=dtype) if noise_variance is None else torch.tensor(noise_variance)
     variance = variance.to(dtype=dtype, device=base.device)
