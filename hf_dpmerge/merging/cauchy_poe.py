@@ -179,7 +179,7 @@ def fixed_point_iterates(
     grams = torch.bmm(taus, taus.transpose(1, 2))
     targets = torch.bmm(grams, taus).reshape(count, -1)
     grams = grams.reshape(count, -1)
-    constant = torch.linalg.vector_norm(grams, dim=1, dtype=torch.float64).square()
+    constant = torch.linalg.vector_norm(grams, dim=1).double().square()  # at the Grams' own precision
     buffer = torch.empty(rows, rows, dtype=dtype, device=taus.device)
 
     def solve(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
