@@ -6,9 +6,12 @@ as ``base+adapter`` (``lora``), four full-model variants (base + a 1e-3 perturba
 ``full``) and eight of them (``full8``). Each method runs as a separate ``mergekit-yaml`` process; runs are
 interleaved (method order rotates per repeat), the LoRA merge cache is warmed first, and wall time and the
 process's peak RSS are printed as ratios to ``ties``. Targets: ``cauchy_poe`` ≤ 0.5× ties' wall time and
-≤ 1.0× its peak RSS on full models, ≤ 0.5× on LoRA inputs. ``--cuda`` passes mergekit's ``--cuda``.
+≤ 1.0× its peak RSS on full models, ≤ 0.5× on LoRA inputs. ``--cuda`` passes mergekit's ``--cuda``,
+``--num-threads N`` its ``--num-threads N`` (to every method alike: on a machine shared with other jobs,
+torch's default of one OpenMP thread per core makes LAPACK calls wait at thread barriers, measured 4–7×
+slower than one thread at load average 8 on 2 cores).
 Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N] [--kinds lora full full8] [--methods ...]
-[--cuda]``.
+[--cuda] [--num-threads N]``.
 """
 
 from __future__ import annotations
@@ -94,12 +97,13 @@ def _config(workdir: Path, method: str, kind: str) -> Path:
     return path
 
 
-def run_once(workdir: Path, method: str, kind: str, cuda: bool = False) -> tuple[float, float]:
+def run_once(workdir: Path, method: str, kind: str, cuda: bool = False,
+             threads: int | None = None) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of one ``mergekit-yaml`` process."""
     out = workdir / f"out_{kind}_{method}"
     command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)), str(out),
                "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card",
-               *(["--cuda"] if cuda else [])]
+               *(["--cuda"] if cuda else []), *(["--num-threads", str(threads)] if threads else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
@@ -119,6 +123,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
                         help="methods to run (ties is always run: the ratios are to it)")
     parser.add_argument("--cuda", action="store_true", help="merge on the GPU (mergekit's --cuda)")
+    parser.add_argument("--num-threads", dest="threads", type=int,
+                        help="torch CPU threads of every merge (mergekit's --num-threads; default: torch's)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     build_inputs(args.workdir)
@@ -130,7 +136,8 @@ def main() -> None:
         order = names[repeat % len(names):] + names[: repeat % len(names)]
         for kind in args.kinds:
             for method in order:
-                results.setdefault((kind, method), []).append(run_once(args.workdir, method, kind, args.cuda))
+                results.setdefault((kind, method), []).append(run_once(args.workdir, method, kind, args.cuda,
+                                                                        args.threads))
                 wall, rss = results[(kind, method)][-1]
                 print(f"  {kind:4} {method:16} {wall:7.1f} s {rss:7.0f} MiB", flush=True)
     print(f"\n{'inputs':6} {'method':16} {'wall s':>8} {'× ties':>7} {'RSS MiB':>8} {'× ties':>7}")

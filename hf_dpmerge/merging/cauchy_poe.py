@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -44,6 +44,8 @@ _BASIS_RTOL = 1e-4
 _JITTER_RETRIES = 3
 _ANDERSON_MEMORY = 5
 _MAX_LOG_STEP = 2.0
+_FLOAT32_MIN_CONV_TOL = 1e-6  # the smallest relative change of α a float32 solve resolves (measured: ≤ 1e-7)
+_FLOAT32_MAX_ITER = 100  # a float32 run not converged by then is redone in float64
 
 
 def cauchy_energy(zeta: torch.Tensor, taus: torch.Tensor, gamma2: torch.Tensor, jitter: float) -> float:
@@ -84,18 +86,21 @@ def _mm_iterates(
     conv_tol: float,
     name: str,
     accelerate: bool,
-) -> Iterator[torch.Tensor]:
-    """The accepted iterates of the MM fixed point on α, from α ≡ 1.
+    energy_rtol: float = 1e-12,
+    warn: bool = True,
+) -> Generator[torch.Tensor, None, bool]:
+    """The accepted iterates of the MM fixed point on α, from α ≡ 1; returns whether it converged.
 
     ``solve(α)`` returns (ζ(α), the residuals ‖τ_iᵀ(ζ − τ_i)‖², ‖ζ‖²). The plain MM step is α ← g(α) =
     1/(γ² + residuals). With ``accelerate``, Anderson mixing (memory 5) extrapolates log α from the last
-    steps; an extrapolated α whose ζ raises E is rejected and replaced by the plain MM step from the last
-    accepted iterate, so E never increases along the yielded iterates. Stops when the relative change of α,
-    max_i |g(α)_i − α_i|/g(α)_i, falls below ``conv_tol``; after ``max_iter`` solves without that it warns,
-    naming the tensor and the last relative change.
+    steps; an extrapolated α whose ζ raises E (by more than ``energy_rtol``·|E|, the rounding of E) is
+    rejected and replaced by the plain MM step from the last accepted iterate, so E never increases along
+    the yielded iterates (a plain step lowers E by construction and is always accepted). Stops when the
+    relative change of α, max_i |g(α)_i − α_i|/g(α)_i, falls below ``conv_tol``; after ``max_iter`` solves
+    without that it warns (unless ``warn`` is off), naming the tensor and the last relative change.
     """
     alpha = torch.ones_like(gamma2)
-    accepted_energy, fallback = math.inf, alpha
+    accepted_energy, fallback, extrapolated = math.inf, alpha, False
     steps: list[torch.Tensor] = []
     images: list[torch.Tensor] = []
     change = math.inf
@@ -103,8 +108,8 @@ def _mm_iterates(
         zeta, residual, norm2 = solve(alpha)
         residual = residual.clamp_min(0)
         energy = float(torch.log(gamma2 + residual).sum() + jitter * norm2)
-        if energy > accepted_energy + 1e-12 * abs(accepted_energy):  # an extrapolation overshot: plain step
-            alpha = fallback
+        if extrapolated and energy > accepted_energy + energy_rtol * abs(accepted_energy):  # overshot
+            alpha, extrapolated = fallback, False
             steps.clear()
             images.clear()
             continue
@@ -113,15 +118,17 @@ def _mm_iterates(
         update = 1.0 / (gamma2 + residual)
         change = float(((update - alpha).abs() / update).max())
         if change < conv_tol:
-            return
+            return True
         fallback = update
+        extrapolated = accelerate and bool(steps)  # _anderson extrapolates from the second step on
         alpha = _anderson(alpha.log(), update.log(), steps, images).exp() if accelerate else update
-    if change >= conv_tol > 0:
+    if warn and change >= conv_tol > 0:
         warnings.warn(
             f"cauchy_poe: {name}: stopped at max_iter={max_iter} before converging (relative change of α "
             f"{change:.2g} > conv_tol {conv_tol:g}); raise max_iter",
             stacklevel=3,
         )
+    return change < conv_tol
 
 
 def _anderson(point: torch.Tensor, image: torch.Tensor, points: list[torch.Tensor], images: list[torch.Tensor],
@@ -153,37 +160,44 @@ def fixed_point_iterates(
     conv_tol: float,
     name: str = "tensor",
     accelerate: bool = True,
-) -> Iterator[torch.Tensor]:
-    """Yield the iterates ζ_1, ζ_2, … of :func:`_mm_iterates` in the primal (m×m) form.
+    dtype: torch.dtype = torch.float64,
+    warn: bool = True,
+) -> Generator[torch.Tensor, None, bool]:
+    """Yield the iterates ζ_1, ζ_2, … of :func:`_mm_iterates` in the primal (m×m) form; return whether it
+    converged.
 
     ``taus`` is N×m×d_in in any orthonormal coordinates of the column space (m = d_out when dense).
     Residual norms use the Grams: ‖τ_iᵀ(ζ − τ_i)‖² = ⟨G_i, ζζᵀ⟩ − 2⟨G_iτ_i, ζ⟩ + ‖G_i‖², G_i = τ_iτ_iᵀ.
-    Everything runs in float64: the system Σα_iG_i + jI grows ill-conditioned (α_i ≈ 1/γ_i² ≫ j), and the
-    residual formula cancels: float32 Grams leave α jittering at ~1e-3 relative (it never meets a relative
-    stop), float64 Grams converge to 1e-10.
+    Grams and solves run in ``dtype``, the residuals and the energy are summed in float64. float64 is the
+    default: for nearly rank-deficient inputs (LoRA deltas in a thin basis) the system Σα_iG_i + jI grows
+    ill-conditioned (α_i ≈ 1/γ_i² ≫ j) and the residual formula cancels, and float32 leaves α jittering at
+    ~1e-3 relative. For full-rank dense blocks float32 converges in as many solves to within ~4e-5·max|ζ| of
+    the float64 fixed point (:func:`cauchy_poe_delta` uses it there); its energy check allows float32 rounding.
     """
     count, rows, _ = taus.shape
-    grams = torch.empty(count, rows * rows, dtype=torch.float64, device=taus.device)
-    targets = torch.empty(count, taus[0].numel(), dtype=torch.float64, device=taus.device)
-    for index, tau in enumerate(taus):
-        tau = tau.double()
-        gram = tau @ tau.T
-        grams[index] = gram.reshape(-1)
-        targets[index] = (gram @ tau).reshape(-1)
-    constant = grams.square().sum(dim=1)
-    buffer = torch.empty(rows, rows, dtype=torch.float64, device=taus.device)
+    taus = taus.to(dtype)
+    grams = torch.bmm(taus, taus.transpose(1, 2))
+    targets = torch.bmm(grams, taus).reshape(count, -1)
+    grams = grams.reshape(count, -1)
+    constant = torch.linalg.vector_norm(grams, dim=1).double().square()  # at the Grams' own precision
+    buffer = torch.empty(rows, rows, dtype=dtype, device=taus.device)
 
     def solve(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        weights = alpha.to(dtype)
+
         def fill(system: torch.Tensor, extra: float) -> None:  # Σα_iG_i + (j + extra)I
-            torch.mv(grams.T, alpha, out=system.view(-1))
+            torch.mv(grams.T, weights, out=system.view(-1))
             system.diagonal().add_(jitter + extra)
 
-        rhs = (alpha @ targets).reshape(rows, -1)
+        rhs = (weights @ targets).reshape(rows, -1)
         zeta = torch.cholesky_solve(rhs, _cholesky(fill, buffer, jitter, name))
-        residual = grams @ (zeta @ zeta.T).reshape(-1) - 2 * (targets @ zeta.reshape(-1)) + constant
-        return zeta, residual, zeta.square().sum()
+        flat = zeta.reshape(-1)
+        residual = (grams @ (zeta @ zeta.T).reshape(-1)).double() - 2 * (targets @ flat).double() + constant
+        return zeta, residual, torch.dot(flat, flat).double()
 
-    yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name, accelerate)
+    energy_rtol = max(1e-12, 100 * torch.finfo(dtype).eps)
+    return (yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name,
+                                    accelerate, energy_rtol, warn))
 
 
 def dual_iterates(
@@ -194,7 +208,7 @@ def dual_iterates(
     conv_tol: float,
     name: str = "tensor",
     accelerate: bool = True,
-) -> Iterator[torch.Tensor]:
+) -> Generator[torch.Tensor, None, bool]:
     """The same iterates as :func:`fixed_point_iterates`, as Y_t with ζ_t = T·Y_t, T = [τ_1 … τ_N] (d_out×n).
 
     With K = TᵀT (n×n, n = N·d_in), A = diag(α_i·I) and B = [τ_1ᵀτ_1; …; τ_Nᵀτ_N] (the diagonal blocks
@@ -221,7 +235,8 @@ def dual_iterates(
         residual = (image - blocks).reshape(count, cols, cols).square().sum(dim=(1, 2))
         return coords, residual, (coords * image).sum()
 
-    yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name, accelerate)
+    return (yield from _mm_iterates(solve, gamma2.double().to(taus.device), jitter, max_iter, conv_tol, name,
+                                    accelerate))
 
 
 def thin_basis(
@@ -230,27 +245,50 @@ def thin_basis(
     """(U, C): orthonormal U (d_out×k) and coordinates C (N×k×d_in) with τ_i = U·C_i to ``rtol``, or None.
 
     U spans a Gaussian sketch Σ_i τ_iΩ_i of width 64, then ``max_width`` (default d_out/2, beyond which
-    the dense solve costs about as much). A sketch of full numerical rank (every |R_jj| > rtol·max|R_jj|)
-    means the span may be wider still; in a rank-deficient one the columns with small R_jj are dependent
-    and dropped, and U is accepted once ‖τ_i − UUᵀτ_i‖_F ≤ rtol·‖τ_i‖_F for every i.
+    the dense solve costs about as much). A sketch of full numerical rank (every |R_jj| > rtol·max|R_jj|
+    of its QR) means the span may be wider still; in a rank-deficient one the columns with small R_jj are
+    dependent and dropped, and U is accepted once ‖τ_i − UUᵀτ_i‖_F ≤ rtol·‖τ_i‖_F for every i. Full
+    rank, the common case for full fine-tunes, is recognised by :func:`_full_rank` without the QR, and
+    first from limit + 1 random columns of [τ_1 … τ_N]: independent ones prove the span wider than any
+    basis allowed, at no matrix product (a dependent draw, as from low-rank τ_i, goes on to the sketches).
     """
     count, rows, cols = taus.shape
     limit = min(rows // 2, max_width or rows)
     generator = torch.Generator(device=taus.device).manual_seed(0)
+    if count * cols > limit:
+        pick = torch.randperm(count * cols, generator=generator, device=taus.device)[: limit + 1]
+        if _full_rank(taus[pick // cols, :, pick % cols].T, rtol):
+            return None
     norms = torch.linalg.norm(taus.reshape(count, -1), dim=1)
     for width in sorted({min(_SKETCH_START, limit), limit} - {0}):
         omega = torch.randn(count, cols, width, generator=generator, dtype=taus.dtype, device=taus.device)
-        basis, upper = torch.linalg.qr(combine(taus, omega))
+        sketch = combine(taus, omega)
+        if _full_rank(sketch, rtol):
+            continue  # the span may be wider still
+        basis, upper = torch.linalg.qr(sketch)
         diagonal = upper.diagonal().abs()
         independent = diagonal > rtol * diagonal.max()
         if bool(independent.all()):
-            continue  # the sketch has full rank: the span may be wider still
+            continue
         basis = basis[:, independent]
         coords = basis.T @ taus
         error = torch.stack([torch.linalg.norm(tau - basis @ coord) for tau, coord in zip(taus, coords)])
         if bool((error <= rtol * norms).all()):
             return basis, coords
     return None
+
+
+def _full_rank(sketch: torch.Tensor, rtol: float) -> bool:
+    """Whether every |R_jj| of the sketch's QR exceeds rtol·max|R_jj|, read off the Cholesky factor of its
+    float64 Gram (R = Lᵀ up to signs; accurate to ~1e-8·max|R_jj| ≪ rtol): a Householder QR of a d_out×d_out/2
+    float32 sketch cost more than the whole fixed point of a full-rank 768×768 block. A factorisation that
+    fails says the Gram is singular, so the sketch is rank-deficient."""
+    wide = sketch.double()
+    factor, info = torch.linalg.cholesky_ex(wide.T @ wide)
+    if int(info):
+        return False
+    diagonal = factor.diagonal()
+    return bool((diagonal > rtol * diagonal.max()).all())
 
 
 def combine(taus: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
@@ -276,7 +314,9 @@ def cauchy_poe_delta(
     ``thin`` = (U, C) gives the task vectors as τ_i = U·C_i exactly (from LoRA factors); else, with
     ``low_rank``, the iteration runs in the smallest exact coordinates available: a thin basis of the task
     vectors' span when one is found, else the dual space when N·d_in ≤ d_out; otherwise (and without
-    ``low_rank``) densely in d_out×d_out.
+    ``low_rank``) densely in d_out×d_out: in float32 for float32 (or narrower) inputs when ``conv_tol`` ≥
+    1e-6 (within ~4e-5·max|ζ| of the float64 fixed point, ~1.7× faster; a run that has not converged
+    after 100 solves is redone in float64), else in float64.
     """
     count, rows, cols = taus.shape if thin is None else (thin[1].shape[0], thin[0].shape[0], thin[1].shape[2])
     dual = count * cols <= rows
@@ -289,7 +329,21 @@ def cauchy_poe_delta(
     if low_rank and dual:
         coords = _last(dual_iterates(taus, gamma2, jitter, max_iter, conv_tol, name))
         return combine(taus, coords.to(taus.dtype).reshape(count, cols, -1))
+    if taus.dtype != torch.float64 and conv_tol >= _FLOAT32_MIN_CONV_TOL:
+        zeta, converged = _converged_last(fixed_point_iterates(
+            taus, gamma2, jitter, min(max_iter, _FLOAT32_MAX_ITER), conv_tol, name, dtype=torch.float32, warn=False))
+        if converged:
+            return zeta.to(taus.dtype)
     return _last(fixed_point_iterates(taus, gamma2, jitter, max_iter, conv_tol, name)).to(taus.dtype)
+
+
+def _converged_last(iterates: Generator[torch.Tensor, None, bool]) -> tuple[torch.Tensor, bool]:
+    """The last iterate and the generator's return value (whether it converged)."""
+    while True:
+        try:
+            value = next(iterates)
+        except StopIteration as stop:
+            return value, stop.value
 
 
 def _last(iterates: Iterator[torch.Tensor]) -> torch.Tensor:
@@ -361,17 +415,25 @@ def cauchy_poe_merge(
     """
     dtype = torch.float64 if base.dtype == torch.float64 else torch.float32
     base_c = base.to(dtype)
-    taus = torch.empty(len(finetuned), *base.shape, dtype=dtype, device=base.device)
     if factors is not None:
         factors = [(left.to(dtype=dtype, device=base.device), right.to(dtype=dtype, device=base.device))
                    for left, right in factors]
-        for tau, (left, right) in zip(taus, factors):
-            torch.matmul(left, right, out=tau.view(left.shape[0], -1))
-    else:
-        for tau, tensor in zip(taus, finetuned):
-            torch.sub(tensor.to(dtype), base_c, out=tau)
-    if averaged_by_rule(name, base.shape, layers):
-        return torch.add(base_c, taus.mean(dim=0), alpha=lam).to(base.dtype)
+
+    def task_vector(index: int, out: torch.Tensor) -> torch.Tensor:
+        if factors is None:
+            return torch.sub(finetuned[index].to(dtype), base_c, out=out)
+        left, right = factors[index]
+        torch.matmul(left, right, out=out.view(left.shape[0], -1))
+        return out
+
+    if averaged_by_rule(name, base.shape, layers):  # one task vector at a time: no N copies of an embedding
+        total, scratch = torch.zeros_like(base_c), torch.empty_like(base_c)
+        for index in range(len(finetuned)):
+            total += task_vector(index, scratch)
+        return torch.add(base_c, total, alpha=lam / len(finetuned)).to(base.dtype)
+    taus = torch.empty(len(finetuned), *base.shape, dtype=dtype, device=base.device)
+    for index, tau in enumerate(taus):
+        task_vector(index, tau)
     taus = taus.reshape(len(finetuned), base.shape[0], -1)
     variance = torch.zeros(len(finetuned), dtype=dtype) if noise_variance is None else torch.tensor(noise_variance)
     variance = variance.to(dtype=dtype, device=base.device)

@@ -18,9 +18,9 @@ import yaml
 from mergekit.config import MergeConfiguration
 
 METHOD_PARAMETERS: dict[str, dict[str, Any]] = {
-    "task_arithmetic": {"weight": 1.0, "lambda": 0.3},
-    "ties": {"weight": 1.0, "density": 0.2},
-    "dp_aware": {"lambda": 0.3, "consensus": "none", "noise": "record"},
+    "task_arithmetic": {"weight": 1.0, "lambda": 0.5},
+    "ties": {"weight": 1.0, "lambda": 1.0, "density": 0.2},
+    "dp_aware": {"lambda": 0.5, "consensus": "none", "noise": "record"},
     "cauchy_poe": {"lambda": 1.0, "tol": 0.01, "dp_calibrated": True, "layers": "reference"},
 }
 """Shared parameters per merge method: those of ``merge_configs/<method>.yaml`` (dp_aware: ``dp.yaml``)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_dpmerge.merging import cauchy_poe
 from hf_dpmerge.merging.cauchy_poe import (
+    _full_rank,
     averaged_by_rule,
     cauchy_energy,
     cauchy_poe_delta,
@@ -119,6 +121,35 @@ def test_dual_path_gives_the_same_iterates_for_tall_full_rank_matrices() -> None
 def test_thin_basis_refuses_full_rank_task_vectors() -> None:
     taus = torch.randn(4, 300, 300, generator=torch.Generator().manual_seed(0))
     assert thin_basis(taus) is None
+
+
+@pytest.mark.parametrize("spread", [10.0, 0.3, 0.05])  # independent, agreeing and nearly equal experts
+def test_full_rank_float32_merge_stays_within_tolerance_of_the_float64_fixed_point(spread: float) -> None:
+    """Full-rank float32 blocks take the float32 dense path: within 1e-4·max|ζ| of the float64 fixed point."""
+    taus = 1e-3 * _problem(11, count=4, rows=96, cols=96, spread=spread).float()
+    assert thin_basis(taus) is None  # neither the thin nor the dual path applies
+    gamma2 = _gamma2(taus.double(), 0.01)
+    merged = cauchy_poe_delta(taus, gamma2, JITTER, 500, 1e-6)
+    exact = cauchy_poe_delta(taus.double(), gamma2, JITTER, 5000, 1e-12)
+    assert merged.dtype == torch.float32
+    assert float((merged.double() - exact).abs().max()) <= 1e-4 * float(exact.abs().max())
+
+
+def test_float32_run_that_does_not_converge_is_redone_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    taus = 1e-3 * _problem(12, count=4, rows=64, cols=64, spread=0.3).float()
+    gamma2 = _gamma2(taus.double(), 0.01)
+    monkeypatch.setattr(cauchy_poe, "_FLOAT32_MAX_ITER", 1)  # float32 stops after one solve, unconverged
+    redone = cauchy_poe_delta(taus, gamma2, JITTER, 500, 1e-6)
+    exact = cauchy_poe_delta(taus.double(), gamma2, JITTER, 500, 1e-6)
+    torch.testing.assert_close(redone, exact.float())
+
+
+@pytest.mark.parametrize(("rank", "width"), [(5, 8), (8, 8), (40, 8), (20, 30)])
+def test_gram_rank_check_agrees_with_qr(rank: int, width: int) -> None:
+    generator = torch.Generator().manual_seed(rank)
+    sketch = torch.randn(50, rank, generator=generator) @ torch.randn(rank, width, generator=generator)
+    diagonal = torch.linalg.qr(sketch).R.diagonal().abs()
+    assert _full_rank(sketch, 1e-4) == bool((diagonal > 1e-4 * diagonal.max()).all()) == (rank >= width)
 
 
 def test_lora_sized_merge_in_float32_matches_float64_dense() -> None:

@@ -14,6 +14,7 @@ from mergekit.config import MergeConfiguration
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.lora import LoraFactor
 from hf_dpmerge.merging import task_similarity
+from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
 from hf_dpmerge.merging.merge_groups import merge_groups
 from hf_dpmerge.merging.task_similarity import (
     SimilarityReport,
@@ -114,7 +115,7 @@ def test_similarity_command_writes_heatmap_results_and_one_config_per_group(runs
     assert config.merge_method == "task_arithmetic"
     assert [str(m.model) for m in config.models] == ["./runs/base+./runs/task/encoder_adapter",
                                                      "./runs/base+./runs/near/encoder_adapter"]
-    assert config.parameters == {"weight": 1.0, "lambda": 0.3}
+    assert config.parameters == METHOD_PARAMETERS["task_arithmetic"]  # the shipped task_arithmetic.yaml's
 
     (out / "mine.txt").write_text("keep")
     assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out)]) == 1
