@@ -21,8 +21,10 @@ TRAINERS: dict[str, list[str]] = {
 }
 FLOOR_TRAINER = "head_only"
 QUALITY_TRAINERS = ("non_private", "dp_sgd", "dp_merging", "two_query")
-STRESS_MERGES = ("task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs_ties", "dare_linear",
-                 "cauchy_poe", "dp_aware")  # mergekit 0.1.5's task-vector methods that apply, and ours
+# mergekit 0.1.5's task-vector methods that apply to LoRA task vectors (see merge_space), and ours
+STRESS_MERGES = ("task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs_ties", "cauchy_poe", "dp_aware")
+STRESS_FULL_MERGES = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "della", "della_linear", "breadcrumbs",
+                      "breadcrumbs_ties", "sce", "cauchy_poe", "dp_aware")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
 HEADLINE_EPSILON = 4.0
@@ -98,28 +100,30 @@ STRESS_TASKS = ("reuters_r8", "reuters_r52", "20newsgroups", "rotten_tomatoes", 
 STRESS_LORA = ("--lora_layers", "all", "--lora_target_modules",
                "query,key,value,attention.output.dense,intermediate.dense,output.dense",
                "--lora_r", "16", "--lora_alpha", "32")
-STRESS_CPU_FLAGS = ("--per_device_train_batch_size", "128", "--physical_batch_size", "64", "--max_steps", "60",
+STRESS_CPU_FLAGS = ("--per_device_train_batch_size", "32", "--physical_batch_size", "32", "--max_steps", "60",
                     "--max_length", "32")
 GRIDS.update({
     "stress-full": Grid(
         tasks=STRESS_TASKS, trainers=(*QUALITY_TRAINERS, FLOOR_TRAINER), epsilons=(1.0, 4.0, 8.0),
-        merges=STRESS_MERGES, seeds=3,
+        merges=STRESS_FULL_MERGES, seeds=3,
         seed_every_epsilon=True, train_flags=(*STRESS_LORA, "--max_steps", "200"), max_eval_samples=None,
         diagnostic_samples=256, hessian_iterations=10, gammas=(0.0, 0.25, 0.5, 0.75, 1.0),
-        reductions="none: DP_RECIPE with 200 steps, full test splits, 3 seeds in every cell, 4 noise levels",
+        reductions="none: DP_RECIPE with 200 steps, full test splits, 3 seeds in every cell, 11 merge methods, "
+                   "4 noise levels",
         stress=Stress(validation_samples=1000, noise_levels=(0.002, 0.005, 0.01, 0.02), noise_seeds=3),
     ),
     "stress": Grid(
         tasks=STRESS_TASKS, trainers=(*QUALITY_TRAINERS, FLOOR_TRAINER), epsilons=(1.0, 4.0, 8.0),
         merges=STRESS_MERGES, seeds=3,
-        seed_every_epsilon=False, train_flags=(*STRESS_LORA, *STRESS_CPU_FLAGS), max_eval_samples=500,
-        diagnostic_samples=64, hessian_iterations=2, gammas=(0.0, 0.5, 1.0),
-        reductions="expected batch 128 and 60 steps instead of DP_RECIPE's 256 and 40; inputs truncated to 32 "
-                   "tokens; test subsets of ≤ 500 and tuning on ≤ 150 validation examples per task; 3 seeds only "
-                   "for the headline cells (ε = 4 DP-SGD and DP-Merging, non-private, their floors), 1 elsewhere; "
-                   "noise arm on seed 0 at 3 levels; diagnostics on 64 validation examples, 2 power-iteration "
-                   "steps, 3 interpolation points",
-        stress=Stress(validation_samples=150, noise_levels=(0.005, 0.01, 0.02), noise_seeds=1),
+        seed_every_epsilon=False, train_flags=(*STRESS_LORA, *STRESS_CPU_FLAGS), max_eval_samples=250,
+        diagnostic_samples=16, hessian_iterations=1, gammas=(0.0, 0.5, 1.0),
+        reductions="expected batch 32 and 60 steps instead of 256 and 200; inputs truncated to 32 tokens; test "
+                   "subsets of ≤ 250 and tuning on ≤ 80 validation examples per task; 7 merge methods (no "
+                   "dare_linear, della_linear, breadcrumbs, sce); 3 seeds only for the headline cells (ε = 4 "
+                   "DP-SGD and DP-Merging, non-private), 1 elsewhere and for every floor; noise arm on seed 0 at "
+                   "3 levels; diagnostics on 16 validation examples, 1 power-iteration step",
+        stress=Stress(validation_samples=80, noise_levels=(0.005, 0.01, 0.02), noise_seeds=1,
+                      floor_every_seed=False),
     ),
     "stress-smoke": Grid(
         tasks=("rotten_tomatoes", "bbc_news"), trainers=("non_private", "dp_sgd", "dp_merging", FLOOR_TRAINER),

@@ -51,22 +51,29 @@ class Scorer:
             self._examples[split] = loaded
         return self._examples[split]
 
-    def _correct(self, load, split: str) -> Correct:
-        scores = {}
-        for item in self.examples(split):
-            model = load(item.run).to(self.device)
-            predictions = predictions_from_logits(item.run.spec, predict_logits(model, item.examples, self.tokenizer))
-            scores[item.run.task] = (np.asarray(predictions) == item.labels).astype(np.int8)
+    def _correct(self, load, splits: tuple[str, ...]) -> dict[str, Correct]:
+        """Per split, per task 0/1 vectors of the model ``load(run)`` (loaded once per task for all splits)."""
+        scores: dict[str, Correct] = {split: {} for split in splits}
+        for index, run in enumerate(self.runs):
+            model = load(run).to(self.device)
+            for split in splits:
+                item = self.examples(split)[index]
+                logits = predict_logits(model, item.examples, self.tokenizer)
+                predictions = predictions_from_logits(run.spec, logits)
+                scores[split][run.task] = (np.asarray(predictions) == item.labels).astype(np.int8)
             del model
         return scores
 
-    def individual(self, split: str) -> Correct:
-        """Each task's own adapter on the base."""
-        return self._correct(lambda run: load_individual_model(self.base_dir, run.adapter_dir, run.spec), split)
+    def individual(self, splits: tuple[str, ...]) -> dict[str, Correct]:
+        """Each task's own adapter on the base, on each of ``splits``."""
+        return self._correct(lambda run: load_individual_model(self.base_dir, run.adapter_dir, run.spec), splits)
 
     def merged(self, merged_dir: Path, split: str) -> Correct:
-        """The merged encoder with each task's own head."""
-        return self._correct(lambda run: load_merged_with_head(merged_dir, run.adapter_dir, run.spec), split)
+        """The merged encoder with each task's own head, on ``split``."""
+        def load(run: TaskRun):
+            return load_merged_with_head(merged_dir, run.adapter_dir, run.spec)
+
+        return self._correct(load, (split,))[split]
 
 
 def accuracy(correct: Correct) -> dict[str, float]:

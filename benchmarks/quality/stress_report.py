@@ -139,8 +139,8 @@ def comparison(results: StressResults, first: tuple[Group, str | None], second: 
     common = sorted(set(a) & set(b))
     if not common:
         return None
-    name = lambda item: f"{label(item[0])} {item[1] or 'individual'}"  # noqa: E731
-    return compare(name(first), {k: a[k] for k in common}, name(second), {k: b[k] for k in common})
+    names = [f"{label(group)} {method or 'individual'}" for group, method in (first, second)]
+    return compare(names[0], {k: a[k] for k in common}, names[1], {k: b[k] for k in common})
 
 
 def _fmt(values: list[float], spec: str = ".1f") -> str:

@@ -75,7 +75,7 @@ def individual_unit(ctx: Context, cell: Cell, scorer: Scorer) -> None:
     if settings is None:
         return
     start = time.perf_counter()
-    scores = {split: scorer.individual(split) for split in (VALIDATION, TEST)}
+    scores = scorer.individual((VALIDATION, TEST))
     ctx.ran += 1
     ctx.store.save(cell, "individual", settings, {
         "accuracy": {split: accuracy(correct) for split, correct in scores.items()},

@@ -18,6 +18,7 @@ TOKENS_PER_SECOND = 3400.0
 TRAINER_COST = {"non_private": 1.0, "dp_sgd": 1.75, "dp_merging": 1.75, "two_query": 3.5}
 FORWARD_COST, HVP_COST = 1 / 3, 3.0
 RUN_OVERHEAD_S, MERGE_S, DATA_LOAD_S, MODEL_LOAD_S = 20.0, 10.0, 2.0, 1.5
+MERGED_LOAD_S = 0.2  # load_merged_with_head (stress scoring), MiniLM from page cache: 0.09 s measured under load
 HEAD_ONLY_COST = 0.5  # the floor: a full forward; backward and per-sample gradients stop at the head
 
 
@@ -100,12 +101,12 @@ def estimate_stress_seconds(ctx: Context, cells: list[Cell]) -> dict[str, dict[s
                 parts["training"] += training
                 parts["adapter diagnostics"] += diagnostics
             scored = (count["tuning_tokens"] + count["test_tokens"]) * FORWARD_COST * seconds
-            parts["individual scoring"] += 2 * (DATA_LOAD_S + MODEL_LOAD_S) + scored
+            parts["individual scoring"] += 2 * DATA_LOAD_S + MODEL_LOAD_S + scored  # one model for both splits
         if not cell.merged:
             continue
         for _ in ctx.grid.merges:
             parts["merging"] += BUDGET * MERGE_S
             for count in counts.values():
-                parts["merge scoring"] += (BUDGET * (MODEL_LOAD_S + count["tuning_tokens"] * FORWARD_COST * seconds)
-                                           + MODEL_LOAD_S + count["test_tokens"] * FORWARD_COST * seconds)
+                parts["merge scoring"] += (BUDGET * (MERGED_LOAD_S + count["tuning_tokens"] * FORWARD_COST * seconds)
+                                           + MERGED_LOAD_S + count["test_tokens"] * FORWARD_COST * seconds)
     return estimate
