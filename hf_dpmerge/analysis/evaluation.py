@@ -12,6 +12,9 @@ scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
   sharing one encoder with the other tasks costs, including the merge method's own shrinkage (e.g. task
   arithmetic's scaling); it is not corrected for either.
 
+Both come from the shipped ``merge_retention`` evaluate module (``retention_and_interference``), so they
+equal ``evaluate.load(<merge_retention>).compute(...)`` on the same predictions.
+
 Averages are unweighted means over tasks. ε is each adapter's recorded ε (∞ for non-private adapters);
 the merged release is (max ε_t, δ)-DP per dataset when the task datasets are disjoint.
 """
@@ -32,7 +35,7 @@ import torch
 from hf_dpmerge.analysis.batching import length_sorted_batches
 from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
-from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
+from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits, retention_and_interference
 
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"
@@ -55,12 +58,12 @@ class TaskEvaluation:
     @property
     def retention(self) -> float:
         """merged / individual; NaN when individual ≤ 0 (the ratio means nothing there)."""
-        return self.merged / self.individual if self.individual > 0 else math.nan
+        return retention_and_interference(self.individual, self.merged)["retention"]
 
     @property
     def interference(self) -> float:
         """individual − merged: the drop the merge causes on this task (positive = worse)."""
-        return self.individual - self.merged
+        return retention_and_interference(self.individual, self.merged)["interference"]
 
 
 @dataclass

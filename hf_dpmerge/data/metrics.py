@@ -59,6 +59,12 @@ def compute_metrics(spec: TaskSpec, predictions: ArrayLike, references: ArrayLik
     return metric.compute(predictions=np.asarray(predictions).tolist(), references=np.asarray(references).tolist())
 
 
+def retention_and_interference(individual: float, merged: float) -> dict[str, float]:
+    """``individual``, ``merged``, ``retention`` = merged / individual (NaN when individual ≤ 0) and
+    ``interference`` = individual − merged, by the shipped ``merge_retention`` module's own kernel."""
+    return load_metric("merge_retention").from_scores(float(individual), float(merged))
+
+
 def trainer_compute_metrics(spec: TaskSpec) -> Callable:
     """A ``compute_metrics`` callable for ``transformers.Trainer`` (takes an ``EvalPrediction``)."""
 

@@ -5,8 +5,10 @@ behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :fun
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
 
-Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…);
-``--output_dir``, ``--push_to_hub`` and ``--hub_model_id`` are refused (``--runs_dir``, ``hf-dpmerge push``),
+Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…), each
+honoured or refused (docs/bad-inputs.md has the table): the flags of :data:`REFUSED_FLAGS` are meaningless here
+(``--output_dir``: use ``--runs_dir``; ``--push_to_hub``/``--hub_*``: ``hf-dpmerge push``), DPSAMConfig refuses
+those that break the DP guarantee, and with ``--no_dp`` those DPSAMTrainer's step does not implement;
 ``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
 ``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
 ``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
@@ -61,21 +63,37 @@ from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
 DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
-# TrainingArguments flags this script cannot honour as Trainer would, and what to use instead
+HUB_FLAG = "a release goes to the Hub with its privacy card through `hf-dpmerge push`"
+# TrainingArguments flags this script cannot honour as Trainer would, and what to use instead (docs/bad-inputs.md)
 REFUSED_FLAGS = {
-    "--output_dir": "each task writes to <runs_dir>/<task>/ (checkpoints in <runs_dir>/<task>/checkpoints): "
-                    "use --runs_dir",
-    "--push_to_hub": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
-    "--hub_model_id": "a release goes to the Hub with its privacy card through `hf-dpmerge push`",
+    "output_dir": "each task writes to <runs_dir>/<task>/ (checkpoints in <runs_dir>/<task>/checkpoints): "
+                  "use --runs_dir",
+    **{name: HUB_FLAG for name in ("push_to_hub", "hub_model_id", "hub_token", "hub_private_repo", "hub_strategy",
+                                   "hub_always_push", "hub_revision")},
+    "do_eval": "the script always trains, scores the test split after training (eval_metrics.json) and "
+               "evaluates the validation split during training with --eval_strategy",
+    "prediction_loss_only": "the script scores the test split from its predictions",
+    "eval_do_concat_batches": "the script's metrics take the whole split's predictions at once",
+    "batch_eval_metrics": "the script's metrics take the whole split's predictions at once",
+    "include_for_metrics": "the script's metrics use the predictions and labels only",
 }
 
 
-def refuse_ignored_flags(argv: list[str]) -> None:
-    """Refuse a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it."""
-    for token in argv:
-        flag = token.split("=", 1)[0]
-        if flag in REFUSED_FLAGS:
-            raise ValueError(f"{flag} is not used by train_glue.py: {REFUSED_FLAGS[flag]}")
+def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str]) -> None:
+    """Refuse a non-default value of a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it (the
+    values as parsed, before DPSAMConfig checks combinations)."""
+    given = vars(parser.parse_known_args([*DP_DEFAULTS, *argv])[0])  # an unknown flag: refused by the full parse
+    default = vars(parser.parse_known_args(DP_DEFAULTS)[0])
+    for name, why in REFUSED_FLAGS.items():
+        if given[name] != default[name]:
+            raise ValueError(f"--{name} is not used by train_glue.py: {why}")
+
+
+def refuse_non_private_step_flags(config: DPSAMConfig) -> None:
+    """With ``--no_dp`` DPSAMTrainer ignores the flags its step does not implement (under DP DPSAMConfig refuses
+    them); the script refuses them in both cases."""
+    if not config.dp and (problems := config.step_problems()):
+        raise ValueError("train_glue.py --no_dp: " + "; ".join(problems))
 
 
 def resume_point(config: DPSAMConfig, tasks: list[str]) -> str | bool | None:
@@ -171,18 +189,18 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                                      train_lora=script.train_lora)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
-    evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO")
+    evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO") or config.eval_on_start
     if evaluating and "validation" not in data:
-        raise ValueError(f"--eval_strategy {config.eval_strategy}: task {task} has no validation split")
+        raise ValueError(f"--eval_strategy/--eval_on_start: task {task} has no validation split")
     trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],
                            eval_dataset=data["validation"] if evaluating else None,
                            compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
                            data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train(resume_from_checkpoint=resume)
+    adapter_dir = out / "adapter"  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
+    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
-    adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     if not config.should_save:
         return None
     record = PrivacyRecord.load(adapter_dir)
@@ -206,8 +224,11 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
 
 def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
     """The script's flags after the defaults (``DP_DEFAULTS`` first, so every later flag overrides them)."""
-    refuse_ignored_flags(argv)
-    return HfArgumentParser((ScriptArguments, DPSAMConfig)).parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
+    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
+    refuse_ignored_flags(parser, argv)
+    script, config = parser.parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
+    refuse_non_private_step_flags(config)
+    return script, config
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,10 @@ class DPSAMConfig(TrainingArguments):
     ``per_device_train_batch_size`` is the *expected* size B_exp of each step's Poisson draw (sample rate
     q = B_exp/N); ``physical_batch_size`` is the micro-batch the draw is split into for memory. Trainer-level
     gradient clipping (``max_grad_norm``) and gradient accumulation over separate draws would break the DP
-    analysis, so they are refused when ``dp`` is on.
+    analysis, so they are refused when ``dp`` is on; so is every other flag that breaks the guarantee's premises
+    (Poisson sampling at a fixed q, per-example sensitivity, whole per-sample gradients), that Poisson sampling
+    replaces, or that DPSAMTrainer's step does not implement (:meth:`step_problems`); docs/bad-inputs.md
+    lists every TrainingArguments flag.
 
     ``privacy_unit_column`` (e.g. an author or patient id) makes the guarantee user-level: the units are the
     column's distinct values, each step Poisson-samples *units* and takes all their rows, each unit's summed
@@ -91,7 +94,7 @@ class DPSAMConfig(TrainingArguments):
         if self.physical_batch_size < 1:
             problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
         if self.dp:
-            problems += self._dp_problems()
+            problems += self._dp_problems() + self.step_problems()
             # Poisson draws are i.i.d., so replaying skipped batches on resume would only desynchronise
             # the restored sampler generator.
             self.ignore_data_skip = True
@@ -121,12 +124,6 @@ class DPSAMConfig(TrainingArguments):
                 "max_grad_norm > 0 would clip the noisy aggregate gradient and distort DP updates; "
                 "set max_grad_norm=0 and use per_sample_max_grad_norm for clipping"
             )
-        if self.fp16 or self.bf16:
-            problems.append(
-                "fp16/bf16 mixed precision is not supported under DP: the private step takes per-sample gradients "
-                "outside accelerator.backward, so the loss scaler would unscale gradients it never scaled; "
-                "set fp16=False and bf16=False (--fp16 false --bf16 false)"
-            )
         if self.activation_checkpointing:
             problems.append(
                 "activation (gradient) checkpointing is not supported under DP: per-sample gradients need each "
@@ -146,6 +143,7 @@ class DPSAMConfig(TrainingArguments):
                 ("load_best_model_at_end", self.load_best_model_at_end),
                 (f"eval_strategy={getattr(self.eval_strategy, 'value', self.eval_strategy)!r}",
                  self.eval_strategy != "no"),
+                ("eval_on_start", self.eval_on_start),
             ) if on]
             if selection:
                 problems.append(
@@ -158,10 +156,116 @@ class DPSAMConfig(TrainingArguments):
                 "sam_mode='per_example' ascends per row, which has no per-unit meaning under privacy_unit_column: "
                 "use sam_mode 'dp_sat', 'two_query' or 'none' with a privacy unit column"
             )
+        problems += [f"{flag}: {why}" for flag, why in self._poisson_loader_problems()]
+        if self.auto_find_batch_size:
+            problems.append(
+                "auto_find_batch_size would halve per_device_train_batch_size (the expected Poisson draw, so the "
+                "sample rate q) after an out-of-memory error, while σ and the accountant keep the first q; "
+                "lower physical_batch_size (the micro-batch a draw is split into) for memory instead"
+            )
+        if self.neftune_noise_alpha is not None:
+            problems.append(
+                "neftune_noise_alpha scales its embedding noise by the padded length of the micro-batch, so one "
+                "example's gradient depends on the other examples in its batch, which the per-example sensitivity "
+                "bound (clip to C) does not allow; leave neftune_noise_alpha unset under DP"
+            )
+        if self.torch_compile:
+            problems.append(
+                "torch_compile: opacus computes per-sample gradients with module hooks, which torch.compile does "
+                "not preserve; leave torch_compile=False (and torch_compile_backend/mode unset) under DP"
+            )
+        if self.use_liger_kernel:
+            problems.append(
+                "use_liger_kernel replaces model modules with fused Liger kernels that opacus has no per-sample "
+                "gradient rule for (and that can bypass the LoRA layers); leave use_liger_kernel=False under DP"
+            )
+        if self.parallelism_config is not None:
+            problems.append(
+                "parallelism_config shards the model or its gradients (tensor/context/FSDP parallelism), but DP "
+                "needs whole per-sample gradients of every trainable parameter on each process; use plain "
+                "multi-process (DDP) launching"
+            )
+        if self.enable_jit_checkpoint:
+            problems.append(
+                "enable_jit_checkpoint saves on SIGTERM, possibly between the private gradient and the optimizer "
+                "step, so the checkpoint's dp_state.pt (accountant, g̃ₜ₋₁) would be a step ahead of its weights; "
+                "use save_strategy='steps' and resume_from_checkpoint=True"
+            )
+        return problems
+
+    def _poisson_loader_problems(self) -> list[tuple[str, str]]:
+        """Flags of Trainer's training loader, which Poisson sampling replaces under DP (the Poisson loader takes
+        only ``dataloader_num_workers``): (flag, why) for each non-default value, refused rather than ignored."""
+        sampler = "under DP every step's batch is a Poisson draw (sample rate q, the accounting's premise)"
+        workers_only = "the Poisson training loader takes only dataloader_num_workers"
+        accelerator = self.accelerator_config.to_dict()
+        found = [
+            ("train_sampling_strategy", self.train_sampling_strategy != "random", f"{sampler}; leave it 'random'"),
+            ("data_seed", self.data_seed is not None,
+             f"seeds Trainer's sampler, but {sampler} seeded by dp_seed (leave both unset in releases)"),
+            ("dataloader_drop_last", self.dataloader_drop_last,
+             f"{sampler}, of random size: there is no last batch to drop"),
+            ("dataloader_persistent_workers", self.dataloader_persistent_workers, workers_only),
+            ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None, workers_only),
+            ("dataloader_multiprocessing_context", self.dataloader_multiprocessing_context is not None, workers_only),
+            ("dataloader_in_order", not self.dataloader_in_order, workers_only),
+            *[(f"accelerator_config.{key}", accelerator[key] != default,
+               "the Poisson training loader shards each draw over the processes itself (accelerate does not "
+               "prepare it); leave the default")
+              for key, default in (("split_batches", False), ("dispatch_batches", None), ("even_batches", True),
+                                   ("use_seedable_sampler", True))],
+        ]
+        return [(flag, why) for flag, on, why in found if on]
+
+    def step_problems(self) -> list[str]:
+        """Flags whose stock meaning DPSAMTrainer's own training step does not implement, private or not (it
+        computes per-example losses and sets ``p.grad`` itself, outside ``Trainer.training_step``).
+
+        Refused under DP; with ``dp=False`` DPSAMTrainer keeps Trainer's behaviour for them (it ignores them)
+        and ``examples/train_glue.py`` refuses them instead."""
+        problems = []
+        if self.fp16 or self.bf16:
+            problems.append(
+                "fp16/bf16 mixed precision is not supported: DPSAMTrainer's step takes (per-sample) gradients "
+                "outside accelerator.backward, so the loss scaler would unscale gradients it never scaled; "
+                "set fp16=False and bf16=False (--fp16 false --bf16 false)"
+            )
         if self.gradient_accumulation_steps != 1:
             problems.append(
-                "gradient_accumulation_steps must be 1 under DP: accumulating separate Poisson draws breaks "
-                "the accounting; raise per_device_train_batch_size (the expected draw) and set "
+                "gradient_accumulation_steps must be 1: DPSAMTrainer's step sets the gradient of one draw (an "
+                "accumulation would keep only the last draw, and under DP separate Poisson draws break the "
+                "accounting); raise per_device_train_batch_size (the expected draw) and set "
                 "physical_batch_size for memory instead"
+            )
+        if self.label_smoothing_factor != 0:
+            problems.append(
+                "label_smoothing_factor: DPSAMTrainer's step takes plain per-example losses "
+                "(modeling/per_example_loss.py), without label smoothing; set label_smoothing_factor=0"
+            )
+        if not self.average_tokens_across_devices:
+            problems.append(
+                "average_tokens_across_devices=False: DPSAMTrainer's loss is always the mean of per-example "
+                "losses (each example its own token mean), never a token average; leave the default"
+            )
+        optimizer = getattr(self.optim, "value", self.optim)
+        if optimizer in ("lomo", "adalomo") or optimizer.endswith("_layerwise") or optimizer.startswith(
+            "schedule_free"
+        ):
+            problems.append(
+                f"optim={optimizer!r} updates inside the backward pass (lomo, adalomo, *_layerwise) or needs "
+                "Trainer's optimizer.train() in the step (schedule_free_*), while DPSAMTrainer's step sets p.grad "
+                "to the (privatised) gradient for a plain optimizer.step(); use e.g. adamw_torch, sgd or adafactor"
+            )
+        if self.torch_empty_cache_steps is not None:
+            problems.append(
+                "torch_empty_cache_steps: DPSAMTrainer's step does not clear the device cache; lower "
+                "physical_batch_size to save memory instead"
+            )
+        ddp = [name for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_static_graph")
+               if getattr(self, name) is not None]
+        if ddp:
+            problems.append(
+                f"{', '.join(ddp)}: DPSAMTrainer's step bypasses DistributedDataParallel's forward and gradient "
+                "reducer (it all-reduces the clipped sums itself), so these do nothing; leave them unset"
             )
         return problems

@@ -160,3 +160,42 @@ def test_default_tasks_are_the_ones_the_merged_model_merged(runs, tmp_path):
     (merged / "mergekit_config.yml").write_text("merge_method: ties\nmodels:\n  - model: elsewhere/x\n")
     with pytest.raises(ValueError, match="merges none of the run folders.*pass --runs or --tasks"):
         task_runs(runs["runs"], merged_dir=merged)
+
+
+def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictions(runs, tmp_path, monkeypatch):
+    """`hf-dpmerge evaluate` and a user's ``evaluate.load(<merge_retention>)`` agree on the same predictions,
+    and the command's retention/interference are that module's kernel (one implementation)."""
+    import argparse
+
+    import evaluate
+
+    from hf_dpmerge.analysis.runs_layout import load_split, task_runs
+    from hf_dpmerge.data.metrics import load_metric, metric_path, predictions_from_logits
+
+    parser = argparse.ArgumentParser()
+    evaluate_command.add_arguments(parser)
+    out = tmp_path / "eval"
+    assert evaluate_command.run(parser.parse_args(["--runs", str(runs["runs"]), "--merged", str(runs["merged"]),
+                                                   "--output", str(out), "--max_eval_samples", "30"])) == 0
+    rows = json.loads((out / RESULTS_NAME).read_text())["tasks"]
+    assert set(rows) == {"bbc_news", "election_tweets"}
+    for run in task_runs(runs["runs"], max_length=MAX_LENGTH, merged_dir=runs["merged"]):
+        examples = load_split(run, "test", tiny_tokenizer(), max_samples=30)
+        predictions = {
+            kind: predictions_from_logits(run.spec, predict_logits(loader(directory, run.adapter_dir, run.spec),
+                                                                   examples, tiny_tokenizer()))
+            for kind, loader, directory in (("individual", load_individual_model, runs["base"]),
+                                            ("merged", load_merged_with_head, runs["merged"]))
+        }
+        user = evaluate.load(str(metric_path("merge_retention")), run.spec.metric).compute(
+            individual_predictions=predictions["individual"].tolist(),
+            merged_predictions=predictions["merged"].tolist(), references=list(examples["labels"]))
+        row = rows[run.spec.name]
+        for key in ("individual", "merged", "interference"):
+            assert row[key] == pytest.approx(user[key], abs=1e-12), (run.spec.name, key)
+        assert row["retention"] == (None if math.isnan(user["retention"]) else pytest.approx(user["retention"]))
+
+    kernel = type(load_metric("merge_retention"))
+    monkeypatch.setattr(kernel, "from_scores", staticmethod(lambda i, m: {"retention": 0.25, "interference": -1.0}))
+    row = TaskEvaluation("a", "accuracy", 8.0, 1e-5, individual=0.8, merged=0.6, num_examples=10)
+    assert (row.retention, row.interference) == (0.25, -1.0)  # the command's numbers are the module's kernel

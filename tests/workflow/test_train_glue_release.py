@@ -4,6 +4,7 @@ transformers/peft load as the function hf_dpmerge trained."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from peft import PeftModel
 from hf_dpmerge.data import get_task_spec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.scripts import train as train_glue  # what examples/train_glue.py runs
+from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
 from tests.utils.tiny_models import save_tiny_bert, tiny_tokenizer
 
@@ -21,12 +23,112 @@ TINY_RUN = ["--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples
             "--target_epsilon", "8", "--logging_steps", "1"]
 
 
-@pytest.mark.parametrize("flag", ["--output_dir", "--push_to_hub", "--hub_model_id=me/x"])
-def test_flags_it_cannot_honour_are_refused(tmp_path: Path, flag: str) -> None:
-    argv = [flag, "somewhere"] if "=" not in flag and flag != "--push_to_hub" else [flag]
-    with pytest.raises(ValueError, match=f"{flag.split('=')[0]} is not used by train_glue.py"):
+# (argv, the flag the error must name): flags meaningless for the script, whatever --dp says
+SCRIPT_REFUSED = [
+    (["--output_dir", "somewhere"], "--output_dir"), (["--push_to_hub"], "--push_to_hub"),
+    (["--hub_model_id=me/x"], "--hub_model_id"), (["--hub_token", "hf_x"], "--hub_token"),
+    (["--hub_private_repo", "true"], "--hub_private_repo"), (["--hub_strategy", "end"], "--hub_strategy"),
+    (["--hub_always_push"], "--hub_always_push"), (["--hub_revision", "dev"], "--hub_revision"),
+    (["--do_eval"], "--do_eval"), (["--prediction_loss_only"], "--prediction_loss_only"),
+    (["--no_eval_do_concat_batches"], "--eval_do_concat_batches"), (["--batch_eval_metrics"], "--batch_eval_metrics"),
+    (["--include_for_metrics", "inputs"], "--include_for_metrics"),
+]
+# flags that break the DP guarantee or that DPSAMTrainer's step does not implement: refused by DPSAMConfig under DP
+DP_REFUSED = [
+    (["--auto_find_batch_size"], "auto_find_batch_size"), (["--neftune_noise_alpha", "5"], "neftune_noise_alpha"),
+    (["--torch_compile"], "torch_compile"), (["--use_liger_kernel"], "use_liger_kernel"),
+    (["--enable_jit_checkpoint"], "enable_jit_checkpoint"), (["--eval_on_start"], "eval_on_start"),
+    (["--data_seed", "3"], "data_seed"), (["--train_sampling_strategy", "sequential"], "train_sampling_strategy"),
+    (["--dataloader_drop_last"], "dataloader_drop_last"), (["--no_dataloader_in_order"], "dataloader_in_order"),
+    (["--dataloader_num_workers", "1", "--dataloader_prefetch_factor", "4"], "dataloader_prefetch_factor"),
+    (["--dataloader_num_workers", "1", "--dataloader_persistent_workers"], "dataloader_persistent_workers"),
+    (["--dataloader_num_workers", "1", "--dataloader_multiprocessing_context", "spawn"],
+     "dataloader_multiprocessing_context"),
+    (["--accelerator_config", '{"split_batches": true}'], "accelerator_config.split_batches"),
+]
+# flags DPSAMTrainer's own step does not implement, private or not: refused with --no_dp too
+STEP_REFUSED = [
+    (["--label_smoothing_factor", "0.1"], "label_smoothing_factor"),
+    (["--gradient_accumulation_steps", "2"], "gradient_accumulation_steps"),
+    (["--fp16"], "fp16"), (["--optim", "lomo"], "optim='lomo'"),
+    (["--optim", "schedule_free_adamw"], "optim='schedule_free_adamw'"),
+    (["--optim", "galore_adamw_layerwise"], "optim='galore_adamw_layerwise'"),
+    (["--torch_empty_cache_steps", "4"], "torch_empty_cache_steps"),
+    (["--ddp_bucket_cap_mb", "10"], "ddp_bucket_cap_mb"),
+    (["--no_average_tokens_across_devices"], "average_tokens_across_devices"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), SCRIPT_REFUSED + [(["--no_dp", *a], f) for a, f in SCRIPT_REFUSED[:2]],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_flags_it_cannot_honour_are_refused(tmp_path: Path, argv: list[str], flag: str) -> None:
+    with pytest.raises(ValueError, match=f"{flag} is not used by train_glue.py"):
         train_glue.main([*argv, "--runs_dir", str(tmp_path / "runs")])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "flag"), DP_REFUSED + STEP_REFUSED + [(["--no_dp", *a], f) for a, f in STEP_REFUSED],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_flags_that_break_the_guarantee_or_the_step_are_refused_naming_them(tmp_path: Path, argv: list[str],
+                                                                            flag: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        train_glue.main([*argv, "--runs_dir", str(tmp_path / "runs")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_defaults_of_refused_flags_are_accepted() -> None:
+    defaults = ["--push_to_hub", "false", "--hub_strategy", "every_save", "--do_eval", "false",
+                "--label_smoothing_factor", "0", "--gradient_accumulation_steps", "1", "--train_sampling_strategy",
+                "random", "--dataloader_drop_last", "false", "--auto_find_batch_size", "false", "--eval_on_start",
+                "false", "--dataloader_in_order", "true", "--do_train", "--do_predict"]
+    script, config = train_glue.parse_arguments(defaults)
+    assert config.dp and config.label_smoothing_factor == 0 and not config.push_to_hub
+
+
+def test_without_the_script_a_non_private_run_keeps_trainers_flags() -> None:
+    """DPSAMTrainer users outside the script: with dp=False the step-level flags are listed, not refused."""
+    config = DPSAMConfig(output_dir="out", use_cpu=True, report_to="none", dp=False, label_smoothing_factor=0.1,
+                         gradient_accumulation_steps=2)
+    assert [problem.split(" ")[0] for problem in config.step_problems()] == ["gradient_accumulation_steps",
+                                                                             "label_smoothing_factor:"]
+
+
+class _StopBeforeTraining(Exception):
+    pass
+
+
+def test_honoured_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
+    """A few flags the script passes on: the Trainer's arguments, its optimizer and scheduler, and (with public
+    evaluation data) the validation split evaluated at --eval_on_start."""
+    built = {}
+
+    class Recording(train_glue.DPSAMTrainer):
+        def train(self, resume_from_checkpoint=None, **kwargs):
+            self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps)
+            built["trainer"] = self
+            raise _StopBeforeTraining
+
+    monkeypatch.setattr(train_glue, "DPSAMTrainer", Recording)
+    flags = ["--learning_rate", "3e-3", "--head_learning_rate", "3e-2", "--weight_decay", "0.01",
+             "--adam_beta2", "0.98", "--optim", "adamw_torch", "--lr_scheduler_type", "linear", "--warmup_steps", "1",
+             "--per_device_eval_batch_size", "7", "--seed", "5", "--eval_on_start", "--eval_data_is_public", "true",
+             "--do_train", "--do_predict"]
+    with pytest.raises(_StopBeforeTraining):
+        train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                         str(tmp_path / "runs"), "--task", "bbc_news", *TINY_RUN, *flags])
+    trainer = built["trainer"]
+    args = trainer.args
+    assert (args.learning_rate, args.per_device_eval_batch_size, args.seed, args.eval_on_start) == (3e-3, 7, 5, True)
+    assert args.output_dir == str(tmp_path / "runs" / "bbc_news" / "checkpoints")
+    assert type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+                ).__name__ == "AdamW"
+    groups = trainer.optimizer.param_groups
+    assert {g["initial_lr"] for g in groups} == {3e-3, 3e-2}  # the encoder's rate and the head's
+    assert all(g["betas"] == (0.9, 0.98) for g in groups)
+    assert {g["weight_decay"] for g in groups} == {0.01, 0.0}  # decay except on biases and norms
+    assert trainer.lr_scheduler.get_last_lr()[0] == 0.0  # linear warm-up from 0
+    assert (trainer.num_samples, len(trainer.eval_dataset)) == (64, 32)  # --max_train/eval_samples; the
+    # validation split is evaluated for --eval_on_start
 
 
 def test_a_checkpoint_path_needs_a_single_task(tmp_path: Path) -> None:
@@ -95,3 +197,26 @@ def test_the_base_hub_id_is_the_source_or_the_packaged_models_origin(tmp_path: P
     assert source_hub_id(default_model_path()) == "sentence-transformers/all-MiniLM-L6-v2"
     assert source_hub_id("me/tinyroberta") == "me/tinyroberta"
     assert source_hub_id(save_tiny_bert(tmp_path / "local")) is None  # a local model of unknown origin
+
+
+def test_every_flag_of_the_help_is_in_the_honoured_or_refused_table() -> None:
+    from transformers import HfArgumentParser
+
+    docs = (Path(__file__).parents[2] / "docs" / "bad-inputs.md").read_text(encoding="utf-8")
+    table = docs.split("## `examples/train_glue.py`: every flag honoured or refused")[1].split("\n## ")[0]
+    parser = HfArgumentParser((train_glue.ScriptArguments, DPSAMConfig))
+    flags = {action.dest for action in parser._actions if action.dest != "help"}
+    missing = sorted(name for name in flags if f"`--{name}" not in table)
+    assert not missing, f"flags of --help that docs/bad-inputs.md does not say are honoured or refused: {missing}"
+
+
+@pytest.mark.slow
+def test_half_precision_prediction_leaves_the_release_in_full_precision(tmp_path: Path) -> None:
+    """--fp16_full_eval casts the model for prediction; the adapter is released before that, in float32."""
+    from safetensors.torch import load_file
+
+    train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                     str(tmp_path / "runs"), "--task", "bbc_news", *TINY_RUN, "--fp16_full_eval"])
+    weights = load_file(str(tmp_path / "runs" / "bbc_news" / "adapter" / "adapter_model.safetensors"))
+    assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
+    assert "accuracy" in json.loads((tmp_path / "runs" / "bbc_news" / "eval_metrics.json").read_text())["test"]

@@ -3,12 +3,15 @@
     metric = evaluate.load("<hf_dpmerge>/data/metric_modules/merge_retention")      # accuracy by default
     metric.compute(individual_predictions=[...], merged_predictions=[...], references=[...])
     # {"individual": s_i, "merged": s_m, "retention": s_m / s_i, "interference": s_i - s_m}
+    metric.from_scores(s_i, s_m)                   # the same from two scores (any metric, regression too)
 
 For one task: s_i is the score of the task's own model, s_m that of the merged model with the task's head;
 retention = s_m / s_i (NaN when s_i ≤ 0: the ratio means nothing there) and interference = s_i − s_m, in
 points of the score (positive: the merge is worse on this task; it includes the merge method's own
 shrinkage). The configuration names the score: ``accuracy`` (default), ``macro_f1``, ``f1`` (binary,
-class 1) or ``matthews_correlation``. Self-contained (numpy, scikit-learn, evaluate only).
+class 1) or ``matthews_correlation``. :meth:`MergeRetention.from_scores` is the one implementation of retention
+and interference: ``hf-dpmerge evaluate`` calls it too (``hf_dpmerge.data.metrics.retention_and_interference``).
+Self-contained (numpy, scikit-learn, evaluate only).
 """
 
 import math
@@ -46,8 +49,11 @@ class MergeRetention(evaluate.Metric):
 
     def _compute(self, individual_predictions, merged_predictions, references) -> dict[str, float]:
         score = SCORES[self.config_name]
-        individual = score(individual_predictions, references)
-        merged = score(merged_predictions, references)
+        return self.from_scores(score(individual_predictions, references), score(merged_predictions, references))
+
+    @staticmethod
+    def from_scores(individual: float, merged: float) -> dict[str, float]:
+        """retention = s_m / s_i (NaN when s_i ≤ 0) and interference = s_i − s_m of the two scores."""
         return {
             "individual": individual,
             "merged": merged,
