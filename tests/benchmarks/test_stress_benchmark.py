@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from benchmarks.quality.grid import GRIDS, plan_cells
 from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
@@ -71,6 +72,9 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     floor = json.loads((results / "head_only-eps4-seed0" / "train_bbc_news.json").read_text())
     assert 0 < floor["summary"]["epsilon"] <= 4.0  # the floor's head is an accounted DP release
     assert not (results / "head_only-eps4-seed0" / "tune_ties.json").exists()  # the floor is not merged
+    floor_lora = load_file(work / "cells" / "head_only-eps4-seed0" / "runs" / "bbc_news" / "encoder_adapter" /
+                           "adapter_model.safetensors")
+    assert all(not v.any() for k, v in floor_lora.items() if ".lora_B." in k)  # LoRA frozen at B = 0: base encoder
     assert not list((work / "cells").rglob("merged/ties-*"))  # every merge was scored, then removed
     stored = sorted(results.rglob("*.json"))
     before = {path: path.stat().st_mtime_ns for path in stored}
