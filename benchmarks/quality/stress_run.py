@@ -44,7 +44,7 @@ def stress_settings(ctx: Context, cell: Cell, unit: str) -> dict[str, Any]:
     caps = {"validation_samples": stress.validation_samples, "max_eval_samples": ctx.grid.max_eval_samples}
     if kind == "individual":
         return {"inputs": inputs, **caps}
-    if kind == "tune":
+    if kind == "tune":  # noise cells add each input's per-tensor noise_std, a function of the inputs and σ
         adapters = [ctx.runs_dir(cell) / task / "encoder_adapter" for task in ctx.grid.tasks]
         configs = [merge_configuration(name, point, ctx.base_dir, adapters, non_private=cell.epsilon is None)
                    for point in SPACES[name]]
