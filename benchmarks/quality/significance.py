@@ -7,8 +7,8 @@ the per-stratum accuracy difference, as the headline tables average tasks (and s
 - paired bootstrap (Efron & Tibshirani 1993; Koehn 2004, paired bootstrap resampling of a test set): resample
   the examples of each stratum with replacement, the same indices for both models; the percentile interval of
   the resampled mean difference is the CI.
-- McNemar's test (McNemar 1947) over the pooled discordant pairs: b = first right and second wrong, c = the reverse. Exact
-  two-sided binomial p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½), when b + c < :data:`EXACT_BELOW`;
+- McNemar's test (McNemar 1947) over the pooled discordant pairs: b = first right and second wrong, c = the
+  reverse. Exact two-sided binomial p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½), when b + c < :data:`EXACT_BELOW`;
   otherwise the χ² statistic with continuity correction (|b − c| − 1)²/(b + c) on 1 degree of freedom.
 
 A difference is called significant when the CI excludes 0 and McNemar's p < α (both at α = 0.05).
