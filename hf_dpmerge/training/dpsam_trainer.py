@@ -8,7 +8,9 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
-``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`).
+``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`). Everything DP-specific that a run
+accumulates (accountant, g̃_{t−1}, Σ η², the sampling and noise generators, the step budget) is one object,
+``trainer.dp_state`` (:class:`~hf_dpmerge.training.dp.state.DPState`), which checkpoints save and resuming loads.
 
 Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_train_batch_size·P and
 q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
@@ -55,24 +57,19 @@ from hf_dpmerge.training.checks import (
     check_no_model_selection,
     check_sized_dataset,
 )
-from hf_dpmerge.training.dp.accounting import (
-    PrivacyAccountant,
-    PrivacyBudgetExhausted,
-    calibrate_noise_multiplier,
-    resolve_delta,
-)
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, calibrate_noise_multiplier, resolve_delta
 from hf_dpmerge.training.dp.cross_process import main_process_value, shared_seed, sum_over_processes
 from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
 from hf_dpmerge.training.dp.state import (
     DP_STATE_NAME,
+    DPState,
     DPStateCallback,
     last_complete_checkpoint,
-    load_dp_state,
     mid_epoch_checkpoint,
     missing_checkpoint_files,
-    save_checkpoint_dp_state,
+    seeded_generator,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.noise_stats import write_noise_stats
@@ -83,12 +80,6 @@ logger = logging.getLogger(__name__)
 # opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
 # PyTorch warns about that on every micro-batch although the per-sample gradients are correct.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
-
-
-def _generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-    return generator
 
 
 def _split_unit_column(dataset: Any, column: str | None) -> tuple[np.ndarray | None, Any]:
@@ -159,9 +150,6 @@ class DPSAMTrainer(Trainer):
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self.steps_per_epoch)
         )
         self.queries_per_step = 2 if args.sam_mode == "two_query" else 1
-        self.sum_lr_squared = 0.0
-        self.previous_gradient: list[torch.Tensor] | None = None
-        self.rng_checkpoint: Path | None = None  # whose RNG states the first resumed step restores
         # the global Poisson draw is made identically by every process; noise is drawn by the main one only.
         # A dp_seed seeds this run's own streams: derived from the seed and the training data's identity.
         sample_seed = noise_seed = None
@@ -169,15 +157,37 @@ class DPSAMTrainer(Trainer):
             identity = main_process_value(self.accelerator, lambda: dataset_identity(train_dataset))
             sample_seed = stream_seed(args.dp_seed, identity, SAMPLING_STREAM)
             noise_seed = stream_seed(args.dp_seed, identity, NOISE_STREAM)
-        self.sample_generator = _generator(shared_seed(self.accelerator, sample_seed))
-        self.noise_generator = _generator(noise_seed, self._params[0].device)
+        self.dp_state = DPState(
+            sample_generator=seeded_generator(shared_seed(self.accelerator, sample_seed)),
+            noise_generator=seeded_generator(noise_seed, self._params[0].device),
+        )
 
-        self.accountant: PrivacyAccountant | None = None
         self.privatizer: GradientPrivatizer | None = None
         self._grad_sample_module: GradSampleModule | None = None
         if args.dp:
             self._setup_privacy()
-        self.add_callback(DPStateCallback(self))
+        self.add_callback(DPStateCallback(self.dp_state, self._load_rng_state, self.log))
+
+    # ------------------------------------------------------------------ DP state, read-only
+    @property
+    def accountant(self) -> PrivacyAccountant | None:
+        """The run's privacy accountant (``dp_state.accountant``); None without DP."""
+        return self.dp_state.accountant
+
+    @property
+    def allowed_steps(self) -> int | None:
+        """How many steps the ε budget allows (``dp_state.allowed_steps``); None without DP."""
+        return self.dp_state.allowed_steps
+
+    @property
+    def sum_lr_squared(self) -> float:
+        """Σ_t η_t² of the first param group over the steps taken (``dp_state.sum_lr_squared``)."""
+        return self.dp_state.sum_lr_squared
+
+    @property
+    def sample_generator(self) -> torch.Generator:
+        """The generator of the Poisson draws (``dp_state.sample_generator``)."""
+        return self.dp_state.sample_generator
 
     # ------------------------------------------------------------------ privacy set-up
     def _setup_privacy(self) -> None:
@@ -199,9 +209,9 @@ class DPSAMTrainer(Trainer):
                 "releasing whole records; pick δ < 1/N or set allow_large_delta=True"
             )
         # computed once, by the main process, so every process holds the same σ and step budget
-        self.noise_multiplier, self.allowed_steps = main_process_value(self.accelerator, self._calibrate)
+        self.noise_multiplier, self.dp_state.allowed_steps = main_process_value(self.accelerator, self._calibrate)
         self.effective_noise_multiplier = self.noise_multiplier / math.sqrt(self.queries_per_step)
-        self.accountant = PrivacyAccountant(
+        self.dp_state.accountant = PrivacyAccountant(
             args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta
         )
         logger.info(
@@ -217,7 +227,7 @@ class DPSAMTrainer(Trainer):
             max_grad_norm=args.per_sample_max_grad_norm,
             noise_multiplier=self.noise_multiplier,
             expected_batch_size=self.expected_batch_size,
-            generator=self.noise_generator,
+            generator=self.dp_state.noise_generator,
             adds_noise=self.accelerator.is_main_process,
             sum_over_processes=self._sum_over_processes,
         )
@@ -268,7 +278,7 @@ class DPSAMTrainer(Trainer):
             collator,
             sample_rate=self.sample_rate,
             steps=self.steps_per_epoch,
-            generator=self.sample_generator,
+            generator=self.dp_state.sample_generator,
             num_workers=self.args.dataloader_num_workers,
             num_processes=self.args.world_size,
             process_index=self.args.process_index,
@@ -305,11 +315,7 @@ class DPSAMTrainer(Trainer):
         (:class:`GradientPrivatizer`); skipping DDP's forward also skips its per-forward buffer broadcast and
         unused-parameter search, which this step does not need.
         """
-        if self.accountant is not None and self.accountant.steps >= self.allowed_steps:
-            raise PrivacyBudgetExhausted(
-                f"ε budget spent after {self.accountant.steps} steps (ε={self.accountant.epsilon():.3g}); "
-                "no further step is allowed"
-            )
+        self.dp_state.check_budget()
         model = self.accelerator.unwrap_model(model)
         model.train()
         inputs = self._prepare_inputs(inputs)
@@ -318,10 +324,10 @@ class DPSAMTrainer(Trainer):
             raise ValueError("DPSAMTrainer needs 'labels' in every batch")
         mode, rho = self.args.sam_mode, self.args.sam_rho
         if mode == "dp_sat":
-            step = ascent_step(self.previous_gradient, rho) if self.previous_gradient is not None else None
-            with perturbed(self._params, step):
+            previous = self.dp_state.previous_gradient
+            with perturbed(self._params, ascent_step(previous, rho) if previous is not None else None):
                 gradient, loss = self._query(model, inputs, units)
-            self.previous_gradient = gradient
+            self.dp_state.previous_gradient = gradient
         elif mode == "two_query":
             first, loss = self._query(model, inputs, units)
             with perturbed(self._params, ascent_step(first, rho)):
@@ -337,9 +343,7 @@ class DPSAMTrainer(Trainer):
         check_finite_step(self.state.global_step + 1, loss, gradient, self._param_names)
         for p, g in zip(self._params, gradient):
             p.grad = g.to(p.dtype)
-        if self.accountant is not None:
-            self.accountant.step()
-        self.sum_lr_squared += float(self.optimizer.param_groups[0]["lr"]) ** 2
+        self.dp_state.record_step(self.optimizer.param_groups[0]["lr"])
         return loss
 
     def _query(
@@ -398,8 +402,9 @@ class DPSAMTrainer(Trainer):
 
     # ------------------------------------------------------------------ logging, saving, resuming
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.accountant is not None:
-            logs["dp_epsilon"] = round(self.accountant.epsilon(), 4)
+        accountant = self.dp_state.accountant
+        if accountant is not None:
+            logs["dp_epsilon"] = round(accountant.epsilon(), 4)
             logs["dp_delta"] = self.delta
         super().log(logs, start_time)
 
@@ -424,9 +429,10 @@ class DPSAMTrainer(Trainer):
             "lr_scheduler": str(args.lr_scheduler_type),
             **hyper,
         }
-        dp = self.accountant is not None
+        accountant = self.dp_state.accountant
+        dp = accountant is not None
         return PrivacyRecord(
-            epsilon=self.accountant.epsilon() if dp else math.inf,
+            epsilon=accountant.epsilon() if dp else math.inf,
             delta=self.delta if dp else 0.0,
             accountant=args.accountant if dp else "none",
             noise_multiplier=self.noise_multiplier if dp else 0.0,
@@ -439,12 +445,12 @@ class DPSAMTrainer(Trainer):
             privacy_unit=privacy_unit_name(args.privacy_unit_column),
             num_units=self.num_units,
             neighbouring_relation=ADD_REMOVE_ONE,
-            epsilon_replace_one=self.accountant.epsilon_replace_one() if dp else None,
+            epsilon_replace_one=accountant.epsilon_replace_one() if dp else None,
             sam_mode=args.sam_mode,
             sam_rho=args.sam_rho,
             align_lambda=args.align_lambda,
             optimizer=optimizer_info,
-            sum_lr_squared=self.sum_lr_squared,
+            sum_lr_squared=self.dp_state.sum_lr_squared,
             base_model=getattr(adapter_config, "base_model_name_or_path", None),
             base_model_hash=base_fingerprint(base_tensors) if base_tensors else None,
             base_model_hash_tensors=sorted(base_tensors),
@@ -463,7 +469,7 @@ class DPSAMTrainer(Trainer):
             super().save_model(output_dir, _internal_call)
             if self.args.should_save:
                 self.privacy_record().save(output_dir)
-                save_checkpoint_dp_state(self, output_dir)
+                self.dp_state.save_checkpoint(output_dir, self.state.global_step)
             return
         check_finite_weights(self._param_names, self._params)
         if not self.args.should_save:  # non-writer ranks take part in gathering the weights, write nothing
@@ -530,7 +536,7 @@ class DPSAMTrainer(Trainer):
                     f"checkpoint {resume_from_checkpoint} lacks {missing}: it is not a complete DPSAMTrainer "
                     "checkpoint (interrupted while being written?); cannot continue the privacy accounting"
                 )
-            load_dp_state(self, Path(resume_from_checkpoint) / DP_STATE_NAME)
+            self.dp_state.load(Path(resume_from_checkpoint) / DP_STATE_NAME)
             if self.args.dp:  # DP skips no data on resume, so Trainer does not re-sync the RNG itself
-                self.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
+                self.dp_state.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

@@ -3,7 +3,7 @@
 The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §6). All of
 it is computed from the privatised gradients (Adam's v̂) or public hyper-parameters, so it is free in
 privacy. η_t is the learning rate each step used, replayed from the run's scheduler and checked against the
-trainer's Σ_t η_t² of the first group.
+Σ_t η_t² of the first group in the trainer's ``dp_state``.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
     if optimizer is None or trainer.state.global_step == 0:
         return None
     history = _learning_rates(trainer, optimizer)
-    replayed = sum(step[0] ** 2 for step in history)
-    if not math.isclose(replayed, trainer.sum_lr_squared, rel_tol=1e-6, abs_tol=1e-30):
+    replayed, recorded = sum(step[0] ** 2 for step in history), trainer.dp_state.sum_lr_squared
+    if not math.isclose(replayed, recorded, rel_tol=1e-6, abs_tol=1e-30):
         logger.warning("noise statistics not written: the replayed schedule's Σ η² %.6g differs from the run's %.6g",
-                       replayed, trainer.sum_lr_squared)
+                       replayed, recorded)
         return None
     group_of = {id(p): index for index, g in enumerate(optimizer.param_groups) for p in g["params"]}
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -65,7 +65,7 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
             beta2 = optimizer.param_groups[group_of[id(param)]]["betas"][1]
             moments[name] = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
     first = optimizer.param_groups[0]
-    dp = trainer.accountant is not None
+    dp = trainer.dp_state.accountant is not None
     return NoiseStats(
         optimizer={"name": type(optimizer).__name__, **{k: first[k] for k in _HYPER if k in first}},
         noise_std=trainer.noise_multiplier * trainer.args.per_sample_max_grad_norm / trainer.expected_batch_size

@@ -4,7 +4,6 @@ import argparse
 import copy
 import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +19,7 @@ from hf_dpmerge.analysis.sharpness import hessian_top_eigenvalue, sharpness
 from hf_dpmerge.analysis.task_loss import evaluate_loss
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head
 from hf_dpmerge.cli import diagnose_command
-from tests.utils.runs_builders import MAX_LENGTH, build_fake_runs
+from tests.utils.runs_builders import MAX_LENGTH
 from tests.utils.tiny_models import tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, text_dataset
 
@@ -127,22 +126,17 @@ def test_drift_matches_materialised_weights():
     assert all(layer.name.startswith("bert.encoder.layer.") for layer in drift.layers)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    return build_fake_runs(tmp_path_factory.mktemp("diag"))
-
-
-def test_interpolation_ends_are_the_task_and_merged_models(runs):
-    run = task_runs(runs["runs"], ["election_tweets"])[0]
+def test_interpolation_ends_are_the_task_and_merged_models(fake_runs):
+    run = task_runs(fake_runs["runs"], ["election_tweets"])[0]
     data = load_split(run, "validation", tiny_tokenizer(), max_samples=30)
     batches = length_sorted_batches(data, tiny_tokenizer(), batch_size=8)
-    task_model = load_individual_model(runs["base"], run.adapter_dir, run.spec)
-    merged = load_merged_with_head(runs["merged"], run.adapter_dir, run.spec)
+    task_model = load_individual_model(fake_runs["base"], run.adapter_dir, run.spec)
+    merged = load_merged_with_head(fake_runs["merged"], run.adapter_dir, run.spec)
     before = {k: v.clone() for k, v in task_model.state_dict().items()}
     curve = interpolation_curve(task_model, merged, batches, run.spec, gammas=[0.5])
     assert curve.gammas == [0.0, 0.5, 1.0]
     assert all(torch.equal(v, before[k]) for k, v in task_model.state_dict().items())  # w_t restored
-    own = evaluate_loss(load_individual_model(runs["base"], run.adapter_dir, run.spec), batches).loss
+    own = evaluate_loss(load_individual_model(fake_runs["base"], run.adapter_dir, run.spec), batches).loss
     other = evaluate_loss(merged, batches).loss
     assert curve.losses[0] == pytest.approx(own, abs=1e-6)
     assert curve.losses[-1] == pytest.approx(other, abs=1e-6)
@@ -156,13 +150,13 @@ def test_gammas_are_checked_and_completed():
         interpolation_gammas([1.5])
 
 
-def test_cli_writes_diagnostics_plot_and_privacy_note(runs, tmp_path, capsys):
+def test_cli_writes_diagnostics_plot_and_privacy_note(fake_runs, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     diagnose_command.add_arguments(parser)
     out = tmp_path / "diag"
-    args = parser.parse_args(["--runs", str(runs["runs"]), "--merged", str(runs["merged"]), "--max-samples", "20",
-                              "--gammas", "0.25,0.75", "--hessian-iterations", "3", "--output-dir", str(out),
-                              "--max_length", str(MAX_LENGTH)])
+    args = parser.parse_args(["--runs", str(fake_runs["runs"]), "--merged", str(fake_runs["merged"]),
+                              "--max-samples", "20", "--gammas", "0.25,0.75", "--hessian-iterations", "3",
+                              "--output-dir", str(out), "--max_length", str(MAX_LENGTH)])
     assert diagnose_command.run(args) == 0
     data = json.loads((out / RESULTS_NAME).read_text())
     assert set(data["tasks"]) == {"bbc_news", "election_tweets"}
@@ -179,13 +173,13 @@ def test_cli_writes_diagnostics_plot_and_privacy_note(runs, tmp_path, capsys):
     assert "NOT covered" in printed and "election_tweets" in printed
 
 
-def test_geometry_only_and_bad_requests(runs):
-    report = diagnose_runs(runs["runs"], None, ["bbc"], max_samples=10, hessian_iterations=0,
+def test_geometry_only_and_bad_requests(fake_runs):
+    report = diagnose_runs(fake_runs["runs"], None, ["bbc"], max_samples=10, hessian_iterations=0,
                            max_length=MAX_LENGTH, log=lambda line: None)
     row = report.tasks[0]
     assert row.interpolation is None and row.hessian is None and row.sharpness is not None
     assert report.to_dict()["tasks"]["bbc_news"]["merge_gap"] is None
     with pytest.raises(ValueError, match="nothing to diagnose"):
-        diagnose_runs(runs["runs"], None, geometry=False)
+        diagnose_runs(fake_runs["runs"], None, geometry=False)
     with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
-        diagnose_runs(runs["runs"], runs["runs"] / "nowhere")
+        diagnose_runs(fake_runs["runs"], fake_runs["runs"] / "nowhere")

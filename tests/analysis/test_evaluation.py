@@ -1,6 +1,5 @@
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,31 +17,26 @@ from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_w
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
 from hf_dpmerge.records.record import PrivacyRecordError
-from tests.utils.runs_builders import MAX_LENGTH, build_fake_runs
+from tests.utils.runs_builders import MAX_LENGTH
 from tests.utils.tiny_models import tiny_tokenizer
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    return build_fake_runs(tmp_path_factory.mktemp("eval"))
-
-
-def test_head_swap_reproduces_individual_logits(runs):
+def test_head_swap_reproduces_individual_logits(fake_runs):
     spec = get_task_spec("bbc_news")
-    adapter = runs["runs"] / "bbc" / "adapter"
+    adapter = fake_runs["runs"] / "bbc" / "adapter"
     dsd, _ = load_task("bbc_news", max_eval_samples=25)
     test = tokenize_task(dsd["test"], spec, tiny_tokenizer(), MAX_LENGTH)
-    individual = predict_logits(load_individual_model(runs["base"], adapter, spec), test, tiny_tokenizer())
-    merged = predict_logits(load_merged_with_head(runs["merged"], adapter, spec), test, tiny_tokenizer())
+    individual = predict_logits(load_individual_model(fake_runs["base"], adapter, spec), test, tiny_tokenizer())
+    merged = predict_logits(load_merged_with_head(fake_runs["merged"], adapter, spec), test, tiny_tokenizer())
     assert individual.shape == (25, 5)
     np.testing.assert_allclose(merged, individual, atol=1e-5)
     assert individual.std() > 0.1  # the adapter really changed something: not a trivially equal pair
 
 
-def test_predict_logits_matches_unbatched_order(runs):
+def test_predict_logits_matches_unbatched_order(fake_runs):
     spec = get_task_spec("election_tweets")
-    adapter = runs["runs"] / "election_tweets" / "adapter"
-    model = load_individual_model(runs["base"], adapter, spec)
+    adapter = fake_runs["runs"] / "election_tweets" / "adapter"
+    model = load_individual_model(fake_runs["base"], adapter, spec)
     dsd, _ = load_task("election_tweets", max_eval_samples=9)
     test = tokenize_task(dsd["test"], spec, tiny_tokenizer(), MAX_LENGTH)
     batched = predict_logits(model, test, tiny_tokenizer(), batch_size=4)
@@ -51,14 +45,14 @@ def test_predict_logits_matches_unbatched_order(runs):
     np.testing.assert_allclose(batched, np.stack(one_by_one), atol=1e-5)
 
 
-def test_task_head_state_is_the_adapters_trained_head(runs):
-    head = task_head_state(runs["runs"] / "bbc" / "adapter")
+def test_task_head_state_is_the_adapters_trained_head(fake_runs):
+    head = task_head_state(fake_runs["runs"] / "bbc" / "adapter")
     assert set(head) == {"classifier.weight", "classifier.bias"}
     assert head["classifier.weight"].shape == (5, 32)
 
 
-def test_evaluate_runs_scores_retention_and_epsilon(runs):
-    report = evaluate_runs(runs["runs"], runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
+def test_evaluate_runs_scores_retention_and_epsilon(fake_runs):
+    report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
                            log=lambda line: None)
     by_task = {t.task: t for t in report.tasks}
     assert set(by_task) == {"bbc_news", "election_tweets"}  # named by the privacy records, not the folders
@@ -93,11 +87,11 @@ def test_report_definitions_and_json_roundtrip(tmp_path):
     assert "∞" in report.table() and "75.0%" in report.table()
 
 
-def test_cli_writes_results_and_chart(runs, tmp_path, capsys):
+def test_cli_writes_results_and_chart(fake_runs, tmp_path, capsys):
     parser = __import__("argparse").ArgumentParser()
     evaluate_command.add_arguments(parser)
     out = tmp_path / "eval"
-    args = parser.parse_args(["--runs", str(runs["runs"]), "--merged", str(runs["merged"]), "--tasks", "bbc",
+    args = parser.parse_args(["--runs", str(fake_runs["runs"]), "--merged", str(fake_runs["merged"]), "--tasks", "bbc",
                               "--output", str(out), "--max_eval_samples", "20"])
     assert evaluate_command.run(args) == 0
     data = json.loads((out / RESULTS_NAME).read_text())
@@ -106,63 +100,64 @@ def test_cli_writes_results_and_chart(runs, tmp_path, capsys):
     assert "bbc_news" in capsys.readouterr().out
 
 
-def test_validation_split_is_scored_when_asked(runs):
-    report = evaluate_runs(runs["runs"], runs["merged"], ["bbc"], max_length=MAX_LENGTH, split="validation",
+def test_validation_split_is_scored_when_asked(fake_runs):
+    report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["bbc"], max_length=MAX_LENGTH, split="validation",
                            log=lambda line: None)
     assert report.tasks[0].num_examples == 178  # bbc_news: 10 % of train (its test split has 445)
     assert report.to_dict()["split"] == "validation"
 
 
-def test_clear_errors_for_missing_dirs_and_records(runs, tmp_path):
+def test_clear_errors_for_missing_dirs_and_records(fake_runs, tmp_path):
     with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
-        evaluate_runs(runs["runs"], tmp_path / "nowhere", log=lambda line: None)
+        evaluate_runs(fake_runs["runs"], tmp_path / "nowhere", log=lambda line: None)
     with pytest.raises(FileNotFoundError, match="not a peft adapter"):
-        evaluate_runs(runs["runs"], runs["merged"], ["missing_task"], log=lambda line: None)
+        evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["missing_task"], log=lambda line: None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        evaluate_runs(tmp_path / "no_runs", runs["merged"], base_dir=runs["base"], log=lambda line: None)
+        evaluate_runs(tmp_path / "no_runs", fake_runs["merged"], base_dir=fake_runs["base"], log=lambda line: None)
     bare = tmp_path / "runs" / "bare" / "adapter"
     bare.mkdir(parents=True)
-    for f in (runs["runs"] / "bbc" / "adapter").iterdir():
+    for f in (fake_runs["runs"] / "bbc" / "adapter").iterdir():
         if f.name != "dp_privacy.json":
             (bare / f.name).write_bytes(f.read_bytes())
     with pytest.raises(PrivacyRecordError, match="no privacy record"):
-        evaluate_runs(tmp_path / "runs", runs["merged"], ["bare"], base_dir=runs["base"], log=lambda line: None)
+        evaluate_runs(tmp_path / "runs", fake_runs["merged"], ["bare"], base_dir=fake_runs["base"],
+                      log=lambda line: None)
 
 
-def test_head_of_the_wrong_size_is_refused(runs):
+def test_head_of_the_wrong_size_is_refused(fake_runs):
     spec = get_task_spec("reuters_r8")  # 8 labels; the bbc adapter's head has 5
     with pytest.raises(ValueError, match="head shapes differ"):
-        load_merged_with_head(runs["merged"], runs["runs"] / "bbc" / "adapter", spec)
+        load_merged_with_head(fake_runs["merged"], fake_runs["runs"] / "bbc" / "adapter", spec)
 
 
-def test_same_shape_head_is_replaced_not_kept(runs):
-    adapter = runs["runs"] / "election_tweets" / "adapter"  # 2 labels, like the merged model's own head
-    model = load_merged_with_head(runs["merged"], adapter, get_task_spec("election_tweets"))
+def test_same_shape_head_is_replaced_not_kept(fake_runs):
+    adapter = fake_runs["runs"] / "election_tweets" / "adapter"  # 2 labels, like the merged model's own head
+    model = load_merged_with_head(fake_runs["merged"], adapter, get_task_spec("election_tweets"))
     head = task_head_state(adapter)
     assert torch.equal(model.classifier.weight, head["classifier.weight"])
     assert torch.equal(model.classifier.bias, head["classifier.bias"])
     assert model.config.id2label == {0: "HillaryClinton", 1: "realDonaldTrump"}
 
 
-def test_default_tasks_are_the_ones_the_merged_model_merged(runs, tmp_path):
+def test_default_tasks_are_the_ones_the_merged_model_merged(fake_runs, tmp_path):
     import shutil
 
     from hf_dpmerge.analysis.runs_layout import task_runs
 
     merged = tmp_path / "merged"
-    shutil.copytree(runs["merged"], merged)
-    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc", "election_tweets"]  # no config
+    shutil.copytree(fake_runs["merged"], merged)
+    assert [r.name for r in task_runs(fake_runs["runs"], merged_dir=merged)] == ["bbc", "election_tweets"]  # no config
     (merged / "mergekit_config.yml").write_text(
         "merge_method: dp_aware\nbase_model: runs/base\nmodels:\n  - model: runs/base+runs/bbc/encoder_adapter\n"
     )
-    assert [r.name for r in task_runs(runs["runs"], merged_dir=merged)] == ["bbc"]  # election_tweets never merged
-    assert [r.name for r in task_runs(runs["runs"], ["election_tweets"], merged_dir=merged)] == ["election_tweets"]
+    assert [r.name for r in task_runs(fake_runs["runs"], merged_dir=merged)] == ["bbc"]  # election_tweets never merged
+    assert [r.name for r in task_runs(fake_runs["runs"], ["election_tweets"], merged_dir=merged)] == ["election_tweets"]
     (merged / "mergekit_config.yml").write_text("merge_method: ties\nmodels:\n  - model: elsewhere/x\n")
     with pytest.raises(ValueError, match="merges none of the run folders.*pass --runs or --tasks"):
-        task_runs(runs["runs"], merged_dir=merged)
+        task_runs(fake_runs["runs"], merged_dir=merged)
 
 
-def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictions(runs, tmp_path, monkeypatch):
+def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictions(fake_runs, tmp_path, monkeypatch):
     """`hf-dpmerge evaluate` and a user's ``evaluate.load(<merge_retention>)`` agree on the same predictions,
     and the command's retention/interference are that module's kernel (one implementation)."""
     import argparse
@@ -175,17 +170,18 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
     parser = argparse.ArgumentParser()
     evaluate_command.add_arguments(parser)
     out = tmp_path / "eval"
-    assert evaluate_command.run(parser.parse_args(["--runs", str(runs["runs"]), "--merged", str(runs["merged"]),
-                                                   "--output", str(out), "--max_eval_samples", "30"])) == 0
+    arguments = ["--runs", str(fake_runs["runs"]), "--merged", str(fake_runs["merged"]), "--output", str(out),
+                 "--max_eval_samples", "30"]
+    assert evaluate_command.run(parser.parse_args(arguments)) == 0
     rows = json.loads((out / RESULTS_NAME).read_text())["tasks"]
     assert set(rows) == {"bbc_news", "election_tweets"}
-    for run in task_runs(runs["runs"], max_length=MAX_LENGTH, merged_dir=runs["merged"]):
+    for run in task_runs(fake_runs["runs"], max_length=MAX_LENGTH, merged_dir=fake_runs["merged"]):
         examples = load_split(run, "test", tiny_tokenizer(), max_samples=30)
         predictions = {
             kind: predictions_from_logits(run.spec, predict_logits(loader(directory, run.adapter_dir, run.spec),
                                                                    examples, tiny_tokenizer()))
-            for kind, loader, directory in (("individual", load_individual_model, runs["base"]),
-                                            ("merged", load_merged_with_head, runs["merged"]))
+            for kind, loader, directory in (("individual", load_individual_model, fake_runs["base"]),
+                                            ("merged", load_merged_with_head, fake_runs["merged"]))
         }
         user = evaluate.load(str(metric_path("merge_retention")), run.spec.metric).compute(
             individual_predictions=predictions["individual"].tolist(),

@@ -12,17 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from peft import LoraConfig, TaskType, get_peft_model
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
 from hf_dpmerge.cli import main as cli_main
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.release_files import is_release_file
-from tests.utils.records import privacy_record
-from tests.utils.tiny_models import save_tiny_bert, tiny_bert
+from tests.utils.tiny_models import save_tiny_bert
 
-TOKEN = "hf_loopback_dummy_token"
 REPO = "alice/dp-merged"
 MERGE_YAML = """\
 merge_method: task_arithmetic
@@ -54,18 +51,15 @@ TASKS = {"alpha": (2, 2.5, 1234, ["negative", "positive"]), "beta": (3, 7.75, 56
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
+def release(tmp_path_factory, make_record, lora_model):
     """runs/<task>/adapter/ for two tasks with different label counts, a merged dir, an eval JSON."""
     root = tmp_path_factory.mktemp("release")
     runs = root / "runs"
     for seed, (task, (num_labels, eps, n, labels)) in enumerate(TASKS.items()):
-        model = tiny_bert(num_labels=num_labels, seed=seed)
-        peft_model = get_peft_model(
-            model, LoraConfig(task_type=TaskType.SEQ_CLS, r=2, target_modules=["query", "value"])
-        )
+        peft_model = lora_model("classifier", seed=seed, num_labels=num_labels, r=2, modules_to_save=None)
         adapter = runs / task / "adapter"
         peft_model.save_pretrained(adapter)
-        privacy_record(
+        make_record(
             task, eps, accountant="prv", num_samples=n, steps=300, noise_multiplier=1.1,
             effective_noise_multiplier=1.1, base_model="runs/base", base_model_hash="sha256:" + "ab" * 32,
             extra={"label_names": labels} if labels else {},
@@ -94,20 +88,6 @@ def cli(monkeypatch):
     return cli_main.main
 
 
-@pytest.fixture
-def hub(monkeypatch):
-    """A loopback Hub set through HF_ENDPOINT, with a dummy token and offline mode lifted for the test."""
-    from huggingface_hub import constants
-
-    from tests.utils.hub_helpers import FakeHub
-
-    with FakeHub(token=TOKEN) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.setenv("HF_TOKEN", TOKEN)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        yield server
-
-
 def _push_args(release, *extra: str) -> list[str]:
     return ["push", str(release.merged), "--runs", str(release.runs), "--tasks", "alpha,beta", *extra]
 
@@ -115,13 +95,13 @@ def _push_args(release, *extra: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------- upload
 
 
-def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, hub, capsys):
+def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, loopback_hub, capsys):
     rc = cli(_push_args(release, "--repo_id", REPO, "--eval_json", str(release.eval_json)))
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert hub.unhandled == [] and hub.auth_failures == []
+    assert loopback_hub.unhandled == [] and loopback_hub.auth_failures == []
 
-    repo = hub.repos[REPO]
+    repo = loopback_hub.repos[REPO]
     assert repo.private is True and repo.create_payload["visibility"] == "private"
     assert len(repo.commits) == 1 and repo.commits[0]["summary"].startswith("Upload differentially private")
 
@@ -181,45 +161,45 @@ def _saved_head_key(saved: dict, name: str) -> str:
     return next(k for k in saved if k.endswith(name) and "lora_" not in k)
 
 
-def test_push_public_creates_public_repo(release, cli, hub):
+def test_push_public_creates_public_repo(release, cli, loopback_hub):
     assert cli(_push_args(release, "--repo_id", "alice/open", "--public")) == 0
-    assert hub.repos["alice/open"].private is False
-    assert "README.md" in hub.repos["alice/open"].files
+    assert loopback_hub.repos["alice/open"].private is False
+    assert "README.md" in loopback_hub.repos["alice/open"].files
 
 
-def test_push_refuses_existing_public_repo_when_private(release, cli, hub, capsys):
-    hub.add_repo(REPO, private=False)
+def test_push_refuses_existing_public_repo_when_private(release, cli, loopback_hub, capsys):
+    loopback_hub.add_repo(REPO, private=False)
     assert cli(_push_args(release, "--repo_id", REPO)) == 1
     assert "already exists and is public" in capsys.readouterr().err
-    assert hub.repos[REPO].commits == []
+    assert loopback_hub.repos[REPO].commits == []
 
 
-def test_push_reports_hub_errors(release, cli, hub, monkeypatch, capsys):
+def test_push_reports_hub_errors(release, cli, loopback_hub, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     assert cli(_push_args(release, "--repo_id", REPO)) == 1
     assert "upload to the Hub failed" in capsys.readouterr().err
-    assert REPO not in hub.repos and hub.auth_failures
+    assert REPO not in loopback_hub.repos and loopback_hub.auth_failures
 
 
-def test_push_refuses_offline_mode(release, cli, hub, monkeypatch, capsys):
+def test_push_refuses_offline_mode(release, cli, loopback_hub, monkeypatch, capsys):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert cli(_push_args(release, "--repo_id", REPO)) == 1
     assert "--dry-run" in capsys.readouterr().err
-    assert hub.requests == []
+    assert loopback_hub.requests == []
 
 
 # ---------------------------------------------------------------------------------------------- dry run
 
 
-def test_dry_run_stages_without_network(release, cli, hub, tmp_path, capsys):
+def test_dry_run_stages_without_network(release, cli, loopback_hub, tmp_path, capsys):
     staging = tmp_path / "staged"
     args = ["push", str(release.merged), "--runs", str(release.runs), "--dry-run", "--staging_dir", str(staging),
             "--eval_json", str(release.eval_json), "--base_model", "sentence-transformers/all-MiniLM-L6-v2"]
     assert cli(args) == 0  # tasks discovered from runs/, no --repo_id needed
     out = capsys.readouterr().out
-    assert hub.requests == []
+    assert loopback_hub.requests == []
     assert "nothing uploaded" in out and "private repository your-username/merged" in out
     for path in ("README.md", "alpha/model.safetensors", "alpha/config.json", "beta/dp_privacy.json"):
         assert (staging / path).is_file() and path in out
@@ -330,7 +310,7 @@ def test_real_push_needs_repo_id(release, cli, capsys):
 # ---------------------------------------------------------------------------------------------- release hygiene
 
 
-def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, hub, tmp_path, capsys):
+def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, loopback_hub, tmp_path, capsys):
     merged = tmp_path / "merged"
     shutil.copytree(release.merged, merged)
     (merged / "trainer_state.json").write_text("{}")
@@ -339,7 +319,7 @@ def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, h
     assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
     err = capsys.readouterr().err
     assert "logs/events.out, trainer_state.json" in err and "RELEASE_ALLOW_LIST" in err
-    assert REPO not in hub.repos
+    assert REPO not in loopback_hub.repos
 
 
 def _seeded_runs(release, tmp_path, seeded) -> Path:
@@ -356,14 +336,14 @@ def _seeded_runs(release, tmp_path, seeded) -> Path:
 
 @pytest.mark.parametrize("seeded, reason", [(True, "beta trained with a fixed dp_seed"),
                                             (None, "beta have privacy records written before")])
-def test_seeded_release_is_refused_unless_allowed(release, cli, hub, tmp_path, capsys, seeded, reason):
+def test_seeded_release_is_refused_unless_allowed(release, cli, loopback_hub, tmp_path, capsys, seeded, reason):
     runs = _seeded_runs(release, tmp_path, seeded)
     args = ["push", str(release.merged), "--runs", str(runs), "--tasks", "alpha,beta", "--repo_id", REPO]
     assert cli(args) == 1
     err = capsys.readouterr().err
     assert reason in err and "--allow-seeded" in err and "subtract" in err
-    assert REPO not in hub.repos
+    assert REPO not in loopback_hub.repos
 
     assert cli([*args, "--allow-seeded"]) == 0
-    card = hub.repos[REPO].files["README.md"].decode()
+    card = loopback_hub.repos[REPO].files["README.md"].decode()
     assert "**Seeded training: `beta`.**" in card and "undo it" in card

@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from tests.utils.merging_builders import full_config_yaml, lora_config_yaml, save_base, save_task_adapter, save_variant
+from tests.utils.merging_builders import full_config_yaml, lora_config_yaml, save_variant
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +25,9 @@ ADAPTERS = [f"./runs/{task}/encoder_adapter" for task in TASKS]
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def workdir(merge_runs) -> Path:
     """A directory laid out like the training example's output, plus three full-model variants."""
-    root = tmp_path_factory.mktemp("work")
-    save_base(root / "runs" / "base")
-    for seed, (task, labels) in enumerate(TASKS.items(), start=1):
-        save_task_adapter(root / "runs", task, labels, seed)
+    root = merge_runs(TASKS).parent
     for seed in (1, 2, 3):
         save_variant(root / "runs" / "base", root / "full" / f"v{seed}", seed)
     return root

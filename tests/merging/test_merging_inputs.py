@@ -21,17 +21,14 @@ from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter, save_variant
+from tests.utils.merging_builders import lora_config_yaml, save_variant
 
 QUERY = "bert.encoder.layer.0.attention.self.query.weight"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("runs")
-    save_base(root / "base")
-    save_task_adapter(root, "sentiment", num_labels=2, seed=1)
-    save_task_adapter(root, "topics", num_labels=4, seed=2)
+def runs(merge_runs) -> Path:
+    root = merge_runs({"sentiment": 2, "topics": 4})
     save_variant(root / "base", root / "full", seed=3)
     return root
 

@@ -8,7 +8,7 @@ from opacus.optimizers import DPOptimizer
 
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance, stats_noise_variance
 from hf_dpmerge.records.noise_stats import NoiseStats
-from tests.utils.merging_builders import make_record
+from tests.utils.merging_builders import adamw_record
 
 SIGMA, CLIP, BATCH, STEPS, COORDS = 1.2, 0.5, 16, 400, 4000
 
@@ -36,15 +36,15 @@ def _simulated_variance(optimizer: type[torch.optim.Optimizer], **settings: floa
     ],
 )
 def test_fallback_formula_matches_pure_noise_dp_sgd(optimizer, settings, record_optimizer) -> None:
-    record = make_record(noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=BATCH, steps=STEPS,
+    record = adamw_record(noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=BATCH, steps=STEPS,
                          optimizer=record_optimizer, sum_lr_squared=STEPS * settings["lr"] ** 2)
     assert _simulated_variance(optimizer, **settings) == pytest.approx(record_noise_variance(record), rel=0.1)
 
 
 def test_non_private_and_unknown_optimizers() -> None:
-    assert record_noise_variance(make_record(dp=False, epsilon=float("inf"))) == 0.0
+    assert record_noise_variance(adamw_record(dp=False, epsilon=float("inf"))) == 0.0
     with pytest.raises(ValueError, match="noise_std"):
-        record_noise_variance(make_record(optimizer={"name": "Adafactor"}))
+        record_noise_variance(adamw_record(optimizer={"name": "Adafactor"}))
 
 
 def test_lora_formula_matches_monte_carlo() -> None:
@@ -101,7 +101,7 @@ def _stats(name: str, lrs: list[float], weight_decay: float, second_moment=None,
 
 def _record_for(stats_name: str):
     # σ·C/B_exp = NOISE
-    return make_record(noise_multiplier=1.0, max_grad_norm=NOISE * 256, expected_batch_size=256,
+    return adamw_record(noise_multiplier=1.0, max_grad_norm=NOISE * 256, expected_batch_size=256,
                        optimizer={"name": stats_name, "lr": LR})
 
 
@@ -139,7 +139,7 @@ def test_sgd_model_is_exact_for_short_runs(schedule: str, momentum: float, neste
 
 def test_heads_get_their_own_learning_rate() -> None:
     """Without statistics a head's variance scales by (head_lr/lr)²; with them it follows its own group's η_t."""
-    record = make_record(optimizer={"name": "AdamW", "lr": 1e-3, "head_lr": 1e-2}, sum_lr_squared=40 * 1e-6)
+    record = adamw_record(optimizer={"name": "AdamW", "lr": 1e-3, "head_lr": 1e-2}, sum_lr_squared=40 * 1e-6)
     assert record_noise_variance(record, head=True) == pytest.approx(100 * record_noise_variance(record))
     stats = NoiseStats(optimizer={"name": "AdamW", "betas": [0.9, 0.999], "eps": 1e-8}, noise_std=NOISE,
                        lrs={g: torch.full((40,), lr, dtype=torch.float64) for g, lr in (("0", 1e-3), ("1", 1e-2))},

@@ -10,7 +10,6 @@ import pytest
 
 from hf_dpmerge.records.private_selection import accuracy_sensitivity, select_private, selection_probabilities
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
-from tests.utils.records import privacy_record
 
 UTILITIES = [0.61, 0.74, 0.70, 0.52, 0.73]
 DRAWS = 4000
@@ -92,14 +91,14 @@ def test_bad_arguments_are_refused() -> None:
         select_private([0.1, 0.2], 1.0, 0.01, "laplace", rng)
 
 
-def test_composed_epsilon_follows_the_sum_and_max_rules() -> None:
-    records = {"a": privacy_record("a", epsilon=8.0), "b": privacy_record("b", epsilon=4.0)}
+def test_composed_epsilon_follows_the_sum_and_max_rules(make_record) -> None:
+    records = {"a": make_record("a", epsilon=8.0), "b": make_record("b", epsilon=4.0)}
     records["b"].delta = 1e-6
     # by hand: sequential = max(8, 4) + 0.5; parallel = max(8, 4, 0.5); δ = max(1e-5, 1e-6)
     assert composed_guarantee(records, 0.5, "sequential") == (8.5, 1e-5)
     assert composed_guarantee(records, 0.5, "parallel") == (8.0, 1e-5)
     assert composed_guarantee(records, 9.0, "parallel") == (9.0, 1e-5)
-    records["c"] = privacy_record("c", epsilon=math.inf, dp=False)
+    records["c"] = make_record("c", epsilon=math.inf, dp=False)
     assert composed_guarantee(records, 0.5, "sequential")[0] == math.inf
     with pytest.raises(ValueError, match="--composition"):
         composed_guarantee(records, 0.5, "advanced")

@@ -16,8 +16,7 @@ from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_sto
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from tests.utils.hub_helpers import FakeHub
-from tests.utils.records import privacy_record
+from tests.utils.hub_helpers import serving_loopback_hub
 from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
 from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 
@@ -89,28 +88,23 @@ def test_adapter_base_is_recorded_by_absolute_path(released_adapter):
 
 
 @pytest.fixture(scope="module")
-def hub_release(released_adapter, tmp_path_factory):
+def hub_release(released_adapter, tmp_path_factory, make_record):
     """A merged folder as mergekit writes it (shared base + the adapter's LoRA), pushed to a loopback Hub;
     the files the Hub received, written back to disk as a download would."""
-    from huggingface_hub import constants
 
     from hf_dpmerge.hub.push import push_merged_model
 
     root = released_adapter
-    privacy_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / "adapter")
+    make_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / "adapter")
     base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
     merged = PeftModel.from_pretrained(base, root / "adapter").merge_and_unload()
     merged.save_pretrained(root / "merged")
     tiny_tokenizer().save_pretrained(root / "merged")
     (root / "merged" / "mergekit_config.yml").write_text("merge_method: dp_aware\n")
-    offline, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
-    try:
-        with FakeHub(token="hf_dummy") as hub:
-            push_merged_model(root / "merged", "alice/m", adapters={"topics": root / "adapter"}, token="hf_dummy",
-                              endpoint=hub.url)
-            files = hub.repos["alice/m"].files
-    finally:
-        constants.HF_HUB_OFFLINE = offline
+    with serving_loopback_hub() as hub:
+        push_merged_model(root / "merged", "alice/m", adapters={"topics": root / "adapter"}, token=hub.token,
+                          endpoint=hub.url)
+        files = hub.repos["alice/m"].files
     download = tmp_path_factory.mktemp("download")
     for name, content in files.items():
         (download / name).parent.mkdir(parents=True, exist_ok=True)

@@ -12,17 +12,14 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import DataCollatorWithPadding, EarlyStoppingCallback
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.hub.model_card import build_model_card
 from hf_dpmerge.records.release_files import is_release_file
 from hf_dpmerge.training.dp.run_streams import dataset_identity
-from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
+from tests.utils.tiny_models import CORPUS, tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
-
-TOKEN = "hf_loopback_dummy_token"
 
 
 def _files(directory: Path) -> set[str]:
@@ -105,22 +102,6 @@ def test_save_model_writes_only_allow_listed_files(trained, tmp_path):
     assert all(is_release_file(f) for f in files), files
 
 
-@pytest.fixture
-def loopback_hub(monkeypatch):
-    """The loopback Hub (tests/hub_helpers.py) as the endpoint of transformers' shared HfApi."""
-    from huggingface_hub import constants
-    from transformers.utils import hub as transformers_hub
-
-    from tests.utils.hub_helpers import FakeHub
-
-    with FakeHub(token=TOKEN) as server:
-        monkeypatch.setattr(constants, "ENDPOINT", server.url)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(transformers_hub, "_hf_api", None)
-        monkeypatch.setenv("HF_TOKEN", TOKEN)
-        yield server
-
-
 def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):
     with pytest.raises(ValueError, match=r"fixed dp_seed.*allow_seeded=True"):
         trained.push_to_hub()
@@ -197,21 +178,15 @@ def test_an_iterable_dataset_is_refused_naming_the_size_n(tmp_path):
         make_trainer(tmp_path, dataset=streamed)
 
 
-def _dropout_lora():
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
-                        task_type="SEQ_CLS", lora_dropout=0.1)
-    return get_peft_model(tiny_bert(dropout=0.2), config)
-
-
 @pytest.mark.slow
-def test_resume_mid_epoch_with_dropout_gives_the_uninterrupted_weights(tmp_path):
+def test_resume_mid_epoch_with_dropout_gives_the_uninterrupted_weights(tmp_path, lora_model):
     # N = 200, B = 20: 10 steps per epoch, so checkpoint-3 is mid-epoch
     settings = dict(max_steps=6, save_strategy="steps", save_steps=3)
-    full = make_trainer(tmp_path / "full", model=_dropout_lora(), **settings)
+    full = make_trainer(tmp_path / "full", model=lora_model(dropout=0.2, lora_dropout=0.1), **settings)
     full.train()
     checkpoint = tmp_path / "resumed" / "out" / "checkpoint-3"
     shutil.copytree(tmp_path / "full" / "out" / "checkpoint-3", checkpoint)
-    resumed = make_trainer(tmp_path / "resumed", model=_dropout_lora(), **settings)
+    resumed = make_trainer(tmp_path / "resumed", model=lora_model(dropout=0.2, lora_dropout=0.1), **settings)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     expected = dict(full.model.named_parameters())
     for name, param in resumed.model.named_parameters():

@@ -4,13 +4,12 @@ import math
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
-from tests.utils.tiny_models import tiny_gpt2, tiny_tokenizer
-from tests.utils.training_helpers import collate, make_trainer
+from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.training_helpers import collate, lm_dataset, make_trainer
 
 
 def naive_clipped_sum(model, params, examples, max_grad_norm):
@@ -122,14 +121,12 @@ def test_lora_parameters_change_after_a_step(tmp_path):
     assert any("lora_A" in n for n in changed) and any("lora_B" in n for n in changed)
 
 
-def test_causal_lm_clipped_sum_matches_naive_loop(tmp_path):
-    model = get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], task_type="CAUSAL_LM",
-                                                    fan_in_fan_out=True))
+def test_causal_lm_clipped_sum_matches_naive_loop(tmp_path, lora_model):
+    model = lora_model("causal_lm")
     tok = tiny_tokenizer()
-    from datasets import Dataset
     from transformers import DataCollatorForLanguageModeling
     texts = ["the film was a delight", "dull script", "markets rallied as oil prices fell sharply"] * 10
-    ds = Dataset.from_dict({"text": texts}).map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    ds = lm_dataset(texts)
     trainer = make_trainer(tmp_path, model=model, dataset=ds, noise_multiplier=0.0, per_sample_max_grad_norm=0.1,
                            physical_batch_size=2, sam_mode="none", remove_unused_columns=False)
     trainer.data_collator = DataCollatorForLanguageModeling(tok, mlm=False)

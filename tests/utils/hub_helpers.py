@@ -8,7 +8,13 @@ with ``POST /api/models/<repo>/commit/<rev>`` (ndjson: a header line, then one l
 needed (keep test files small). ``lfsFile`` lines are refused.
 
 The server binds 127.0.0.1 only, caps request bodies and request count, and shuts itself down after
-``lifetime_s`` even if a test forgets to.
+``lifetime_s`` even if a test forgets to. Any other route is answered 404 (naming it) and listed in ``unhandled``.
+
+:func:`serving_loopback_hub` makes it the Hub of everything a test runs: huggingface_hub's ``ENDPOINT``,
+transformers' shared ``HfApi``, ``HF_ENDPOINT`` for code and subprocesses that read it, a dummy ``HF_TOKEN``,
+offline mode lifted, and huggingface_hub's telemetry off: with telemetry on, building the user agent fetches
+the agent-harness registry (``GET {ENDPOINT}/api/agent-harnesses``) once per process, a request no code under
+test makes.
 """
 
 from __future__ import annotations
@@ -18,11 +24,16 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 MAX_BODY = 8 * 1024 * 1024
+LOOPBACK_TOKEN = "hf_loopback_dummy_token"
 MAX_REQUESTS = 200
 
 _REPO = r"(?P<repo>[^/]+/[^/]+)"
@@ -205,3 +216,20 @@ class FakeHub:
                 pass
 
         return Handler
+
+
+@contextmanager
+def serving_loopback_hub(token: str = LOOPBACK_TOKEN) -> Iterator[FakeHub]:
+    """A :class:`FakeHub` as the Hub of this process and its subprocesses (see the module docstring) until exit."""
+    from huggingface_hub import constants
+    from transformers.utils import hub as transformers_hub
+
+    with FakeHub(token=token) as server, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_ENDPOINT", server.url)
+        patch.setenv("HF_TOKEN", token)
+        patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        patch.setattr(constants, "ENDPOINT", server.url)
+        patch.setattr(constants, "HF_HUB_OFFLINE", False)
+        patch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        patch.setattr(transformers_hub, "_hf_api", None)
+        yield server

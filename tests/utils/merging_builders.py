@@ -18,8 +18,8 @@ from tests.utils.tiny_models import save_tiny_bert, tiny_bert
 HASHED = ["bert.encoder.layer.0.attention.self.query.weight", "bert.encoder.layer.1.attention.self.value.weight"]
 
 
-def make_record(task: str | None = None, **overrides: Any) -> PrivacyRecord:
-    """The hub tests' record, with ε = 8 and AdamW noise settings unless overridden."""
+def adamw_record(task: str | None = None, **overrides: Any) -> PrivacyRecord:
+    """The merging tests' record: ε = 8 and AdamW noise settings unless overridden."""
     settings: dict[str, Any] = dict(epsilon=8.0, optimizer={"name": "AdamW", "lr": 1e-3}, sum_lr_squared=1e-4)
     return privacy_record(task, **(settings | overrides))
 
@@ -44,10 +44,18 @@ def save_task_adapter(runs: Path, task: str, num_labels: int, seed: int, **recor
     tensors = peft_base_tensors(peft_model)
     adapter = runs / task / "adapter"
     peft_model.save_pretrained(adapter)
-    make_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
+    adamw_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
                 **record).save(adapter)
     export_encoder_adapter(adapter, runs / task / "encoder_adapter")
     return runs / task / "encoder_adapter"
+
+
+def save_merge_runs(runs: Path, tasks: dict[str, int]) -> Path:
+    """``runs/base`` and, for the i-th task (from 1), its adapters with that many labels, seeded i."""
+    save_base(runs / "base")
+    for seed, (task, num_labels) in enumerate(tasks.items(), start=1):
+        save_task_adapter(runs, task, num_labels, seed)
+    return runs
 
 
 def save_variant(base_dir: Path, directory: Path, seed: int, scale: float = 0.02, **record: Any) -> Path:
@@ -61,7 +69,7 @@ def save_variant(base_dir: Path, directory: Path, seed: int, scale: float = 0.02
         for parameter in model.parameters():
             parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
     model.save_pretrained(directory)
-    make_record(base_model_hash=base_fingerprint(reference), base_model_hash_tensors=HASHED, **record).save(directory)
+    adamw_record(base_model_hash=base_fingerprint(reference), base_model_hash_tensors=HASHED, **record).save(directory)
     return directory
 
 

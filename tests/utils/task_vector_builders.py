@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from tests.utils.merging_builders import make_record
+from tests.utils.merging_builders import adamw_record
 from tests.utils.tiny_models import save_tiny_bert, tiny_bert
 
 RANK = 2
@@ -56,7 +56,7 @@ def save_adapter(runs: Path, task: str, factors: Factors, **record: Any) -> Path
                 elif f"layer.{module}.lora_B." in name:
                     parameter.copy_(lora_b)
     model.save_pretrained(runs / task / "adapter")
-    make_record(task=task, **record).save(runs / task / "adapter")
+    adamw_record(task=task, **record).save(runs / task / "adapter")
     export_encoder_adapter(runs / task / "adapter", runs / task / "encoder_adapter")
     return runs / task
 

@@ -9,14 +9,26 @@ from peft import LoraConfig, get_peft_model
 from transformers import DataCollatorWithPadding
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer
-from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_tokenizer
+from tests.utils.tiny_models import CORPUS, tiny_bert, tiny_gpt2, tiny_tokenizer
 
 
-def lora_classifier(seed: int = 0, num_labels: int = 2, **lora_kwargs: Any):
+def lora_classifier(seed: int = 0, num_labels: int = 2, dropout: float = 0.0, **lora_kwargs: Any):
+    """A tiny BERT classifier (``dropout`` in its layers) with LoRA r=4 on query/value and a trained head."""
     config = dict(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"],
                   task_type="SEQ_CLS")
     config.update(lora_kwargs)
-    return get_peft_model(tiny_bert(num_labels=num_labels, seed=seed), LoraConfig(**config))
+    return get_peft_model(tiny_bert(num_labels=num_labels, seed=seed, dropout=dropout), LoraConfig(**config))
+
+
+def lora_causal_lm():
+    """A tiny GPT-2 with LoRA r=2 on its fused ``c_attn`` (a Conv1D: fan_in_fan_out)."""
+    return get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], task_type="CAUSAL_LM",
+                                                  fan_in_fan_out=True))
+
+
+def dora_classifier():
+    """A tiny BERT classifier with DoRA (LoRA with magnitude vectors) r=2 on query."""
+    return get_peft_model(tiny_bert(), LoraConfig(r=2, target_modules=["query"], use_dora=True, task_type="SEQ_CLS"))
 
 
 def text_dataset(copies: int = 25) -> Dataset:
@@ -24,6 +36,13 @@ def text_dataset(copies: int = 25) -> Dataset:
     texts = CORPUS * copies
     ds = Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(len(texts))]})
     return ds.map(lambda batch: tok(batch["text"]), batched=True)
+
+
+def lm_dataset(texts: list[str]) -> Dataset:
+    """``texts`` tokenised for causal language modelling (no label column: the collator makes the labels)."""
+    tok = tiny_tokenizer()
+    return Dataset.from_dict({"text": texts}).map(lambda batch: tok(batch["text"]), batched=True,
+                                                  remove_columns=["text"])
 
 
 UNITS = 40  # unit_dataset(): author u holds rows u, u+40, u+80, u+120, u+160 of text_dataset()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 from mergekit.io.tensor_writer import TensorWriter
 from peft import IA3Config, LoraConfig, get_peft_model
 
@@ -22,9 +21,9 @@ from hf_dpmerge.lora import UnsupportedAdapterError
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.scripts import train as train_script
-from tests.utils.merging_builders import lora_config_yaml, make_record, save_base, save_task_adapter
-from tests.utils.tiny_models import save_tiny_bert, tiny_bert, tiny_gpt2, tiny_tokenizer
-from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
+from tests.utils.merging_builders import adamw_record, lora_config_yaml
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert
+from tests.utils.training_helpers import lm_dataset, lora_classifier, make_trainer, text_dataset
 
 
 @pytest.fixture
@@ -54,12 +53,9 @@ def test_classifier_data_without_a_label_column_is_refused(tmp_path: Path) -> No
         make_trainer(tmp_path, dataset=text_dataset().remove_columns(["label"]))
 
 
-def test_batches_without_labels_stop_at_the_first_step(tmp_path: Path) -> None:
-    model = get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], task_type="CAUSAL_LM",
-                                                    fan_in_fan_out=True))
-    tok = tiny_tokenizer()
-    data = Dataset.from_dict({"text": ["a dull script", "markets rallied"] * 20}).map(
-        lambda batch: tok(batch["text"]), batched=True, remove_columns=["text"])
+def test_batches_without_labels_stop_at_the_first_step(tmp_path: Path, lora_model) -> None:
+    model = lora_model("causal_lm")
+    data = lm_dataset(["a dull script", "markets rallied"] * 20)
     trainer = make_trainer(tmp_path, model=model, dataset=data, save_strategy="steps", save_steps=1)
     with pytest.raises(ValueError, match="needs 'labels' in every batch"):
         trainer.train()
@@ -98,14 +94,10 @@ def test_adapters_other_than_lora_are_refused(tmp_path: Path) -> None:
         make_trainer(tmp_path, model=model, align_lambda=0.0)
 
 
-def test_dora_is_refused_where_opacus_computes_per_sample_gradients(tmp_path: Path) -> None:
-    def dora():
-        return get_peft_model(tiny_bert(), LoraConfig(r=2, target_modules=["query"], use_dora=True,
-                                                      task_type="SEQ_CLS"))
-
+def test_dora_is_refused_where_opacus_computes_per_sample_gradients(tmp_path: Path, lora_model) -> None:
     with pytest.raises(UnsupportedAdapterError, match="DoRA layers .* no opacus per-sample gradient rule"):
-        make_trainer(tmp_path, model=dora(), align_lambda=0.0, sam_mode="dp_sat")
-    assert make_trainer(tmp_path, model=dora(), align_lambda=0.0, sam_mode="per_example").args.dp
+        make_trainer(tmp_path, model=lora_model("dora"), align_lambda=0.0, sam_mode="dp_sat")
+    assert make_trainer(tmp_path, model=lora_model("dora"), align_lambda=0.0, sam_mode="per_example").args.dp
 
 
 def test_resuming_from_a_nonexistent_checkpoint_names_it(tmp_path: Path) -> None:
@@ -123,7 +115,7 @@ def test_release_into_a_read_only_directory(tmp_path: Path, read_only_dir: Path)
 
 
 def test_record_write_on_a_full_disk_keeps_the_previous_record(tmp_path: Path, monkeypatch) -> None:
-    make_record(task="old").save(tmp_path)
+    adamw_record(task="old").save(tmp_path)
     fdopen = os.fdopen
 
     class FullDisk:
@@ -142,7 +134,7 @@ def test_record_write_on_a_full_disk_keeps_the_previous_record(tmp_path: Path, m
 
     monkeypatch.setattr(os, "fdopen", FullDisk)
     with pytest.raises(OSError, match="No space left on device"):
-        make_record(task="new").save(tmp_path)
+        adamw_record(task="new").save(tmp_path)
     monkeypatch.undo()
     assert PrivacyRecord.load(tmp_path).task == "old"
     assert [p.name for p in tmp_path.iterdir()] == [PRIVACY_RECORD_NAME]
@@ -158,7 +150,7 @@ def test_train_glue_names_a_nonexistent_model_path(tmp_path: Path, pooling: list
 
 def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path) -> None:
     adapter = tmp_path / "runs" / "rotten_tomatoes" / "adapter"
-    make_record(task="rotten_tomatoes").save(adapter)
+    adamw_record(task="rotten_tomatoes").save(adapter)
     base = save_tiny_bert(tmp_path / "tiny")
     with pytest.raises(FileExistsError, match="already holds a released adapter .*overwrite"):
         train_script.main(["--model_name_or_path", str(base), "--runs_dir", str(tmp_path / "runs")])
@@ -182,14 +174,11 @@ def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_colum
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def workdir(merge_runs) -> Path:
     """runs/base with adapters a and b, a second base, and broken copies of a's encoder adapter."""
-    root = tmp_path_factory.mktemp("bad_merge")
-    runs = root / "runs"
-    save_base(runs / "base")
+    runs = merge_runs({"a": 2, "b": 3})
+    root = runs.parent
     save_tiny_bert(runs / "other_base", seed=1)
-    save_task_adapter(runs, "a", num_labels=2, seed=1)
-    save_task_adapter(runs, "b", num_labels=3, seed=2)
     good = runs / "a" / "encoder_adapter"
 
     newer = shutil.copytree(good, root / "broken" / "newer_schema")
@@ -207,7 +196,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           LoraConfig(r=2, target_modules=["query", "value"], use_dora=True))
     dora.save_pretrained(root / "broken" / "dora")
     tensors = peft_base_tensors(dora)
-    make_record(base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors)).save(
+    adamw_record(base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors)).save(
         root / "broken" / "dora")
     return root
 

@@ -25,7 +25,7 @@ from hf_dpmerge.merging.registration import guard_run_merge
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.training.dp.state import DP_STATE_NAME, last_complete_checkpoint, missing_checkpoint_files
 from tests.utils import crash_training
-from tests.utils.merging_builders import lora_config_yaml, save_base, save_task_adapter
+from tests.utils.merging_builders import lora_config_yaml
 from tests.utils.tiny_models import tiny_bert
 from tests.utils.training_helpers import make_trainer
 
@@ -203,11 +203,8 @@ def test_resume_picks_the_last_complete_checkpoint_and_refuses_an_incomplete_one
 
 
 @pytest.fixture(scope="module")
-def merge_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("merge")
-    save_base(root / "runs" / "base")
-    save_task_adapter(root / "runs", "a", num_labels=2, seed=1)
-    save_task_adapter(root / "runs", "b", num_labels=3, seed=2)
+def merge_workdir(merge_runs) -> Path:
+    root = merge_runs({"a": 2, "b": 3}).parent
     adapters = ["./runs/a/encoder_adapter", "./runs/b/encoder_adapter"]
     (root / "merge.yaml").write_text(lora_config_yaml("dp_aware", "./runs/base", adapters))
     return root

@@ -1,12 +1,13 @@
-"""DP state in checkpoints: accountant history, g̃_{t−1} (dp_sat), Σ η², and sampling/noise generators.
+"""The DP state of a training run (:class:`DPState`, owned by ``DPSAMTrainer``): accountant history,
+g̃_{t−1} (dp_sat), Σ η², the sampling/noise generators and the ε budget; and its checkpoint file.
 
-Written into every Trainer checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε
-instead of resetting it, and the next Poisson draw and noise are those of an uninterrupted run. It is
-written with the checkpoint's model, before the optimizer and ``trainer_state.json``, which the Trainer
-writes last and before it deletes older checkpoints; so a checkpoint is complete when it holds both, and
-a process killed while writing one leaves an earlier complete checkpoint to resume from. The noise
-generator's state would let anyone who holds it recompute past noise, so it is written into checkpoints
-only, never beside a released or pushed adapter.
+The trainer reads and writes DP state only through its ``dp_state``, which is written into every Trainer
+checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε instead of resetting it, and the
+next Poisson draw and noise are those of an uninterrupted run. It is written with the checkpoint's model,
+before the optimizer and ``trainer_state.json``, which the Trainer writes last and before it deletes older
+checkpoints; so a checkpoint is complete when it holds both, and a process killed while writing one leaves an
+earlier complete checkpoint to resume from. The noise generator's state would let anyone who holds it
+recompute past noise, so it is written into checkpoints only, never beside a released or pushed adapter.
 
 In a multi-process run all of it is global: the accountant, g̃_{t−1} and Σ η² are identical on every process,
 the sampling generator runs identically everywhere, and only the main process draws noise. So the saving
@@ -18,66 +19,106 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, PrivacyBudgetExhausted
 from hf_dpmerge.utils.io import write_bytes_atomic
 
 DP_STATE_NAME = "dp_state.pt"
 
 
-class DPSAMTrainer(Protocol):
-    """What this module reads and restores of a :class:`~hf_dpmerge.training.dpsam_trainer.DPSAMTrainer`."""
+def seeded_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with ``seed``, or with 63 bits from ``os.urandom`` when ``seed`` is None."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+    return generator
 
-    accountant: PrivacyAccountant | None
-    allowed_steps: int
-    previous_gradient: list[torch.Tensor] | None
-    sum_lr_squared: float
+
+@dataclass
+class DPState:
+    """The DP state of one training run, owned by its ``DPSAMTrainer``.
+
+    ``accountant`` is None for a non-private run (then there is no ε budget and ``allowed_steps`` is None);
+    ``previous_gradient`` is g̃_{t−1}, the last privatised gradient (the ``dp_sat`` ascent direction);
+    ``sum_lr_squared`` is Σ_t η_t² of the first param group over the steps taken (the privacy record's);
+    ``sample_generator`` draws the Poisson batches, ``noise_generator`` the Gaussian noise;
+    ``allowed_steps`` is how many steps the ε budget allows (from the configuration, not checkpointed);
+    ``rng_checkpoint`` is the checkpoint whose torch/numpy/python RNG states the first step resumed mid-epoch
+    restores (None otherwise).
+    """
+
     sample_generator: torch.Generator
     noise_generator: torch.Generator
-    state: TrainerState
+    accountant: PrivacyAccountant | None = None
+    allowed_steps: int | None = None
+    previous_gradient: list[torch.Tensor] | None = None
+    sum_lr_squared: float = 0.0
+    rng_checkpoint: Path | None = None
 
-    def log(self, logs: dict[str, float]) -> None: ...
+    # ------------------------------------------------------------------ budget
+    @property
+    def budget_spent(self) -> bool:
+        """True when the ε budget allows no further step (never for a non-private run)."""
+        return self.accountant is not None and self.accountant.steps >= self.allowed_steps
 
+    def check_budget(self) -> None:
+        """Refuse a step the ε budget does not allow."""
+        if self.budget_spent:
+            raise PrivacyBudgetExhausted(
+                f"ε budget spent after {self.accountant.steps} steps (ε={self.accountant.epsilon():.3g}); "
+                "no further step is allowed"
+            )
 
-def dp_state(trainer: DPSAMTrainer) -> dict[str, Any]:
-    return {
-        "accountant": trainer.accountant.state_dict() if trainer.accountant is not None else None,
-        "previous_gradient": trainer.previous_gradient,
-        "sum_lr_squared": trainer.sum_lr_squared,
-        "sample_generator": trainer.sample_generator.get_state(),
-        "noise_generator": trainer.noise_generator.get_state(),
-    }
+    def record_step(self, learning_rate: float) -> None:
+        """Account one optimizer step taken at ``learning_rate``: the accountant's history and Σ η²."""
+        if self.accountant is not None:
+            self.accountant.step()
+        self.sum_lr_squared += float(learning_rate) ** 2
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What ``dp_state.pt`` holds: the accountant's history, g̃_{t−1}, Σ η² and both generators' states."""
+        return {
+            "accountant": self.accountant.state_dict() if self.accountant is not None else None,
+            "previous_gradient": self.previous_gradient,
+            "sum_lr_squared": self.sum_lr_squared,
+            "sample_generator": self.sample_generator.get_state(),
+            "noise_generator": self.noise_generator.get_state(),
+        }
 
-def save_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
-    buffer = io.BytesIO()
-    torch.save(dp_state(trainer), buffer)
-    write_bytes_atomic(Path(directory) / DP_STATE_NAME, buffer.getvalue())
+    def load_state_dict(self, state: dict[str, Any], source: str = "dp state") -> None:
+        """Continue from ``state`` (a :meth:`state_dict`); refused when it and this run disagree on DP."""
+        if (state["accountant"] is None) != (self.accountant is None):
+            raise ValueError(f"{source}: checkpoint and run disagree on whether training is private (dp)")
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+        self.previous_gradient = state["previous_gradient"]
+        self.sum_lr_squared = state["sum_lr_squared"]
+        self.sample_generator.set_state(state["sample_generator"])
+        self.noise_generator.set_state(state["noise_generator"])
 
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``directory/dp_state.pt`` atomically (checkpoints only: it holds the noise generator's state)."""
+        buffer = io.BytesIO()
+        torch.save(self.state_dict(), buffer)
+        return write_bytes_atomic(Path(directory) / DP_STATE_NAME, buffer.getvalue())
 
-def save_checkpoint_dp_state(trainer: DPSAMTrainer, directory: str | os.PathLike) -> None:
-    """``save_dp_state`` when ``directory`` is the Trainer's checkpoint of the current step (not push_to_hub's)."""
-    if Path(directory).name == f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}":
-        save_dp_state(trainer, directory)
+    def save_checkpoint(self, directory: str | os.PathLike, global_step: int) -> None:
+        """:meth:`save` when ``directory`` is the Trainer's checkpoint of ``global_step`` (not push_to_hub's save)."""
+        if Path(directory).name == f"{PREFIX_CHECKPOINT_DIR}-{global_step}":
+            self.save(directory)
 
-
-def load_dp_state(trainer: DPSAMTrainer, path: str | os.PathLike) -> None:
-    state = torch.load(path, weights_only=False)
-    if (state["accountant"] is None) != (trainer.accountant is None):
-        raise ValueError(f"{path}: checkpoint and run disagree on whether training is private (dp)")
-    if trainer.accountant is not None:
-        trainer.accountant.load_state_dict(state["accountant"])
-    trainer.previous_gradient = state["previous_gradient"]
-    trainer.sum_lr_squared = state["sum_lr_squared"]
-    trainer.sample_generator.set_state(state["sample_generator"])
-    trainer.noise_generator.set_state(state["noise_generator"])
+    def load(self, path: str | os.PathLike) -> None:
+        """Continue from a ``dp_state.pt`` file."""
+        self.load_state_dict(torch.load(path, weights_only=False), source=str(path))
 
 
 def missing_checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
@@ -114,21 +155,29 @@ def mid_epoch_checkpoint(checkpoint: str | os.PathLike, steps_per_epoch: int) ->
 
 
 class DPStateCallback(TrainerCallback):
-    """Restores the RNG states before the first step resumed mid-epoch; stops before the ε budget is exceeded."""
+    """Restores the RNG states before the first step resumed mid-epoch; stops before the ε budget is exceeded.
 
-    def __init__(self, trainer: DPSAMTrainer):
-        self.trainer = trainer
+    ``load_rng_state(checkpoint)`` restores a checkpoint's RNG states; ``log(logs)`` is the trainer's logger."""
+
+    def __init__(
+        self,
+        dp_state: DPState,
+        load_rng_state: Callable[[str], None],
+        log: Callable[[dict[str, float]], None],
+    ):
+        self.dp_state = dp_state
+        self.load_rng_state = load_rng_state
+        self.log = log
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if self.trainer.rng_checkpoint is not None:
-            self.trainer._load_rng_state(str(self.trainer.rng_checkpoint))
-            self.trainer.rng_checkpoint = None
+        if self.dp_state.rng_checkpoint is not None:
+            self.load_rng_state(str(self.dp_state.rng_checkpoint))
+            self.dp_state.rng_checkpoint = None
         return control
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        accountant = self.trainer.accountant
-        if accountant is not None and accountant.steps >= self.trainer.allowed_steps:
+        if self.dp_state.budget_spent:
             if state.global_step < state.max_steps:
-                self.trainer.log({"dp_budget_exhausted": 1.0})
+                self.log({"dp_budget_exhausted": 1.0})
             control.should_training_stop = True
         return control

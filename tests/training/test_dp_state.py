@@ -1,0 +1,112 @@
+"""The trainer's DPState: its checkpoint file (format kept from the first release), budget, callback."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState
+
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, PrivacyBudgetExhausted
+from hf_dpmerge.training.dp.state import DP_STATE_NAME, DPState, DPStateCallback, seeded_generator
+from tests.utils.training_helpers import make_trainer
+
+# the keys of dp_state.pt as the first release's ``save_dp_state`` wrote them (one torch.save'd dict)
+ORIGINAL_KEYS = {"accountant", "previous_gradient", "sum_lr_squared", "sample_generator", "noise_generator"}
+RESUME_SETTINGS = dict(max_steps=6, save_strategy="steps", save_steps=3, sam_mode="dp_sat", sam_rho=0.1)
+
+
+def _dp_state(steps: int = 0, allowed_steps: int = 5) -> DPState:
+    state = DPState(seeded_generator(1), seeded_generator(2), PrivacyAccountant("rdp", 1.0, 0.1, 1e-5), allowed_steps)
+    for _ in range(steps):
+        state.record_step(0.1)
+    return state
+
+
+def test_save_and_load_continue_every_field(tmp_path):
+    saved = _dp_state(steps=3)
+    saved.previous_gradient = [torch.randn(3, 2)]
+    path = saved.save(tmp_path)
+    assert path == tmp_path / DP_STATE_NAME and set(torch.load(path, weights_only=False)) == ORIGINAL_KEYS
+
+    loaded = _dp_state()
+    loaded.load(path)
+    assert loaded.accountant.history == saved.accountant.history and loaded.accountant.steps == 3
+    assert loaded.sum_lr_squared == pytest.approx(3 * 0.1**2)
+    torch.testing.assert_close(loaded.previous_gradient, saved.previous_gradient)
+    for generator in ("sample_generator", "noise_generator"):
+        assert torch.equal(torch.rand(4, generator=getattr(loaded, generator)),
+                           torch.rand(4, generator=getattr(saved, generator)))
+
+
+def test_load_refuses_a_checkpoint_that_disagrees_on_dp(tmp_path):
+    path = DPState(seeded_generator(1), seeded_generator(2)).save(tmp_path)  # a non-private run's
+    with pytest.raises(ValueError, match=f"{path}: checkpoint and run disagree on whether training is private"):
+        _dp_state().load(path)
+
+
+def test_budget_refuses_the_step_after_the_allowed_ones():
+    state = _dp_state(steps=2, allowed_steps=3)
+    state.check_budget()
+    state.record_step(0.1)
+    assert state.budget_spent
+    with pytest.raises(PrivacyBudgetExhausted, match="ε budget spent after 3 steps"):
+        state.check_budget()
+    non_private = DPState(seeded_generator(1), seeded_generator(2))
+    non_private.record_step(0.1)
+    assert not non_private.budget_spent and non_private.sum_lr_squared == pytest.approx(0.01)
+
+
+def test_callback_restores_rng_once_and_stops_at_the_budget():
+    state = _dp_state(steps=1, allowed_steps=2)
+    state.rng_checkpoint = Path("out/checkpoint-3")
+    restored, logged = [], []
+    callback = DPStateCallback(state, restored.append, logged.append)
+    trainer_state, control = TrainerState(global_step=1, max_steps=10), TrainerControl()
+    for _ in range(2):
+        callback.on_step_begin(None, trainer_state, control)
+    assert restored == ["out/checkpoint-3"] and state.rng_checkpoint is None
+
+    callback.on_step_end(None, trainer_state, control)
+    assert not control.should_training_stop and logged == []
+    state.record_step(0.1)
+    callback.on_step_end(None, trainer_state, control)
+    assert control.should_training_stop and logged == [{"dp_budget_exhausted": 1.0}]
+
+
+class _WriteOriginalFormat(TrainerCallback):
+    """Replaces the step-3 checkpoint's ``dp_state.pt`` by the file the first release wrote: ``torch.save`` of a
+    plain dict with its five keys, filled from the trainer's public attributes at that step."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            trainer = self.trainer
+            original = {
+                "accountant": trainer.accountant.state_dict(),
+                "previous_gradient": [g.clone() for g in trainer.dp_state.previous_gradient],
+                "sum_lr_squared": trainer.sum_lr_squared,
+                "sample_generator": trainer.sample_generator.get_state(),
+                "noise_generator": trainer.dp_state.noise_generator.get_state(),
+            }
+            assert set(original) == ORIGINAL_KEYS
+            torch.save(original, Path(args.output_dir) / "checkpoint-3" / DP_STATE_NAME)
+
+
+@pytest.mark.parametrize("checkpoint_format", ["current", "original"])
+def test_resume_continues_epsilon_and_matches_an_uninterrupted_run(tmp_path, checkpoint_format):
+    full = make_trainer(tmp_path / "full", **RESUME_SETTINGS)
+    full.train()
+    interrupted = make_trainer(tmp_path / "part", **RESUME_SETTINGS)
+    if checkpoint_format == "original":
+        interrupted.add_callback(_WriteOriginalFormat(interrupted))
+    interrupted.train()
+
+    resumed = make_trainer(tmp_path / "part", **RESUME_SETTINGS)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "part" / "out" / "checkpoint-3"))
+    assert resumed.accountant.steps == 6
+    assert resumed.accountant.epsilon() == pytest.approx(full.accountant.epsilon(), rel=1e-12)
+    assert resumed.sum_lr_squared == pytest.approx(full.sum_lr_squared)
+    for a, b in zip(resumed._params, full._params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
