@@ -17,8 +17,17 @@ skips every unit whose JSON exists with the same settings, so an interrupted run
     python -m benchmarks.quality --grid cpu            # reduced grid for 2 CPU cores (see --plan)
     python -m benchmarks.quality --grid full           # the full grid, for a GPU
     python -m benchmarks.quality --grid smoke --work-dir /tmp/quality-smoke   # minutes: it runs and resumes
+    python -m benchmarks.quality --grid stress --plan  # the stress grid (issue 17): headline and rest timed apart
+    python -m benchmarks.quality --grid stress         # → BENCHMARKS_STRESS.md; --grid stress-full for a GPU
+
+The stress grids make merging hard and compare fairly: six overlapping tasks, LoRA on every layer and module, a
+head-only floor and gain retained, every merge tuned alike on validation (test read once), a noise-injection arm,
+and paired significance tests on per-example scores.
 
 Modules: :mod:`.grid` (grids, cells, trainer flags), :mod:`.run` (one unit: a task's training or a cell's merge),
 :mod:`.store` (one JSON per finished unit), :mod:`.time_model` (``--plan``'s estimate), :mod:`.report`
-(BENCHMARKS.md and plots), ``__main__`` (the command line).
+(BENCHMARKS.md and plots), ``__main__`` (the command line); for the stress grids :mod:`.stress_run` (their units),
+:mod:`.merge_space` (each method's search space), :mod:`.tuning` (selection on validation), :mod:`.scoring`
+(per-example correctness), :mod:`.noise_injection`, :mod:`.floor` (gain retained), :mod:`.significance` (paired
+bootstrap, McNemar) and :mod:`.stress_report` (BENCHMARKS_STRESS.md).
 """

@@ -13,18 +13,22 @@ import numpy as np
 from hf_dpmerge.training.recipe import DP_RECIPE
 
 from . import __doc__ as DESCRIPTION
-from .grid import GRIDS, MERGE_CONFIGS, TRAINERS, Grid, plan_cells
+from .grid import GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
+from .merge_space import BUDGET, SPACES
 from .report import write_report
 from .run import REPO, Context, run_cell, unit_settings
 from .store import Store
-from .time_model import TOKENS_PER_SECOND, estimate_seconds
+from .stress_report import write_stress_report
+from .stress_run import run_stress_cell, stress_settings
+from .time_model import TOKENS_PER_SECOND, estimate_seconds, estimate_stress_seconds
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=DESCRIPTION.splitlines()[0],
                                      epilog=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grid", choices=sorted(GRIDS), default="cpu", help="which grid to run (default: cpu)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="cpu", help="which grid to run (default: cpu; "
+                        "stress: the stress benchmark on 2 CPU cores, stress-full: on a GPU)")
     parser.add_argument("--work-dir", type=Path, help="where adapters and results go (default: runs/quality/<grid>)")
     parser.add_argument("--report-dir", type=Path, help="where BENCHMARKS.md and benchmarks/plots/ go "
                         "(default: the repository for cpu/full, the work dir for smoke)")
@@ -32,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", help="comma-separated subset or replacement of the grid's tasks")
     parser.add_argument("--trainers", help=f"comma-separated subset of {','.join(TRAINERS)}")
     parser.add_argument("--epsilons", help="comma-separated ε values (default: the grid's)")
-    parser.add_argument("--merges", help=f"comma-separated subset of {','.join(MERGE_CONFIGS)}")
+    parser.add_argument("--merges", help=f"comma-separated merge methods: {','.join(MERGE_CONFIGS)} (stress grids: "
+                        f"any of {','.join(SPACES)})")
     parser.add_argument("--model_name_or_path", help="base encoder (default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--keep-models", action="store_true", help="keep merged models (default: delete each "
                         "after it is scored; adapters are always kept)")
@@ -45,30 +50,61 @@ def main(argv: list[str] | None = None) -> int:
     if seeds < 1:
         raise SystemExit("--seeds must be ≥ 1")
     work_dir = (args.work_dir or REPO / "runs" / "quality" / args.grid).resolve()
-    report_dir = (args.report_dir or (work_dir if args.grid == "smoke" else REPO)).resolve()
+    report_dir = (args.report_dir or (work_dir if args.grid.endswith("smoke") else REPO)).resolve()
     ctx = Context(grid, work_dir, Store(work_dir), args.model_name_or_path, args.keep_models,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     cells = plan_cells(grid, seeds)
     if args.plan:
-        parts = estimate_seconds(ctx, cells)
-        print(f"{len(cells)} cells × {len(grid.tasks)} tasks = {len(cells) * len(grid.tasks)} trainings, "
-              f"{len(cells) * len(grid.merges)} merges")
-        for cell in cells:
-            print(f"  {cell.name}")
-        for part, seconds in parts.items():
-            print(f"{part:<20} {seconds / 60:6.1f} min")
-        print(f"{'total':<20} {sum(parts.values()) / 60:6.1f} min (2 idle CPU cores, {TOKENS_PER_SECOND:.0f} tokens/s)")
+        (_plan_stress if grid.stress is not None else _plan)(ctx, cells)
         return 0
+    run, write, settings = ((run_stress_cell, write_stress_report, stress_settings) if grid.stress is not None
+                            else (run_cell, write_report, unit_settings))
     if not args.report_only:
         for cell in cells:
-            run_cell(ctx, cell)
+            run(ctx, cell)
         print(f"ran {ctx.ran} units, skipped {ctx.skipped} finished ones")
-    given = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "-m", "benchmarks.quality", *(a for a in given if a != "--report-only")])
-    path = write_report(ctx.store, grid, cells, lambda cell, unit: unit_settings(ctx, cell, unit), report_dir,
-                        command, DP_RECIPE, TRAINERS)
+    path = write(ctx.store, grid, cells, lambda cell, unit: settings(ctx, cell, unit), report_dir, _command(argv),
+                 DP_RECIPE, TRAINERS)
     print(f"report written to {path}")
     return 0
+
+
+def _plan(ctx: Context, cells: list) -> None:
+    """The cells and the estimated time of each part."""
+    grid = ctx.grid
+    parts = estimate_seconds(ctx, cells)
+    print(f"{len(cells)} cells × {len(grid.tasks)} tasks = {len(cells) * len(grid.tasks)} trainings, "
+          f"{len(cells) * len(grid.merges)} merges")
+    for cell in cells:
+        print(f"  {cell.name}")
+    for part, seconds in parts.items():
+        print(f"{part:<20} {seconds / 60:6.1f} min")
+    print(f"{'total':<20} {sum(parts.values()) / 60:6.1f} min (2 idle CPU cores, {TOKENS_PER_SECOND:.0f} tokens/s)")
+
+
+def _plan_stress(ctx: Context, cells: list) -> None:
+    """A stress grid's cells and estimated time, the headline cells and the rest apart, and its reductions."""
+    estimate = estimate_stress_seconds(ctx, cells)
+    trained = [c for c in cells if c.noise_std is None]
+    merged = [c for c in cells if c.merged]
+    print(f"{len(cells)} cells ({len(cells) - len(trained)} noise-injection): {len(trained) * len(ctx.grid.tasks)} "
+          f"trainings, {len(merged)} × {len(ctx.grid.merges)} tuned merges of {BUDGET} points each")
+    for part, parts in estimate.items():
+        print(f"{part} cells:")
+        for cell in cells:
+            if (part == "headline") == is_headline(ctx.grid, cell):
+                print(f"  {cell.name}")
+        for name, seconds in parts.items():
+            print(f"  {name:<20} {seconds / 60:6.1f} min")
+        print(f"  {'total':<20} {sum(parts.values()) / 60:6.1f} min")
+    total = sum(sum(parts.values()) for parts in estimate.values())
+    print(f"{'total':<22} {total / 60:6.1f} min (2 idle CPU cores, {TOKENS_PER_SECOND:.0f} tokens/s)")
+    print(f"reductions: {ctx.grid.reductions}")
+
+
+def _command(argv: list[str] | None) -> str:
+    given = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", "-m", "benchmarks.quality", *(a for a in given if a != "--report-only")])
 
 
 def _customised(grid: Grid, args: argparse.Namespace) -> Grid:
@@ -95,7 +131,7 @@ def _customised(grid: Grid, args: argparse.Namespace) -> Grid:
         raise SystemExit("--epsilons must be finite and positive")
     return dataclasses.replace(grid, tasks=tasks, epsilons=epsilons,
                                trainers=names(args.trainers, TRAINERS, grid.trainers),
-                               merges=names(args.merges, MERGE_CONFIGS, grid.merges))
+                               merges=names(args.merges, SPACES if grid.stress else MERGE_CONFIGS, grid.merges))
 
 
 if __name__ == "__main__":

@@ -99,9 +99,10 @@ def unit_settings(ctx: Context, cell: Cell, unit: str) -> dict[str, Any]:
             "max_eval_samples": ctx.grid.max_eval_samples, "diagnostics": _diagnostic_settings(ctx.grid)}
 
 
-def pending(ctx: Context, cell: Cell, unit: str) -> dict[str, Any] | None:
-    """The unit's settings when it still has to run; None (counted as skipped) when it is done."""
-    settings = unit_settings(ctx, cell, unit)
+def pending(ctx: Context, cell: Cell, unit: str, settings: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The unit's settings (``settings``, else :func:`unit_settings`'s) when it still has to run; None (counted
+    as skipped) when it is done."""
+    settings = unit_settings(ctx, cell, unit) if settings is None else settings
     if ctx.store.load(cell, unit, settings) is not None:
         ctx.skipped += 1
         return None

@@ -128,6 +128,9 @@ class TrainArguments:
     max_eval_samples: int | None = field(default=None)
     base_seed: int = field(default=0, metadata={"help": "Seed of the shared base's (unused) head initialisation."})
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
+    train_lora: bool = field(default=True, metadata={
+        "help": "false: freeze the LoRA factors at B = 0 (the encoder is the base's) and train the task head only, "
+                "the 'base encoder + own head' floor; under DP the head is the accounted release as usual."})
 
 
 @dataclass
@@ -182,7 +185,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                              keep_columns=(unit,) if unit is not None else ())
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
-                                     target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
+                                     target_modules=script.lora_target_modules.split(","), layers=script.lora_layers,
+                                     train_lora=script.train_lora)
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
     evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO") or config.eval_on_start
@@ -202,7 +206,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
-                        classifier_pooling=script.classifier_pooling,
+                        classifier_pooling=script.classifier_pooling, train_lora=script.train_lora,
                         base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
                         dataset_hub_id=glue_dataset_hub_id(spec, script.dataset_path))  # and its datasets
     record.save(adapter_dir)

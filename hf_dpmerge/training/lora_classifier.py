@@ -40,16 +40,24 @@ def lora_sequence_classifier(
     target_modules: Sequence[str],
     layers: str = "all",
     classifier_pooling: str | None = None,
+    train_lora: bool = True,
 ) -> PeftModel:
     """``base`` (a directory or Hub id) with ``spec``'s label space and LoRA(r, α) on ``target_modules`` of
-    ``layers`` ('all', 'top_half' or indices; see :func:`lora_layer_indices`)."""
+    ``layers`` ('all', 'top_half' or indices; see :func:`lora_layer_indices`). ``train_lora=False`` freezes the
+    LoRA factors at their initialisation (B = 0, so ΔW = 0): only the head trains, the "base encoder + own head"
+    floor of a benchmark."""
     pooling = {"classifier_pooling": classifier_pooling} if classifier_pooling else {}
     model = load_sequence_classifier(
         base, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
         ignore_mismatched_sizes=True,
         problem_type="regression" if spec.is_regression else "single_label_classification", **pooling,
     )
-    return get_peft_model(model, LoraConfig(
+    model = get_peft_model(model, LoraConfig(
         r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
         layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",
     ))
+    if not train_lora:
+        for name, parameter in model.named_parameters():
+            if ".lora_" in name:
+                parameter.requires_grad_(False)
+    return model

@@ -1,0 +1,357 @@
+"""BENCHMARKS_STRESS.md from the stress grid's stored results (``python -m benchmarks.quality --grid stress``).
+
+Accuracies are in percent on the test subsets, unweighted means over tasks; "± x" is the sample standard deviation
+over seeds. Gain retained = (merged − floor)/(individual − floor) per task and seed (:mod:`.floor`), then averaged.
+Each merge is its method's point chosen on validation (:mod:`.tuning`); "best" among methods is also decided on
+the validation means, never on test. Paired comparisons pool tasks and seeds as strata (:mod:`.significance`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .floor import floor_group, gain_retained
+from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, Cell, Grid
+from .merge_space import BUDGET, SPACES, point_label
+from .scoring import decode
+from .significance import ALPHA, Comparison, compare
+from .store import Store
+
+Group = tuple[str, float | None]  # (trainer, ε) or ("noise", σ)
+Settings = Callable[[Cell, str], dict[str, Any]]
+OURS = ("cauchy_poe", "dp_aware")
+REPORT_NAME = "BENCHMARKS_STRESS.md"
+
+
+def group_of(cell: Cell) -> Group:
+    return ("noise", cell.noise_std) if cell.noise_std is not None else (cell.trainer, cell.epsilon)
+
+
+def label(group: Group) -> str:
+    if group[0] == "noise":
+        return f"noise σ={group[1]:g}"
+    return group[0] if group[1] is None else f"{group[0]} ε={group[1]:g}"
+
+
+class StressResults:
+    """The stored stress units of a grid's cells, by group and seed."""
+
+    def __init__(self, store: Store, grid: Grid, cells: Sequence[Cell], settings: Settings):
+        self.grid = grid
+        self.individual: dict[Group, dict[int, dict]] = defaultdict(dict)
+        self.tuned: dict[Group, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+        self.trained: dict[Group, list[dict]] = defaultdict(list)
+        self.missing: list[str] = []
+        for cell in cells:
+            group = group_of(cell)
+            units = ["individual", *(f"tune_{m}" for m in grid.merges if cell.merged)]
+            if cell.noise_std is None:
+                units += [f"train_{t}" for t in grid.tasks]
+            for unit in units:
+                result = store.load(cell, unit, settings(cell, unit))
+                if result is None:
+                    self.missing.append(f"{cell.name} {unit}")
+                elif unit == "individual":
+                    self.individual[group][cell.seed] = result
+                elif unit.startswith("tune_"):
+                    self.tuned[group][unit.removeprefix("tune_")][cell.seed] = result
+                else:
+                    self.trained[group].append(result)
+
+    def groups(self) -> list[Group]:
+        """Trained groups (non-private first, then by trainer and ε), then the noise arm by σ."""
+        order = {t: i for i, t in enumerate(self.grid.trainers)}
+        keys = [g for g in self.individual if g[0] != FLOOR_TRAINER]
+        return sorted(keys, key=lambda g: (g[0] == "noise", g[1] is not None, order.get(g[0], 0), g[1] or 0))
+
+    def individual_accuracy(self, group: Group) -> dict[int, dict[str, float]]:
+        """Per seed, per task test accuracy of the group's own adapters."""
+        return {seed: r["accuracy"]["test"] for seed, r in self.individual.get(group, {}).items()}
+
+    def merged_accuracy(self, group: Group, method: str) -> dict[int, dict[str, float]]:
+        return {seed: r["test"] for seed, r in self.tuned.get(group, {}).get(method, {}).items()}
+
+    def floor_accuracy(self, group: Group) -> dict[str, float] | None:
+        """Per task test accuracy of the group's floor, averaged over the floor's seeds (noise arm: non-private)."""
+        floor = floor_group(("non_private", None) if group[0] == "noise" else group)
+        runs = self.individual_accuracy(floor)
+        if not runs:
+            return None
+        return {task: statistics.fmean(r[task] for r in runs.values()) for task in self.grid.tasks}
+
+    def per_seed_mean(self, by_seed: dict[int, dict[str, float]]) -> list[float]:
+        return [100 * statistics.fmean(r.values()) for r in by_seed.values()]
+
+    def gain(self, group: Group, method: str) -> list[float]:
+        """Per seed, the task-averaged gain retained (tasks where the adapter beats the floor)."""
+        floor, individual = self.floor_accuracy(group), self.individual_accuracy(group)
+        if floor is None:
+            return []
+        out = []
+        for seed, merged in self.merged_accuracy(group, method).items():
+            if seed not in individual:
+                continue
+            gains = [gain_retained(merged[t], individual[seed][t], floor[t]) for t in merged]
+            gains = [g for g in gains if g is not None]
+            if gains:
+                out.append(100 * statistics.fmean(gains))
+        return out
+
+    def validation_mean(self, group: Group, method: str) -> float | None:
+        """The chosen point's validation mean accuracy, averaged over seeds: what "best method" is decided on."""
+        rows = self.tuned.get(group, {}).get(method, {}).values()
+        values = [r["trials"][r["selected"]]["mean"] for r in rows]
+        return statistics.fmean(values) if values else None
+
+    def correct(self, group: Group, method: str | None) -> dict[tuple[int, str], np.ndarray]:
+        """Per (seed, task), the test 0/1 vector of the group's merge (``method``) or own adapters (None)."""
+        rows = (self.individual.get(group, {}) if method is None
+                else self.tuned.get(group, {}).get(method, {}))
+        out = {}
+        for seed, row in rows.items():
+            stored = row["correct"]["test"] if method is None else row["correct"]
+            out.update({(seed, task): values for task, values in decode(stored).items()})
+        return out
+
+    def best(self, group: Group, methods: Sequence[str]) -> str | None:
+        """The method of ``methods`` with the highest validation mean (None if none was measured)."""
+        scored = [(self.validation_mean(group, m), m) for m in methods if self.validation_mean(group, m) is not None]
+        return max(scored)[1] if scored else None
+
+    def seconds(self) -> float:
+        rows = [r for by in self.tuned.values() for m in by.values() for r in m.values()]
+        rows += [r for by in self.individual.values() for r in by.values()]
+        rows += [r for rs in self.trained.values() for r in rs]
+        return sum(sum(r["seconds"].values()) for r in rows)
+
+
+def comparison(results: StressResults, first: tuple[Group, str | None], second: tuple[Group, str | None]
+               ) -> Comparison | None:
+    """Paired comparison of two (group, method) models on the (seed, task) strata both were scored on."""
+    a, b = results.correct(*first), results.correct(*second)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    names = [f"{label(group)} {method or 'individual'}" for group, method in (first, second)]
+    return compare(names[0], {k: a[k] for k in common}, names[1], {k: b[k] for k in common})
+
+
+def _fmt(values: list[float], spec: str = ".1f") -> str:
+    if not values:
+        return "–"
+    text = format(statistics.fmean(values), spec)
+    return text + (f" ± {format(statistics.stdev(values), spec)}" if len(values) > 1 else "")
+
+
+def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _describe(c: Comparison) -> str:
+    verdict = "significant" if c.significant else "not significant"
+    return (f"{c.difference:+.1f} points (95 % CI {c.ci_low:+.1f} to {c.ci_high:+.1f}; McNemar p = {c.p_value:.3g}, "
+            f"{c.first_only} vs {c.second_only} discordant of {c.examples}; {verdict})")
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+def headline_comparisons(results: StressResults) -> list[tuple[str, Comparison]]:
+    """The issue's comparisons: DP-Merging vs DP-SGD under ties at ε = 4; best of ours vs best stock per group."""
+    out = []
+    ties = comparison(results, (("dp_merging", HEADLINE_EPSILON), "ties"), (("dp_sgd", HEADLINE_EPSILON), "ties"))
+    if ties is not None:
+        out.append(("ties, ε = 4: DP-Merging vs DP-SGD", ties))
+    stock = [m for m in results.grid.merges if m not in OURS]
+    for group in results.groups():
+        ours, theirs = results.best(group, [m for m in OURS if m in results.grid.merges]), results.best(group, stock)
+        if ours and theirs:
+            found = comparison(results, (group, ours), (group, theirs))
+            if found is not None:
+                out.append((f"{label(group)}: best of ours ({ours}) vs best stock ({theirs})", found))
+    return out
+
+
+def targets(results: StressResults, comparisons: list[tuple[str, Comparison]]) -> list[str]:
+    """The issue's three targets, each judged on the paired comparisons (holds / does not hold, and why)."""
+    by_title = dict(comparisons)
+    lines = []
+    ties = by_title.get("ties, ε = 4: DP-Merging vs DP-SGD")
+    if ties is None:
+        lines.append("1. TIES at ε = 4, DP-Merging − DP-SGD ≥ +3 points, significant: not measured in this grid")
+    else:
+        ok = ties.difference >= 3.0 and ties.significant and ties.difference > 0
+        lines.append(f"1. TIES at ε = 4, DP-Merging − DP-SGD ≥ +3 points, significant: "
+                     f"{'**holds**' if ok else '**does not hold**'} — {_describe(ties)}")
+    checks = []
+    for title, c in comparisons:
+        if "best of ours" not in title:
+            continue
+        group_label = title.split(":")[0]
+        if group_label.startswith("noise") or "ε=8" in group_label:
+            continue
+        if group_label in ("non_private",):
+            ok = not (c.significant and c.difference < 0)
+            checks.append((f"{title} (not worse)", ok, c))
+        else:
+            ok = c.difference >= 1.0 and c.significant
+            checks.append((f"{title} (≥ +1 point, significant)", ok, c))
+    if not checks:
+        lines.append("2. Better of cauchy_poe / dp_aware ≥ best stock + 1 point on DP adapters at ε ∈ {1, 4}, "
+                     "not worse on non-private: not measured in this grid")
+    else:
+        overall = all(ok for _, ok, _ in checks)
+        lines.append("2. Better of cauchy_poe / dp_aware ≥ best stock + 1 point, significant, on DP adapters at "
+                     f"ε ∈ {{1, 4}}; not worse on non-private: {'**holds**' if overall else '**does not hold**'}")
+        lines += [f"  - {t}: {'holds' if ok else 'does not hold'} — {_describe(c)}" for t, ok, c in checks]
+    rows = which_method_when(results)
+    lines.append("3. A \"which method when\" table drawn from measured results: "
+                 + ("**holds** — see below (the README links to it)" if rows else "not measured in this grid"))
+    return lines
+
+
+def which_method_when(results: StressResults) -> list[list[str]]:
+    """Per privacy level (and noise level): the trainer and merge a user should pick, from the validation means,
+    with the merge's test accuracy, the interference it leaves, and its margin over the runner-up merge."""
+    rows = []
+    levels: dict[Any, list[Group]] = defaultdict(list)
+    for group in results.groups():
+        levels[("noise", group[1]) if group[0] == "noise" else ("ε", group[1])].append(group)
+    for (kind, level), groups in levels.items():
+        candidates = [(results.validation_mean(g, m), g, m) for g in groups for m in results.grid.merges
+                      if results.validation_mean(g, m) is not None]
+        if not candidates:
+            continue
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        _, group, method = candidates[0]
+        runner = next((c for c in candidates[1:] if c[1] == group), None)
+        merged = results.per_seed_mean(results.merged_accuracy(group, method))
+        individual = results.per_seed_mean(results.individual_accuracy(group))
+        interference = (f"{statistics.fmean(individual) - statistics.fmean(merged):.1f}"
+                        if merged and individual else "–")
+        margin = "–"
+        if runner is not None:
+            found = comparison(results, (group, method), (group, runner[2]))
+            if found is not None:
+                margin = f"vs {runner[2]}: {found.difference:+.1f} ({'significant' if found.significant else 'n.s.'})"
+        setting = f"noise σ = {level:g} (non-private adapters)" if kind == "noise" else (
+            "non-private" if level is None else f"ε = {level:g}")
+        rows.append([setting, str(len(results.grid.tasks)), interference, group[0] if kind != "noise" else "–",
+                     method, _fmt(merged), margin])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def plot_gain_retained(results: StressResults, path: Path) -> Path:
+    """Gain retained per merge method (bars), one group of bars per trainer/ε (and noise level)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    groups, merges = results.groups(), list(results.grid.merges)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(merges) / 4), 3.8))
+    width = 0.8 / len(merges)
+    for i, method in enumerate(merges):
+        values = [results.gain(g, method) for g in groups]
+        ax.bar(np.arange(len(groups)) + i * width, [statistics.fmean(v) if v else 0.0 for v in values], width,
+               yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for v in values], label=method, capsize=2)
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [label(g) for g in groups], fontsize=7, rotation=20)
+    ax.set_ylabel("gain retained (%)")
+    ax.axhline(100, color="grey", linestyle="--", linewidth=0.8)
+    ax.legend(fontsize=7, ncol=4, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], settings: Settings, report_dir: Path,
+                        command: str, dp_recipe: Sequence[str], trainer_flags: dict[str, list[str]]) -> Path:
+    """Write ``<report_dir>/BENCHMARKS_STRESS.md`` and its plot from the stored results of ``cells``."""
+    results = StressResults(store, grid, cells, settings)
+    groups, merges = results.groups(), list(grid.merges)
+    out = [
+        "# Stress benchmark",
+        "",
+        f"Generated by `python -m benchmarks.quality` on {datetime.date.today().isoformat()} from the stored results "
+        f"of {len(cells)} cells; do not edit by hand. Reproduce with:",
+        "",
+        f"```bash\n{command}\n```",
+        "",
+        f"Wall time of the stored units: {results.seconds() / 60:.0f} min.",
+    ]
+    if results.missing:
+        out += ["", f"**Incomplete:** {len(results.missing)} units have no result made with the current settings "
+                f"(e.g. {', '.join(results.missing[:3])}); rerun the command to finish them."]
+    out += [
+        "",
+        "## Grid",
+        "",
+        f"- Tasks ({len(grid.tasks)}): {', '.join(grid.tasks)}; trainers: {', '.join(grid.trainers)}; "
+        f"ε ∈ {{{', '.join(f'{e:g}' for e in grid.epsilons)}}}; merges: {', '.join(merges)}.",
+        f"- Floor: `{FLOOR_TRAINER}` (LoRA frozen, the task head alone; under DP an accounted release at the "
+        "cell's ε).",
+        f"- Noise arm: σ ∈ {{{', '.join(f'{s:g}' for s in grid.stress.noise_levels)}}} added to the non-private "
+        "adapters' LoRA factors; cauchy_poe and dp_aware are given the true per-tensor noise.",
+        f"- Test subsets: {'full' if grid.max_eval_samples is None else f'≤ {grid.max_eval_samples}'} examples per "
+        f"task; tuning on ≤ {grid.stress.validation_samples} validation examples per task.",
+        f"- Reductions against stress-full: {grid.reductions}.",
+        f"- `DP_RECIPE`: `{' '.join(dp_recipe)}`; grid flags: `{' '.join(grid.train_flags)}`",
+        *(f"- {name}: `{' '.join(flags)}`" for name, flags in trainer_flags.items() if name in grid.trainers),
+        "",
+        "### How every merge was tuned",
+        "",
+        f"Each method has the same budget of {BUDGET} points; per cell the point with the best mean validation "
+        "accuracy is chosen and only that merge is scored on test. Spaces:",
+        "",
+        _table(["method", "points"], [[m, "; ".join(point_label(p) for p in SPACES[m])] for m in merges]),
+    ]
+    comparisons = headline_comparisons(results)
+    out += ["", "## Targets", "", *targets(results, comparisons)]
+
+    floor_row = [_fmt([100 * statistics.fmean(f.values())]) if (f := results.floor_accuracy(g)) else "–"
+                 for g in groups]
+    out += ["", "## Merged accuracy (%) on test", "",
+            "Each merge at its validation-chosen point; individual = each task's own adapter; floor = base encoder "
+            "+ own head.", "",
+            _table(["adapters", "n", "floor", "individual", *merges],
+                   [[label(g), str(len(results.individual.get(g, {}))), floor_row[i],
+                     _fmt(results.per_seed_mean(results.individual_accuracy(g))),
+                     *(_fmt(results.per_seed_mean(results.merged_accuracy(g, m))) for m in merges)]
+                    for i, g in enumerate(groups)])]
+    out += ["", "## Gain retained (%) = (merged − floor) / (individual − floor)", "",
+            _table(["adapters", *merges], [[label(g), *(_fmt(results.gain(g, m)) for m in merges)] for g in groups])]
+    out += ["", "## Selected hyper-parameters (per seed, chosen on validation)", "",
+            _table(["adapters", *merges],
+                   [[label(g), *(" / ".join(point_label(r["point"]) for _, r in sorted(
+                       results.tuned.get(g, {}).get(m, {}).items())) or "–" for m in merges)] for g in groups])]
+    out += ["", "## Significance of the headline comparisons", "",
+            f"Paired over the same test examples (strata: task × seed); significant = 95 % bootstrap CI excludes 0 "
+            f"and McNemar p < {ALPHA:g}.", ""]
+    out += [f"- {title}: {_describe(c)}" for title, c in comparisons] or ["- not measured in this grid"]
+    rows = which_method_when(results)
+    out += ["", "## Which method when", "",
+            "Drawn from the measured results: per privacy level, the trainer and merge with the best validation "
+            "mean; interference = individual − merged (test, points); the margin is the paired test difference to "
+            "the runner-up merge of the same adapters.", "",
+            _table(["setting", "tasks", "interference", "trainer", "merge", "merged accuracy", "margin"], rows)
+            if rows else "Not measured yet."]
+    plots = report_dir / "benchmarks" / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    if any(results.gain(g, m) for g in groups for m in merges):
+        path = plot_gain_retained(results, plots / "stress_gain_retained.png")
+        out += ["", f"![gain retained per merge]({path.relative_to(report_dir).as_posix()})"]
+    path = report_dir / REPORT_NAME
+    path.write_text("\n".join(out) + "\n")
+    return path

@@ -1,0 +1,101 @@
+"""python -m benchmarks.quality --grid stress-smoke: the stress machinery runs end to end (training, floor, noise
+arm, tuned merges, per-example scores), writes its report, and a rerun skips every unit; --plan times the headline."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from benchmarks.quality.grid import GRIDS, plan_cells
+from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
+from tests.utils.subprocess_helpers import run_offline
+from tests.utils.tiny_models import save_tiny_bert
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
+def test_stress_grid_has_the_issue_tasks_floor_and_noise_arm():
+    grid = GRIDS["stress"]
+    assert {"reuters_r8", "reuters_r52", "20newsgroups", "rotten_tomatoes", "election_tweets", "bbc_news"} <= set(
+        grid.tasks)
+    assert {"task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs_ties", "cauchy_poe", "dp_aware"} <= set(
+        grid.merges)
+    cells = plan_cells(grid, grid.seeds)
+    names = [c.name for c in cells]
+    for seed in range(3):  # ≥ 3 seeds for the headline cells
+        for name in ("non_private", "dp_sgd-eps4", "dp_merging-eps4"):
+            assert f"{name}-seed{seed}" in names
+    assert {"head_only-seed0", "head_only-eps4-seed0", "head_only-eps1-seed0"} <= set(names)  # the floors
+    assert {"two_query-eps1-seed0", "dp_sgd-eps8-seed0", "noise0.01-seed0"} <= set(names)
+    last_headline = names.index("dp_merging-eps4-seed2")
+    assert all(not n.startswith(("two_query", "noise")) for n in names[:last_headline])  # headline cells run first
+
+
+def test_every_method_gets_the_same_budget_and_non_private_inputs_are_declared(tmp_path):
+    assert all(len(points) == BUDGET for points in SPACES.values())
+    config = merge_configuration("dp_aware", SPACES["dp_aware"][0], tmp_path, [tmp_path / "a", tmp_path / "b"],
+                                 non_private=True)
+    assert config["parameters"]["allow_non_private"] is True and config["merge_method"] == "dp_aware"
+    ties = merge_configuration("ties", {"density": 0.2, "lambda": 1.0}, tmp_path, [tmp_path / "a"], non_private=True)
+    assert ties["parameters"] == {"lambda": 1.0} and ties["models"][0]["parameters"] == {"density": 0.2, "weight": 1.0}
+    with pytest.raises(ValueError, match="no search space"):
+        merge_configuration("slerp", {}, tmp_path, [], non_private=True)
+
+
+@pytest.mark.slow
+def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
+    base = save_tiny_bert(tmp_path / "tiny-base")
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "benchmarks.quality", "--grid", "stress-smoke", "--work-dir", str(work),
+               "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware"]
+    first = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH, timeout=1800)
+    # cells: non_private, dp_sgd ε4, dp_merging ε4, head_only (∞, ε4), noise σ=0.01 — 2 tasks each
+    # 10 trainings + 2 noisy adapters + 6 individual scorings + 4 merged cells × 2 tuned methods
+    assert "ran 26 units, skipped 0" in first.stdout
+    results = work / "results"
+    tuned = json.loads((results / "dp_merging-eps4-seed0" / "tune_ties.json").read_text())
+    assert len(tuned["trials"]) == BUDGET and tuned["point"] == tuned["trials"][tuned["selected"]]["point"]
+    individual = json.loads((results / "dp_merging-eps4-seed0" / "individual.json").read_text())
+    assert {len(v) for v in tuned["correct"].values()} == {48}
+    assert {len(v) for v in individual["correct"]["test"].values()} == {48}
+    assert {len(v) for v in individual["correct"]["validation"].values()} == {32}
+    noise = json.loads((results / "noise0.01-seed0" / "tune_dp_aware.json").read_text())
+    assert noise["settings"]["noise_std"] == 0.01
+    record = json.loads((work / "cells" / "noise0.01-seed0" / "runs" / "bbc_news" / "adapter" /
+                         "dp_privacy.json").read_text())
+    assert record["extra"]["injected_noise_std"] == 0.01 and record["dp"] is False
+    floor = json.loads((results / "head_only-eps4-seed0" / "train_bbc_news.json").read_text())
+    assert 0 < floor["summary"]["epsilon"] <= 4.0  # the floor's head is an accounted DP release
+    assert not (results / "head_only-eps4-seed0" / "tune_ties.json").exists()  # the floor is not merged
+    floor_lora = load_file(work / "cells" / "head_only-eps4-seed0" / "runs" / "bbc_news" / "encoder_adapter" /
+                           "adapter_model.safetensors")
+    assert all(not v.any() for k, v in floor_lora.items() if ".lora_B." in k)  # LoRA frozen at B = 0: base encoder
+    assert not list((work / "cells").rglob("merged/ties-*"))  # every merge was scored, then removed
+    stored = sorted(results.rglob("*.json"))
+    before = {path: path.stat().st_mtime_ns for path in stored}
+
+    second = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH, timeout=1800)
+    assert "ran 0 units, skipped 26" in second.stdout
+    assert {path: path.stat().st_mtime_ns for path in stored} == before
+    report = (work / "BENCHMARKS_STRESS.md").read_text()
+    for section in ("## Targets", "## Merged accuracy", "## Gain retained", "## Selected hyper-parameters",
+                    "## Significance of the headline comparisons", "## Which method when"):
+        assert section in report
+    assert re.search(r"ties, ε = 4: DP-Merging vs DP-SGD: [+-]\d+\.\d points \(95 % CI", report)
+    assert "| noise σ=0.01 |" in report
+
+
+@pytest.mark.slow
+def test_plan_states_headline_and_rest_times():
+    done = run_offline([sys.executable, "-m", "benchmarks.quality", "--grid", "stress", "--plan"], cwd=REPO,
+                       PYTHONPATH=PYTHONPATH)
+    headline = re.search(r"headline cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
+    rest = re.search(r"rest cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
+    assert headline and rest
+    assert float(headline.group(1)) <= 120  # the issue's budget for the headline cells on 2 cores
+    assert "reductions:" in done.stdout

@@ -1,0 +1,67 @@
+"""BENCHMARKS_STRESS.md from stored stress results: targets judged on paired tests, gain retained, selections."""
+
+import numpy as np
+
+from benchmarks.quality.grid import GRIDS, plan_cells
+from benchmarks.quality.merge_space import SPACES
+from benchmarks.quality.scoring import encode
+from benchmarks.quality.store import Store
+from benchmarks.quality.stress_report import write_stress_report
+
+N = 200  # test examples per task
+
+
+def _correct(rate: float) -> np.ndarray:
+    """The first ``rate·N`` examples right: a better model's right answers contain a worse one's (paired)."""
+    return (np.arange(N) < round(rate * N)).astype(np.int8)
+
+
+def _store(tmp_path, merged_rate):
+    grid = GRIDS["stress-smoke"]
+    cells = plan_cells(grid, grid.seeds)
+    store = Store(tmp_path)
+    settings = {"fixed": True}
+    for cell in cells:
+        individual = 0.9 if cell.trainer != "head_only" else 0.5
+        tests = {t: _correct(individual) for t in grid.tasks}
+        store.save(cell, "individual", settings, {
+            "accuracy": {split: {t: individual for t in grid.tasks} for split in ("validation", "test")},
+            "correct": {"validation": encode(tests), "test": encode(tests)}, "seconds": {"scoring": 1.0}})
+        for task in grid.tasks:
+            store.save(cell, f"{'noise' if cell.noise_std else 'train'}_{task}", settings, {"seconds": {"train": 1.0}})
+        if not cell.merged:
+            continue
+        for method in grid.merges:
+            rate = merged_rate(cell, method)
+            point = SPACES[method][1]
+            store.save(cell, f"tune_{method}", settings, {
+                "trials": [{"point": p, "validation": {}, "mean": rate if p == point else rate - 0.1}
+                           for p in SPACES[method]],
+                "selected": 1, "point": point, "test": {t: rate for t in grid.tasks},
+                "correct": encode({t: _correct(rate) for t in grid.tasks}), "seconds": {"merge": 1.0}})
+    return grid, cells, store, settings
+
+
+def test_report_judges_the_targets_on_paired_tests_and_shows_gain_and_choices(tmp_path):
+    def merged_rate(cell, method):
+        if cell.trainer == "dp_merging" and method == "ties":
+            return 0.85  # +5 points over dp_sgd's ties on every example pair: target 1 holds
+        return 0.8
+
+    grid, cells, store, settings = _store(tmp_path, merged_rate)
+    path = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", ["--x"], {})
+    report = path.read_text()
+    assert "1. TIES at ε = 4, DP-Merging − DP-SGD ≥ +3 points, significant: **holds** — +5.0 points" in report
+    assert "2. Better of cauchy_poe / dp_aware" in report and "**does not hold**" in report
+    # gain retained = (80 − 50)/(90 − 50) = 75 % for every merge but dp_merging's ties: (85 − 50)/40 = 87.5 %
+    assert "| non_private | 75.0 ± 0.0 | 75.0 ± 0.0 |" in report
+    assert "| dp_merging ε=4 | 87.5 ± 0.0 | 75.0 ± 0.0 |" in report
+    assert "density=0.2, lambda=1 / density=0.2, lambda=1" in report  # the chosen points, per seed
+    assert "| ε = 4 | 2 | 5.0 | dp_merging | ties | 85.0 ± 0.0 | vs dp_aware: +5.0 (significant) |" in report
+    assert "Incomplete" not in report
+
+
+def test_report_says_a_target_does_not_hold_when_the_difference_is_not_significant(tmp_path):
+    grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.8)
+    report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
+    assert "significant: **does not hold** — +0.0 points" in report
