@@ -14,7 +14,7 @@ TRAIN_FLAGS = {
     "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
     "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
-    "overwrite": True,
+    "overwrite": True, "train_lora": False,
 }
 
 
