@@ -1,26 +1,20 @@
 """python -m benchmarks.quality: the smoke grid runs end to end, writes its report, and a rerun skips every unit."""
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.utils.subprocess_helpers import run_offline
+from tests.utils.subprocess_helpers import run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
-
-REPO = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # -m benchmarks.quality
 
 
 @pytest.mark.slow
 def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
     base = save_tiny_bert(tmp_path / "tiny-base")
     work = tmp_path / "work"
-    command = [sys.executable, "-m", "benchmarks.quality", "--grid", "smoke", "--work-dir", str(work),
-               "--model_name_or_path", str(base), "--trainers", "non_private,dp_merging", "--merges", "ties,dp_aware"]
-    first = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
+    command = ["--grid", "smoke", "--work-dir", str(work), "--model_name_or_path", str(base),
+               "--trainers", "non_private,dp_merging", "--merges", "ties,dp_aware"]
+    first = run_quality_benchmark(*command, cwd=tmp_path)
     assert "ran 8 units, skipped 0" in first.stdout  # 2 cells × (2 trainings + 2 merges)
     stored = sorted((work / "results").rglob("*.json"))
     assert len(stored) == 8
@@ -37,7 +31,7 @@ def test_smoke_grid_runs_then_resumes_without_rerunning(tmp_path):
     assert train["diagnostics"]["drift"] > 0 and train["diagnostics"]["sharpness"] is not None
     assert not (work / "cells" / "dp_merging-eps4-seed0" / "merged" / "ties").exists()  # scored, then removed
 
-    second = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH)
+    second = run_quality_benchmark(*command, cwd=tmp_path)
     assert "ran 0 units, skipped 8" in second.stdout
     assert {path: path.stat().st_mtime_ns for path in stored} == before
     report = (work / "BENCHMARKS.md").read_text()

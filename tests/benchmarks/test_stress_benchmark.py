@@ -2,21 +2,15 @@
 arm, tuned merges, per-example scores), writes its report, and a rerun skips every unit; --plan times the headline."""
 
 import json
-import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from benchmarks.quality.grid import GRIDS, plan_cells
 from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
-from tests.utils.subprocess_helpers import run_offline
+from tests.utils.subprocess_helpers import REPO, run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
-
-REPO = Path(__file__).resolve().parents[2]
-PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def test_stress_grid_has_the_issue_tasks_floor_and_noise_arm():
@@ -51,9 +45,9 @@ def test_every_method_gets_the_same_budget_and_non_private_inputs_are_declared(t
 def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     base = save_tiny_bert(tmp_path / "tiny-base")
     work = tmp_path / "work"
-    command = [sys.executable, "-m", "benchmarks.quality", "--grid", "stress-smoke", "--work-dir", str(work),
+    command = ["--grid", "stress-smoke", "--work-dir", str(work),
                "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware"]
-    first = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH, timeout=1800)
+    first = run_quality_benchmark(*command, cwd=tmp_path, timeout=1800)
     # cells: non_private, dp_sgd ε4, dp_merging ε4, head_only (∞, ε4), noise σ=0.01 — 2 tasks each
     # 10 trainings + 2 noisy adapters + 6 individual scorings + 4 merged cells × 2 tuned methods
     assert "ran 26 units, skipped 0" in first.stdout
@@ -79,7 +73,7 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     stored = sorted(results.rglob("*.json"))
     before = {path: path.stat().st_mtime_ns for path in stored}
 
-    second = run_offline(command, cwd=tmp_path, PYTHONPATH=PYTHONPATH, timeout=1800)
+    second = run_quality_benchmark(*command, cwd=tmp_path, timeout=1800)
     assert "ran 0 units, skipped 26" in second.stdout
     assert {path: path.stat().st_mtime_ns for path in stored} == before
     report = (work / "BENCHMARKS_STRESS.md").read_text()
@@ -92,8 +86,7 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_plan_states_headline_and_rest_times():
-    done = run_offline([sys.executable, "-m", "benchmarks.quality", "--grid", "stress", "--plan"], cwd=REPO,
-                       PYTHONPATH=PYTHONPATH)
+    done = run_quality_benchmark("--grid", "stress", "--plan", cwd=REPO)
     headline = re.search(r"headline cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     rest = re.search(r"rest cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     assert headline and rest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -14,3 +15,14 @@ def run_offline(cmd: list[str], cwd: Path, timeout: int = 600, **extra_env: str)
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_quality_benchmark(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.quality ARGS`` offline, with this checkout importable (benchmarks/ is no package
+    that gets installed)."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return run_offline([sys.executable, "-m", "benchmarks.quality", *args], cwd=cwd, timeout=timeout,
+                       PYTHONPATH=pythonpath)
