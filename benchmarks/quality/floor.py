@@ -4,7 +4,8 @@ B = 0; under DP the head is the accounted release, at the cell's ε), and the ga
     gain retained = (merged − floor) / (individual − floor)
 
 1: the merge keeps everything the adapter added to the head-only model; 0: it keeps nothing the head alone
-could not do. Undefined (None) when the adapter does not beat the floor.
+could not do. Undefined (None) when the adapter does not beat the floor. The report applies it to task-averaged
+accuracies per seed: a per-task ratio explodes where an adapter barely beats its floor.
 """
 
 from __future__ import annotations

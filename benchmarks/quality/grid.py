@@ -20,6 +20,7 @@ TRAINERS: dict[str, list[str]] = {
     "head_only": ["--sam_mode", "none", "--align_lambda", "0", "--train_lora", "false"],
 }
 FLOOR_TRAINER = "head_only"
+NON_PRIVATE_FLOOR_FLAGS = ["--dp", "false"]  # the floor without ε: DP_RECIPE would otherwise train it at ε = 8
 QUALITY_TRAINERS = ("non_private", "dp_sgd", "dp_merging", "two_query")
 # mergekit 0.1.5's task-vector methods that apply to LoRA task vectors (see merge_space), and ours
 STRESS_MERGES = ("task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs_ties", "cauchy_poe", "dp_aware")
@@ -159,6 +160,12 @@ class Cell:
     def merged(self) -> bool:
         """Whether the cell's adapters are merged (the floor's are not: their LoRA is zero)."""
         return self.trainer != FLOOR_TRAINER
+
+
+def trainer_flags(cell: Cell) -> list[str]:
+    """The flags of the cell's trainer (the non-private floor adds ``--dp false``)."""
+    flags = TRAINERS[cell.trainer]
+    return [*flags, *NON_PRIVATE_FLOOR_FLAGS] if cell.trainer == FLOOR_TRAINER and cell.epsilon is None else flags
 
 
 NOISE_ARM = "noise_injection"

@@ -16,7 +16,7 @@ from typing import Any
 from hf_dpmerge.scripts import train as train_script
 from hf_dpmerge.training.recipe import DP_RECIPE
 
-from .grid import DIAGNOSTIC_SPLIT, MERGE_CONFIGS, SHARPNESS_RHO, TRAINERS, Cell, Grid
+from .grid import DIAGNOSTIC_SPLIT, MERGE_CONFIGS, SHARPNESS_RHO, Cell, Grid, trainer_flags
 from .store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ class Context:
 
 def train_arguments(ctx: Context, cell: Cell) -> list[str]:
     """The full train_glue.py command line of a cell (DP_RECIPE first; later flags win)."""
-    argv = [*DP_RECIPE, *ctx.grid.train_flags, *TRAINERS[cell.trainer],
+    argv = [*DP_RECIPE, *ctx.grid.train_flags, *trainer_flags(cell),
             "--seed", str(cell.seed), "--dp_seed", str(cell.seed), "--disable_tqdm", "true",
             "--runs_dir", str(ctx.runs_dir(cell)), "--overwrite", "true"]  # a unit reruns only when stale
     if cell.epsilon is not None:

@@ -1,7 +1,8 @@
 """BENCHMARKS_STRESS.md from the stress grid's stored results (``python -m benchmarks.quality --grid stress``).
 
 Accuracies are in percent on the test subsets, unweighted means over tasks; "± x" is the sample standard deviation
-over seeds. Gain retained = (merged − floor)/(individual − floor) per task and seed (:mod:`.floor`), then averaged.
+over seeds. Gain retained = (merged − floor)/(individual − floor) per seed on the task-averaged accuracies
+(:mod:`.floor`), then averaged over seeds; undefined where the adapters do not beat the floor.
 Each merge is its method's point chosen on validation (:mod:`.tuning`); "best" among methods is also decided on
 the validation means, never on test. Paired comparisons pool tasks and seeds as strata (:mod:`.significance`).
 """
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .floor import floor_group, gain_retained
-from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, Cell, Grid
+from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, NON_PRIVATE_FLOOR_FLAGS, Cell, Grid
 from .merge_space import BUDGET, SPACES, point_label
 from .scoring import decode
 from .significance import ALPHA, Comparison, compare
@@ -90,19 +91,33 @@ class StressResults:
         return [100 * statistics.fmean(r.values()) for r in by_seed.values()]
 
     def gain(self, group: Group, method: str) -> list[float]:
-        """Per seed, the task-averaged gain retained (tasks where the adapter beats the floor)."""
+        """Per seed, the gain retained on task-averaged accuracies; seeds whose adapters do not beat the floor
+        on average are left out (a per-task ratio over a near-zero denominator is not a measurement)."""
         floor, individual = self.floor_accuracy(group), self.individual_accuracy(group)
         if floor is None:
             return []
-        out = []
+        floor_mean, out = statistics.fmean(floor.values()), []
         for seed, merged in self.merged_accuracy(group, method).items():
-            if seed not in individual:
-                continue
-            gains = [gain_retained(merged[t], individual[seed][t], floor[t]) for t in merged]
-            gains = [g for g in gains if g is not None]
-            if gains:
-                out.append(100 * statistics.fmean(gains))
+            if seed in individual:
+                gain = gain_retained(statistics.fmean(merged.values()), statistics.fmean(individual[seed].values()),
+                                     floor_mean)
+                if gain is not None:
+                    out.append(100 * gain)
         return out
+
+    def below_floor(self, group: Group) -> bool:
+        """Whether the group's own adapters score at or below its floor on average (test): gain is undefined."""
+        floor, individual = self.floor_accuracy(group), self.per_seed_mean(self.individual_accuracy(group))
+        return floor is not None and bool(individual) and statistics.fmean(individual) <= 100 * statistics.fmean(
+            floor.values())
+
+    def floor_validation_mean(self, group: Group) -> float | None:
+        """The floor's mean validation accuracy over tasks and seeds (None for the noise arm or when unmeasured)."""
+        if group[0] == "noise":
+            return None
+        runs = self.individual.get(floor_group(group), {}).values()
+        values = [statistics.fmean(r["accuracy"]["validation"].values()) for r in runs]
+        return statistics.fmean(values) if values else None
 
     def validation_mean(self, group: Group, method: str) -> float | None:
         """The chosen point's validation mean accuracy, averaged over seeds: what "best method" is decided on."""
@@ -220,7 +235,11 @@ def targets(results: StressResults, comparisons: list[tuple[str, Comparison]]) -
 
 def which_method_when(results: StressResults) -> list[list[str]]:
     """Per privacy level (and noise level): the trainer and merge a user should pick, from the validation means,
-    with the merge's test accuracy, the interference it leaves, and its margin over the runner-up merge."""
+    with the merge's test accuracy, the interference it leaves, and its margin over the runner-up merge.
+
+    The floor at the same ε (base encoder + each task's own head: a multi-task model that needs no merge) is a
+    candidate too; where its validation mean beats every merge's, it is the recommendation and the margin is
+    its paired test difference to the best merge."""
     rows = []
     levels: dict[Any, list[Group]] = defaultdict(list)
     for group in results.groups():
@@ -232,6 +251,18 @@ def which_method_when(results: StressResults) -> list[list[str]]:
             continue
         candidates.sort(key=lambda c: c[0], reverse=True)
         _, group, method = candidates[0]
+        setting = f"noise σ = {level:g} (non-private adapters)" if kind == "noise" else (
+            "non-private" if level is None else f"ε = {level:g}")
+        floor_validation = results.floor_validation_mean(group)
+        if floor_validation is not None and floor_validation > candidates[0][0]:
+            floor = floor_group(group)
+            found = comparison(results, (floor, None), (group, method))
+            margin = "–" if found is None else (
+                f"vs {group[0]} + {method}: {found.difference:+.1f} ({'significant' if found.significant else 'n.s.'})")
+            rows.append([setting, str(len(results.grid.tasks)), "0 (no merge)", f"{floor[0]} (LoRA frozen)",
+                         "none: base encoder + each task's head",
+                         _fmt(results.per_seed_mean(results.individual_accuracy(floor))), margin])
+            continue
         runner = next((c for c in candidates[1:] if c[1] == group), None)
         merged = results.per_seed_mean(results.merged_accuracy(group, method))
         individual = results.per_seed_mean(results.individual_accuracy(group))
@@ -242,8 +273,6 @@ def which_method_when(results: StressResults) -> list[list[str]]:
             found = comparison(results, (group, method), (group, runner[2]))
             if found is not None:
                 margin = f"vs {runner[2]}: {found.difference:+.1f} ({'significant' if found.significant else 'n.s.'})"
-        setting = f"noise σ = {level:g} (non-private adapters)" if kind == "noise" else (
-            "non-private" if level is None else f"ε = {level:g}")
         rows.append([setting, str(len(results.grid.tasks)), interference, group[0] if kind != "noise" else "–",
                      method, _fmt(merged), margin])
     return rows
@@ -309,6 +338,7 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         f"- Reductions against stress-full: {grid.reductions}.",
         f"- `DP_RECIPE`: `{' '.join(dp_recipe)}`; grid flags: `{' '.join(grid.train_flags)}`",
         *(f"- {name}: `{' '.join(flags)}`" for name, flags in trainer_flags.items() if name in grid.trainers),
+        f"- {FLOOR_TRAINER} without ε (the non-private floor) adds `{' '.join(NON_PRIVATE_FLOOR_FLAGS)}`.",
         "",
         "### How every merge was tuned",
         "",
@@ -331,7 +361,11 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
                      *(_fmt(results.per_seed_mean(results.merged_accuracy(g, m))) for m in merges)]
                     for i, g in enumerate(groups)])]
     out += ["", "## Gain retained (%) = (merged − floor) / (individual − floor)", "",
-            _table(["adapters", *merges], [[label(g), *(_fmt(results.gain(g, m)) for m in merges)] for g in groups])]
+            "On task-averaged test accuracies, per seed. \"below floor\": the adapters themselves do not beat the "
+            "floor, so there is no gain to retain.", "",
+            _table(["adapters", *merges], [[label(g), *(("below floor" if results.below_floor(g) else
+                                                          _fmt(results.gain(g, m))) for m in merges)]
+                                           for g in groups])]
     out += ["", "## Selected hyper-parameters (per seed, chosen on validation)", "",
             _table(["adapters", *merges],
                    [[label(g), *(" / ".join(point_label(r["point"]) for _, r in sorted(
@@ -343,8 +377,9 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
     rows = which_method_when(results)
     out += ["", "## Which method when", "",
             "Drawn from the measured results: per privacy level, the trainer and merge with the best validation "
-            "mean; interference = individual − merged (test, points); the margin is the paired test difference to "
-            "the runner-up merge of the same adapters.", "",
+            "mean, the floor (LoRA frozen, each task's head on the shared base encoder: nothing to merge) included "
+            "as a candidate; interference = individual − merged (test, points); the margin is the paired test "
+            "difference to the runner-up merge of the same adapters (for the floor: to the best merge).", "",
             _table(["setting", "tasks", "interference", "trainer", "merge", "merged accuracy", "margin"], rows)
             if rows else "Not measured yet."]
     plots = report_dir / "benchmarks" / "plots"

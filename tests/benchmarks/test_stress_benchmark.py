@@ -7,8 +7,10 @@ import re
 import pytest
 from safetensors.torch import load_file
 
-from benchmarks.quality.grid import GRIDS, plan_cells
+from benchmarks.quality.grid import GRIDS, Cell, plan_cells
 from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
+from benchmarks.quality.run import Context, parse_train_arguments, train_arguments
+from benchmarks.quality.store import Store
 from tests.utils.subprocess_helpers import REPO, run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
 
@@ -28,6 +30,18 @@ def test_stress_grid_has_the_issue_tasks_floor_and_noise_arm():
     assert {"two_query-eps1-seed0", "dp_sgd-eps8-seed0", "noise0.01-seed0"} <= set(names)
     last_headline = names.index("dp_merging-eps4-seed2")
     assert all(not n.startswith(("two_query", "noise")) for n in names[:last_headline])  # headline cells run first
+
+
+def test_the_non_private_floor_trains_without_dp_and_each_private_floor_at_its_epsilon(tmp_path):
+    """The floor without ε is the non-private head (DP_RECIPE alone would make it an ε = 8 DP release)."""
+    ctx = Context(GRIDS["stress"], tmp_path, Store(tmp_path), None, False, print)
+    parsed = {epsilon: parse_train_arguments(train_arguments(ctx, Cell("head_only", epsilon, 0)))
+              for epsilon in (None, 4.0, 8.0)}
+    configs = {epsilon: config for epsilon, (_, config) in parsed.items()}
+    assert configs[None].dp is False
+    assert (configs[4.0].dp, configs[4.0].target_epsilon) == (True, 4.0)
+    assert (configs[8.0].dp, configs[8.0].target_epsilon) == (True, 8.0)
+    assert all(not script.train_lora for script, _ in parsed.values())
 
 
 def test_every_method_gets_the_same_budget_and_non_private_inputs_are_declared(tmp_path):

@@ -65,3 +65,22 @@ def test_report_says_a_target_does_not_hold_when_the_difference_is_not_significa
     grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.8)
     report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
     assert "significant: **does not hold** — +0.0 points" in report
+
+
+def test_a_floor_that_beats_every_merge_is_the_recommendation_and_gain_is_undefined_below_it(tmp_path):
+    grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.8)
+    for cell in cells:  # the private adapters (0.7) fall below their floors (0.95); the non-private ones do not
+        if cell.epsilon is None or cell.noise_std is not None:
+            continue
+        rate = 0.95 if cell.trainer == "head_only" else 0.7
+        tests = {t: _correct(rate) for t in grid.tasks}
+        store.save(cell, "individual", settings, {
+            "accuracy": {split: {t: rate for t in grid.tasks} for split in ("validation", "test")},
+            "correct": {"validation": encode(tests), "test": encode(tests)}, "seconds": {"scoring": 1.0}})
+    report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
+    assert "| dp_sgd ε=4 | below floor | below floor |" in report
+    assert "| non_private | 75.0 ± 0.0 | 75.0 ± 0.0 |" in report  # (80 − 50)/(90 − 50)
+    floor_row = ("| ε = 4 | 2 | 0 (no merge) | head_only (LoRA frozen) | none: base encoder + each task's head | "
+                 "95.0 | vs ")  # one floor seed
+    assert floor_row in report and "+15.0 (significant) |" in report
+    assert "| non-private | 2 | 10.0 | non_private |" in report  # its floor (50) does not beat the merges (80)

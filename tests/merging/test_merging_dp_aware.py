@@ -150,15 +150,12 @@ def test_lora_deltas_are_denoised_in_factor_space(sparse: bool) -> None:
     assert factor < (0.9 if sparse else 1.02) * dense, errors
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (meta tensors cannot run the kernel)")
 def test_variance_maps_follow_the_tensors_device() -> None:
     """Variance maps built on the CPU (records, LoRA factors) are moved to the tensors' device (``--cuda``)."""
-    device = "cuda" if torch.cuda.is_available() else "meta"
+    device = "cuda"
     base = torch.zeros(6, 5, device=device)
     variances = [torch.full((6, 5), 0.01), 0.02]
-    if device == "meta":  # no accelerator: check the placement the kernel gives its working tensors
-        moved = [torch.as_tensor(v, dtype=torch.float32).to(base.device) for v in variances]
-        assert all(v.device == base.device for v in moved)
-        pytest.skip("no CUDA device: the full merge on an accelerator is checked where one exists")
     inputs = [base + torch.randn(6, 5, device=device) for _ in range(2)]
     merged = dp_aware_merge(base, inputs, variances, weights=[1.0, 1.0], lam=1.0, consensus="precision_sign",
                             denoised=[torch.randn(6, 5), None])
