@@ -39,15 +39,16 @@ def _rules(measurements: mr.Measurements) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(("trainers", "noise", "trainer_rule", "merge_rule", "cautions"), [
     (["dp_sgd", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
-     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
-    (["dp_merging", "dp_merging"], 0.5, "keep_dp_merging", "noisy_private_dp_aware", ["avoid_cauchy_poe_on_private"]),
+     ["compare_with_head_only", "avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+    (["dp_merging", "dp_merging"], 0.5, "keep_dp_merging", "noisy_private_dp_aware",
+     ["compare_with_head_only", "avoid_cauchy_poe_on_private"]),
     (["dp_merging", "dp_merging"], 0.01, "keep_dp_merging", "quiet_private_task_arithmetic",
-     ["avoid_cauchy_poe_on_private"]),
+     ["compare_with_head_only", "avoid_cauchy_poe_on_private"]),
     (["dp_merging", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
-     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+     ["compare_with_head_only", "avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
     (["non_private", "non_private"], None, "non_private", "non_private_task_arithmetic", []),
     (["dp_merging", "unknown"], 0.5, None, "quiet_private_task_arithmetic",
-     ["unknown_records", "avoid_cauchy_poe_on_private"]),
+     ["unknown_records", "compare_with_head_only", "avoid_cauchy_poe_on_private"]),
 ])
 def test_each_trainer_and_merge_rule_fires_on_its_measurements(trainers, noise, trainer_rule, merge_rule,
                                                                cautions) -> None:
