@@ -169,8 +169,8 @@ RULES: tuple[Rule, ...] = (
          lambda m: f"{_names(m, 'unknown')} carry no privacy record: trainer and noise are unknown"),
     Rule("caution", "compare_with_head_only",
          lambda m: m.any_private,
-         "check on validation data that each private adapter beats a head-only release at the same ε "
-         "(train_glue.py --train_lora false) before merging",
+         "before merging, check that each private adapter beats a head-only release (train_glue.py --train_lora "
+         "false) on public validation data; both trained on the same private data compose their ε",
          lambda m: "private adapters: on the stress grid (6 tasks, LoRA r = 16 on every module, 60 steps of 32) the "
                    "base encoder with each task's DP head beat every DP LoRA adapter and every merge of them at "
                    "ε = 1, 4 and 8 (ε = 4: 73.4 vs adapters 69.6 and best merge 67.9, significant)"),
