@@ -13,10 +13,10 @@ import numpy as np
 from hf_dpmerge.training.recipe import DP_RECIPE
 
 from . import __doc__ as DESCRIPTION
-from .grid import GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
+from .grid import CELL_FLAGS, GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
 from .merge_space import BUDGET, SPACES
 from .report import write_report
-from .run import REPO, Context, run_cell, unit_settings
+from .run import REPO, Context, parse_train_arguments, run_cell, unit_settings
 from .store import Store
 from .stress_report import write_stress_report
 from .stress_run import run_stress_cell, stress_settings
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merges", help=f"comma-separated merge methods: {','.join(MERGE_CONFIGS)} (stress grids: "
                         f"any of {','.join(SPACES)})")
     parser.add_argument("--model_name_or_path", help="base encoder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--train-flags", help="train_glue.py flags appended to the grid's, as one quoted string "
+                        "(later flags win), e.g. --train-flags=\"--max_steps 400 --learning_rate 5e-4\"; units "
+                        "trained with other flags rerun")
     parser.add_argument("--keep-models", action="store_true", help="keep merged models (default: delete each "
                         "after it is scored; adapters are always kept)")
     parser.add_argument("--plan", action="store_true", help="print the cells and the estimated time; run nothing")
@@ -129,9 +132,28 @@ def _customised(grid: Grid, args: argparse.Namespace) -> Grid:
         raise SystemExit(f"--epsilons takes comma-separated numbers, got {args.epsilons!r}") from None
     if any(not (e > 0 and np.isfinite(e)) for e in epsilons):
         raise SystemExit("--epsilons must be finite and positive")
-    return dataclasses.replace(grid, tasks=tasks, epsilons=epsilons,
+    grid = dataclasses.replace(grid, tasks=tasks, epsilons=epsilons,
                                trainers=names(args.trainers, TRAINERS, grid.trainers),
                                merges=names(args.merges, SPACES if grid.stress else MERGE_CONFIGS, grid.merges))
+    return _with_train_flags(grid, args.train_flags) if args.train_flags else grid
+
+
+def _with_train_flags(grid: Grid, text: str) -> Grid:
+    """``grid`` with ``--train-flags`` appended to its training flags, after checking that train_glue.py accepts
+    them and that none is a flag the benchmark sets per cell (it would be overridden silently)."""
+    extra = tuple(shlex.split(text))
+    owned = [flag for flag in extra if flag.split("=")[0] in CELL_FLAGS]
+    if owned:
+        raise SystemExit(f"--train-flags: {', '.join(owned)} is set per cell by the benchmark; choose it with "
+                         "--trainers, --epsilons, --seeds or --model_name_or_path")
+    try:
+        parse_train_arguments([*DP_RECIPE, *grid.train_flags, *extra])
+    except ValueError as error:  # HfArgumentParser: unknown flags
+        raise SystemExit(f"--train-flags {text!r}: {error}") from None
+    except SystemExit:  # argparse has printed which value it refused
+        raise SystemExit(f"--train-flags {text!r}: train_glue.py refuses a value (see above)") from None
+    return dataclasses.replace(grid, train_flags=(*grid.train_flags, *extra),
+                               reductions=f"{grid.reductions}; changed by --train-flags {shlex.join(extra)}")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import re
 import pytest
 from safetensors.torch import load_file
 
+from benchmarks.quality.__main__ import _with_train_flags
 from benchmarks.quality.grid import GRIDS, Cell, plan_cells
 from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
 from benchmarks.quality.run import Context, parse_train_arguments, train_arguments
 from benchmarks.quality.store import Store
+from benchmarks.quality.stress_run import stress_settings
 from tests.utils.subprocess_helpers import REPO, run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
 
@@ -42,6 +44,26 @@ def test_the_non_private_floor_trains_without_dp_and_each_private_floor_at_its_e
     assert (configs[4.0].dp, configs[4.0].target_epsilon) == (True, 4.0)
     assert (configs[8.0].dp, configs[8.0].target_epsilon) == (True, 8.0)
     assert all(not script.train_lora for script, _ in parsed.values())
+
+
+def test_train_flags_change_the_recipe_and_the_stored_settings_and_refuse_cell_flags(tmp_path):
+    """--train-flags: appended after the grid's flags (they win), every unit's settings change (so it reruns);
+    flags the benchmark sets per cell, unknown flags and bad values are refused."""
+    stress = GRIDS["stress"]
+    longer = _with_train_flags(stress, "--max_steps 400 --learning_rate 5e-4")
+    cell = Cell("dp_sgd", 4.0, 1)
+    contexts = [Context(grid, tmp_path, Store(tmp_path), None, False, print) for grid in (stress, longer)]
+    _, config = parse_train_arguments(train_arguments(contexts[1], cell))
+    assert (config.max_steps, config.learning_rate, config.target_epsilon, config.seed) == (400, 5e-4, 4.0, 1)
+    assert parse_train_arguments(train_arguments(contexts[0], cell))[1].max_steps == 60
+    assert "--train-flags --max_steps 400 --learning_rate 5e-4" in longer.reductions
+    for unit in ("train_bbc_news", "tune_ties"):
+        assert stress_settings(contexts[0], cell, unit) != stress_settings(contexts[1], cell, unit)
+    for flags, message in (("--seed 3", "--seed is set per cell"), ("--sam_mode=dp_sat", "--sam_mode=dp_sat is set"),
+                           ("--dp false", "--dp is set per cell"), ("--bogus 1", "not used by the HfArgumentParser"),
+                           ("--max_steps abc", "refuses a value")):
+        with pytest.raises(SystemExit, match=message):
+            _with_train_flags(stress, flags)
 
 
 def test_every_method_gets_the_same_budget_and_non_private_inputs_are_declared(tmp_path):
