@@ -13,10 +13,10 @@ import numpy as np
 from hf_dpmerge.training.recipe import DP_RECIPE
 
 from . import __doc__ as DESCRIPTION
-from .grid import CELL_FLAGS, GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
+from .grid import CELL_ARGUMENTS, GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
 from .merge_space import BUDGET, SPACES
 from .report import write_report
-from .run import REPO, Context, parse_train_arguments, run_cell, unit_settings
+from .run import REPO, Context, arguments_set_by, parse_train_arguments, run_cell, unit_settings
 from .store import Store
 from .stress_report import write_stress_report
 from .stress_run import run_stress_cell, stress_settings
@@ -142,16 +142,17 @@ def _with_train_flags(grid: Grid, text: str) -> Grid:
     """``grid`` with ``--train-flags`` appended to its training flags, after checking that train_glue.py accepts
     them and that none is a flag the benchmark sets per cell (it would be overridden silently)."""
     extra = tuple(shlex.split(text))
-    owned = [flag for flag in extra if flag.split("=")[0] in CELL_FLAGS]
-    if owned:
-        raise SystemExit(f"--train-flags: {', '.join(owned)} is set per cell by the benchmark; choose it with "
-                         "--trainers, --epsilons, --seeds or --model_name_or_path")
     try:
-        parse_train_arguments([*DP_RECIPE, *grid.train_flags, *extra])
-    except ValueError as error:  # HfArgumentParser: unknown flags
+        owned = sorted(arguments_set_by(list(extra)) & CELL_ARGUMENTS)
+        if not owned:
+            parse_train_arguments([*DP_RECIPE, *grid.train_flags, *extra])
+    except ValueError as error:  # HfArgumentParser: unknown flags; the script: a refused combination
         raise SystemExit(f"--train-flags {text!r}: {error}") from None
     except SystemExit:  # argparse has printed which value it refused
         raise SystemExit(f"--train-flags {text!r}: train_glue.py refuses a value (see above)") from None
+    if owned:
+        raise SystemExit(f"--train-flags: {', '.join('--' + name for name in owned)} is set per cell by the "
+                         "benchmark; choose it with --trainers, --epsilons, --seeds or --model_name_or_path")
     return dataclasses.replace(grid, train_flags=(*grid.train_flags, *extra),
                                reductions=f"{grid.reductions}; changed by --train-flags {shlex.join(extra)}")
 

@@ -19,10 +19,10 @@ TRAINERS: dict[str, list[str]] = {
     # the floor: LoRA frozen at B = 0, only the task head trains (under DP, accounted like any other release)
     "head_only": ["--sam_mode", "none", "--align_lambda", "0", "--train_lora", "false"],
 }
-CELL_FLAGS = frozenset({flag for flags in TRAINERS.values() for flag in flags if flag.startswith("--")} | {
-    "--seed", "--dp_seed", "--target_epsilon", "--runs_dir", "--overwrite", "--disable_tqdm", "--max_eval_samples",
-    "--model_name_or_path"})
-"""Flags the benchmark sets for each cell after the grid's (``run.train_arguments``): not the grid's to change."""
+CELL_ARGUMENTS = frozenset({flag[2:] for flags in TRAINERS.values() for flag in flags if flag.startswith("--")} | {
+    "seed", "dp_seed", "target_epsilon", "runs_dir", "overwrite", "disable_tqdm", "max_eval_samples",
+    "model_name_or_path"})
+"""Arguments the benchmark sets for each cell after the grid's flags (``run.train_arguments``): not the grid's."""
 FLOOR_TRAINER = "head_only"
 NON_PRIVATE_FLOOR_FLAGS = ["--dp", "false"]  # the floor without ε: DP_RECIPE would otherwise train it at ε = 8
 QUALITY_TRAINERS = ("non_private", "dp_sgd", "dp_merging", "two_query")

@@ -3,6 +3,7 @@ evaluation and interpolation), each stored once by :class:`~.store.Store`."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 import os
@@ -58,6 +59,16 @@ def train_arguments(ctx: Context, cell: Cell) -> list[str]:
 def parse_train_arguments(argv: list[str]) -> tuple[train_script.ScriptArguments, Any]:
     """``argv`` parsed as the training script parses its command line (``argv`` already starts with DP_RECIPE)."""
     return train_script.parse_arguments(argv)
+
+
+def arguments_set_by(flags: list[str]) -> set[str]:
+    """The training script's arguments (dataclass field names) that ``flags`` set, however spelt (dashes,
+    ``=``, an abbreviation): parsed over a namespace in which every argument is unset."""
+    parser = train_script.argument_parser()
+    unset = object()
+    namespace = argparse.Namespace(**dict.fromkeys(vars(parser.parse_known_args([])[0]), unset))
+    return {name for name, value in vars(parser.parse_known_args(flags, namespace=namespace)[0]).items()
+            if value is not unset}
 
 
 def training_summary(script, config) -> dict[str, Any]:

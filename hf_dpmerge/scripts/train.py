@@ -222,9 +222,14 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
+def argument_parser() -> HfArgumentParser:
+    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`."""
+    return HfArgumentParser((ScriptArguments, DPSAMConfig))
+
+
 def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
     """The script's flags after the defaults (``DP_DEFAULTS`` first, so every later flag overrides them)."""
-    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
+    parser = argument_parser()
     refuse_ignored_flags(parser, argv)
     script, config = parser.parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
     refuse_non_private_step_flags(config)
