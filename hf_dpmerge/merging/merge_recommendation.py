@@ -13,8 +13,10 @@ Measured on the adapters (post-processing of released weights and records, no pr
 benchmark figure behind it: BENCHMARKS.md (``python benchmarks/quality.py --grid cpu --seeds 3``, four
 packaged tasks, MiniLM + LoRA r = 8, ε ∈ {4, 8}) and, for the interference range, the packaged adapters
 measured in the README section "Task grouping"; the head-only caution cites BENCHMARKS_STRESS.md
-(``python -m benchmarks.quality --grid stress``, six packaged tasks, LoRA r = 16 on every module, ε ∈ {1, 4, 8}).
-Outside the measured range a rule says so instead of extrapolating.
+(``python -m benchmarks.quality --grid stress``, six packaged tasks, LoRA r = 16 on every module, ε ∈ {1, 4, 8});
+the non-private merge rule cites it and its interference configuration
+(``benchmarks/reports/stress-interference/BENCHMARKS_STRESS.md``: [CLS] pooling, LoRA r = 64, where merging
+costs 3–6 points). Outside the measured range a rule says so instead of extrapolating.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ BENCHMARK_MAX_ABS_COSINE = 0.011
 """Largest |cos| between private packaged-task adapters (rotten_tomatoes, reuters_r8, reuters_r52, bbc_news;
 DP-Merging, ε = 8; README "Task grouping": 0.0104, rounded up): the interference under which BENCHMARKS.md
 ranked the merge methods, whose LoRA adapters come from the same recipe (independent A initialisations)."""
+NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE = 0.081
+"""Largest |cos| between the non-private adapters of the stress benchmark's interference configuration
+(reuters_r8 vs reuters_r52, which share documents: 0.080, rounded up): the interference under which it ranked the
+merge methods on non-private adapters."""
 BENCHMARK_MAX_SIGN_CONFLICT = 0.501
 """Largest sign-conflict rate between the same adapters (0.4999, rounded up): unrelated vectors' ≈ 0.5."""
 NOISE_TO_SIGNAL_FLOOR = 0.05
@@ -123,6 +129,14 @@ class Rule:
     because: Callable[[Measurements], str]
 
 
+def measured_max_abs_cosine(m: Measurements) -> float:
+    """The largest |cos| the benchmark ranked merges at for adapters like ``m``'s: the stress benchmark's
+    interference configuration when every record says non-private, the packaged private adapters otherwise."""
+    if all(trainer == "non_private" for trainer in m.trainers):
+        return NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE
+    return BENCHMARK_MAX_ABS_COSINE
+
+
 def _names(m: Measurements, trainer: str) -> str:
     return ", ".join(n for n, t in zip(m.names, m.trainers, strict=True) if t == trainer)
 
@@ -158,11 +172,13 @@ RULES: tuple[Rule, ...] = (
                    "dp_aware would reduce to task arithmetic (and needs every record); task_arithmetic was within "
                    "0.4 points of the best method in every private benchmark cell (ε = 4: 84.4 ± 0.4 DP-SGD, "
                    "84.4 ± 0.3 DP-Merging)"),
-    Rule("merge", "non_private_task_arithmetic",
+    Rule("merge", "non_private_cauchy_poe",
          lambda m: True,
-         "merge with task_arithmetic (the simplest; every method tied)",
-         lambda m: "no DP noise: the four methods were within 0.1 points on non-private adapters "
-                   "(87.9–88.0, 3 seeds)"),
+         "merge with cauchy_poe at lambda 0.5 (merge_configs/cauchy_poe.yaml with lambda: 0.5)",
+         lambda m: "no DP noise: on the stress benchmark's six tasks cauchy_poe, at λ = 0.5 in every seed (chosen on "
+                   "validation), was the most accurate merge where merging costs accuracy (80.6 ± 0.8 vs the best "
+                   "stock merge, ties, 79.7 ± 1.3: +0.9 points, significant; 3 seeds, [CLS] pooling, r = 64) and "
+                   "tied where it does not (+0.4, n.s.); on the four-task grid every method was within 0.1 points"),
     Rule("caution", "unknown_records",
          lambda m: "unknown" in m.trainers,
          "release the adapters with their dp_privacy.json (train with DPSAMTrainer)",
@@ -190,10 +206,10 @@ RULES: tuple[Rule, ...] = (
          lambda m: f"smallest ε {min(m.epsilons):.3g} < {min(BENCHMARK_EPSILONS):g}; the benchmark measured "
                    "ε ∈ {4, 8} only, where noise matters less"),
     Rule("caution", "interference_outside_benchmark",
-         lambda m: m.max_abs_cosine > BENCHMARK_MAX_ABS_COSINE or m.max_sign_conflict > BENCHMARK_MAX_SIGN_CONFLICT,
+         lambda m: m.max_abs_cosine > measured_max_abs_cosine(m) or m.max_sign_conflict > BENCHMARK_MAX_SIGN_CONFLICT,
          "group first (hf-dpmerge similarity) and validate each group's merge",
          lambda m: f"max |cos| {m.max_abs_cosine:.3f} / max sign conflict {m.max_sign_conflict:.3f} exceed the "
-                   f"packaged tasks' {BENCHMARK_MAX_ABS_COSINE:.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f}, the "
+                   f"benchmarked adapters' {measured_max_abs_cosine(m):.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f}, the "
                    "interference the benchmark ranked the methods at: no measured evidence ranks them here"),
     Rule("caution", "anti_aligned_pair",
          lambda m: m.min_cosine < ANTI_ALIGNED_COSINE,

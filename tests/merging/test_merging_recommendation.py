@@ -46,7 +46,7 @@ def _rules(measurements: mr.Measurements) -> dict[str, list[str]]:
      ["compare_with_head_only", "avoid_cauchy_poe_on_private"]),
     (["dp_merging", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
      ["compare_with_head_only", "avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
-    (["non_private", "non_private"], None, "non_private", "non_private_task_arithmetic", []),
+    (["non_private", "non_private"], None, "non_private", "non_private_cauchy_poe", []),
     (["dp_merging", "unknown"], 0.5, None, "quiet_private_task_arithmetic",
      ["unknown_records", "compare_with_head_only", "avoid_cauchy_poe_on_private"]),
 ])
@@ -67,6 +67,17 @@ def test_each_trainer_and_merge_rule_fires_on_its_measurements(trainers, noise, 
 def test_each_caution_fires_only_past_its_threshold(overrides, caution) -> None:
     assert caution not in _rules(_measurements(["dp_merging", "dp_merging"]))["caution"]
     assert caution in _rules(_measurements(["dp_merging", "dp_merging"], **overrides))["caution"]
+
+
+def test_interference_range_is_the_one_measured_for_such_adapters() -> None:
+    """Non-private adapters were ranked up to |cos| 0.080 (stress benchmark), private ones up to 0.011."""
+    between = (mr.BENCHMARK_MAX_ABS_COSINE + mr.NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE) / 2
+    caution = "interference_outside_benchmark"
+    assert caution not in _rules(_measurements(["non_private"] * 2, max_abs_cosine=between)).get("caution", [])
+    assert caution in _rules(_measurements(["dp_merging"] * 2, max_abs_cosine=between))["caution"]
+    assert caution in _rules(_measurements(["non_private", "unknown"], max_abs_cosine=between))["caution"]
+    beyond = _measurements(["non_private"] * 2, max_abs_cosine=mr.NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE + 0.01)
+    assert caution in _rules(beyond)["caution"]
 
 
 def test_every_rule_is_reachable_and_explains_itself() -> None:
