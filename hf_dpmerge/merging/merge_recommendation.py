@@ -67,6 +67,11 @@ class Measurements:
         return any(self.private)
 
     @property
+    def all_non_private(self) -> bool:
+        """Every adapter's record says non-private (none missing)."""
+        return all(trainer == "non_private" for trainer in self.trainers)
+
+    @property
     def max_noise_to_signal(self) -> float:
         known = [value for value in self.noise_to_signal if value is not None]
         return max(known) if known else math.nan
@@ -132,9 +137,7 @@ class Rule:
 def measured_max_abs_cosine(m: Measurements) -> float:
     """The largest |cos| the benchmark ranked merges at for adapters like ``m``'s: the stress benchmark's
     interference configuration when every record says non-private, the packaged private adapters otherwise."""
-    if all(trainer == "non_private" for trainer in m.trainers):
-        return NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE
-    return BENCHMARK_MAX_ABS_COSINE
+    return NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE if m.all_non_private else BENCHMARK_MAX_ABS_COSINE
 
 
 def _names(m: Measurements, trainer: str) -> str:
@@ -155,7 +158,7 @@ RULES: tuple[Rule, ...] = (
          lambda m: f"every private adapter ({_names(m, 'dp_merging')}) already trained with DP-SAT/alignment, "
                    "the benchmark's flatter, less drifting setting"),
     Rule("trainer", "non_private",
-         lambda m: all(t == "non_private" for t in m.trainers),
+         lambda m: m.all_non_private,
          "no DP trainer advice: the adapters are not private",
          lambda m: "no adapter's record says dp; DP-Merging's geometry gains are a DP effect in the benchmark"),
     Rule("merge", "noisy_private_dp_aware",
