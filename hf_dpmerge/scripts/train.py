@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
     script = script.with_pooling()
-    tasks = parse_task_list(script.tasks) if script.tasks else [script.task]
+    tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)

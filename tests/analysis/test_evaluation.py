@@ -195,3 +195,10 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
     monkeypatch.setattr(kernel, "from_scores", staticmethod(lambda i, m: {"retention": 0.25, "interference": -1.0}))
     row = TaskEvaluation("a", "accuracy", 8.0, 1e-5, individual=0.8, merged=0.6, num_examples=10)
     assert (row.retention, row.interference) == (0.25, -1.0)  # the command's numbers are the module's kernel
+
+
+def test_a_missing_task_folder_is_named(fake_runs):
+    from hf_dpmerge.analysis.runs_layout import task_runs
+
+    with pytest.raises(FileNotFoundError, match=r"--tasks bbc-news: no folder .*bbc-news \(did you mean 'bbc'\?\)"):
+        task_runs(fake_runs["runs"], ["bbc-news"])

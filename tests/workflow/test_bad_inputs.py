@@ -157,6 +157,27 @@ def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rotten_tomatoes"]  # no base built
 
 
+def test_train_glue_names_an_unknown_task_before_writing_anything(tmp_path: Path) -> None:
+    for flag in ("--task", "--tasks"):
+        with pytest.raises(ValueError, match=r"unknown task 'rotten_tomato' \(did you mean 'rotten_tomatoes'\?\)"):
+            train_script.main([flag, "rotten_tomato", "--runs_dir", str(tmp_path / "runs")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lora_target_modules_that_match_nothing_are_refused(tmp_path: Path) -> None:
+    from hf_dpmerge.data.tasks import get_task_spec
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+
+    base = save_tiny_bert(tmp_path / "tiny")
+    with pytest.raises(ValueError, match=r"'querry' \(did you mean 'query'\?\) match no module .*'value'"):
+        lora_sequence_classifier(base, get_task_spec("rotten_tomatoes"), r=2, alpha=4,
+                                 target_modules=["querry", "value"])
+    model = lora_sequence_classifier(base, get_task_spec("rotten_tomatoes"), r=2, alpha=4,
+                                     target_modules=["query", "value"])
+    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n} == {
+        "query", "value"}
+
+
 @pytest.mark.slow
 def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(tmp_path: Path) -> None:
     base = save_tiny_bert(tmp_path / "tiny")
@@ -234,9 +255,16 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
+        (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "paramters:\n  lambda: 0.5\n"),
+         "unknown key 'paramters' (did you mean 'parameters'?)"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, "parameters:\n  lambda: 0.5\n",
+                          per_model="    paramters:\n      weight: 1.0\n"),
+         "unknown key models[0].'paramters' (did you mean 'parameters'?)"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, ""), "dp_aware needs lambda under the top-level"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "guarantee_override", "mixed_bases", "dora"],
+         "invalid_override", "guarantee_override", "mixed_bases", "dora", "top_level_typo", "model_level_typo",
+         "no_scale"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:
