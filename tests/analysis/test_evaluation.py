@@ -200,5 +200,6 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
 def test_a_missing_task_folder_is_named(fake_runs):
     from hf_dpmerge.analysis.runs_layout import task_runs
 
-    with pytest.raises(FileNotFoundError, match=r"--tasks bbc-news: no folder .*bbc-news \(did you mean 'bbc'\?\)"):
-        task_runs(fake_runs["runs"], ["bbc-news"])
+    message = r"--tasks election-tweets: no folder .*election-tweets \(did you mean 'election_tweets'\?\)"
+    with pytest.raises(FileNotFoundError, match=message):
+        task_runs(fake_runs["runs"], ["election-tweets"])
