@@ -223,8 +223,19 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
 
 
 def argument_parser() -> HfArgumentParser:
-    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`."""
-    return HfArgumentParser((ScriptArguments, DPSAMConfig))
+    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`, its defaults the
+    values the script runs with (the recipe of :data:`DP_DEFAULTS`, not TrainingArguments'), so ``--help`` shows
+    them, and the refused flags of :data:`REFUSED_FLAGS` left out of ``--help``."""
+    import argparse
+
+    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
+    recipe = parser.parse_known_args(DP_DEFAULTS)[0]
+    given = {action.dest for action in parser._actions if set(action.option_strings) & set(DP_DEFAULTS)}
+    parser.set_defaults(**{name: getattr(recipe, name) for name in given})
+    for action in parser._actions:
+        if action.dest in REFUSED_FLAGS:
+            action.help = argparse.SUPPRESS
+    return parser
 
 
 def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:

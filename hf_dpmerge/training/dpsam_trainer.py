@@ -426,7 +426,7 @@ class DPSAMTrainer(Trainer):
             "name": type(getattr(optimizer, "optimizer", optimizer)).__name__ if optimizer is not None else args.optim,
             "lr": args.learning_rate,
             "head_lr": args.head_learning_rate if args.head_learning_rate is not None else args.learning_rate,
-            "lr_scheduler": str(args.lr_scheduler_type),
+            "lr_scheduler": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),  # "linear"
             **hyper,
         }
         accountant = self.dp_state.accountant
