@@ -213,6 +213,10 @@ def workdir(merge_runs) -> Path:
     record.base_model_hash_tensors, record.base_model_hash = covered, base_fingerprint(base)
     record.save(foreign)
 
+    truncated = shutil.copytree(good, root / "broken" / "truncated")
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+
     dora = get_peft_model(tiny_bert(num_labels=2, seed=0),
                           LoraConfig(r=2, target_modules=["query", "value"], use_dora=True))
     dora.save_pretrained(root / "broken" / "dora")
@@ -255,6 +259,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
+        (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/truncated"]),
+         "broken/truncated/adapter_model.safetensors: unreadable adapter weights"),
         (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "paramters:\n  lambda: 0.5\n"),
          "unknown key 'paramters' (did you mean 'parameters'?)"),
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, "parameters:\n  lambda: 0.5\n",
@@ -263,8 +269,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, ""), "dp_aware needs lambda under the top-level"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "guarantee_override", "mixed_bases", "dora", "top_level_typo", "model_level_typo",
-         "no_scale"],
+         "invalid_override", "guarantee_override", "mixed_bases", "dora", "truncated", "top_level_typo",
+         "model_level_typo", "no_scale"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:
