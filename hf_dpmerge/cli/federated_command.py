@@ -6,10 +6,12 @@ batches of expected size --batch_size) from the global adapter on its own shard 
 factors and head. The server aggregates them (--aggregation fedavg | task_arithmetic | dp_aware) and, with
 --client_noise_multiplier, adds client-level DP: each client's update is clipped to --client_clip_norm S,
 N(0, z²S²) is added to the sum, which is divided by the expected number of sampled clients.
+Client-level δ defaults to 1/(100·K); δ ≥ 1/K needs --allow_large_client_delta.
 
 Reported (federated_privacy.json, the adapter's dp_privacy.json, and printed): each client's example-level
 (ε, δ) over all its rounds (one accountant over all its DP-SGD steps; the global model: the maximum over
-clients, shards being disjoint) and, with server DP, the client-level (ε, δ) of the rounds at (z, q).
+clients, shards being disjoint) and, with server DP, the client-level (ε, δ) of the rounds at (z, q):
+add/remove-one client's whole data, and its ε under replace-one client at the same δ.
 
 Example::
 
@@ -69,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client_noise_multiplier", type=float,
                         help="z: turn on client-level DP at the server (noise N(0, z²S²) on the clipped sum)")
     parser.add_argument("--client_clip_norm", type=float, default=0.1, help="S, L2 clip of a whole client update")
-    parser.add_argument("--client_delta", type=float, help="client-level δ (default: 1/(10·K))")
+    parser.add_argument("--client_delta", type=float, help="client-level δ (default: 1/(100·K), so that K·δ = 1%%)")
+    parser.add_argument("--allow_large_client_delta", action="store_true",
+                        help="permit a client-level δ ≥ 1/K (a weak guarantee; the record says so)")
     parser.add_argument("--concurrent_clients", type=int, default=1, help="clients trained at once (CPUs used)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shards, the initial adapter and training")
     parser.add_argument("--dp_seed", type=int, help="seed the DP noise and sampling (tests only; default: OS entropy)")
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         client_dp = ClientLevelDP(
             noise_multiplier=args.client_noise_multiplier, clip_norm=args.client_clip_norm,
             sample_rate=args.client_sample_rate, num_clients=args.num_clients, accountant=args.accountant,
-            target_delta=args.client_delta,
+            target_delta=args.client_delta, allow_large_delta=args.allow_large_client_delta,
         )
     server = ServerSettings(
         aggregation=args.aggregation, server_learning_rate=args.server_learning_rate,
@@ -138,7 +142,8 @@ def format_guarantee(summary: dict) -> str:
                  f"steps accounted: {example['steps_accounted']} (steps per client: {steps})")
     client = summary["released"]["client_level"]
     lines.append("client level: none (no server-side DP; pass --client_noise_multiplier)" if client is None else
-                 f"client level: (ε = {client['epsilon']:.3g}, δ = {client['delta']:.3g}) per client "
+                 f"client level: (ε = {client['epsilon']:.3g}, δ = {client['delta']:.3g}) per client added or "
+                 f"removed, ε = {client['epsilon_replace_one']:.3g} per client replaced "
                  f"(z = {client['noise_multiplier']:g}, S = {client['clip_norm']:g}, q = {client['sample_rate']:g}, "
                  f"{client['rounds']} rounds)")
     return "\n".join(lines)

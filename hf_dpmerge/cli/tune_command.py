@@ -10,6 +10,12 @@ Example::
     hf-dpmerge tune merge_configs/task_arithmetic.yaml merged/tuned --grid lambda=0.3,0.5,0.7,1.0 \\
         --epsilon 1 --runs runs --tasks rotten_tomatoes,election_tweets --lora-merge-cache runs/lora_cache
 
+Validation size (``--validation_size``): a PUBLIC number n of validation examples per task (default 500;
+``N`` for every task or ``TASK=N,TASK=N``), stated before looking at the data. Each task's validation set is
+subsampled uniformly at random to n examples (a smaller set scores its missing examples as wrong), so
+Δ = 1/(T·n) and the selection is ε_sel-DP under the addition, removal or replacement of one example; the
+private set sizes are neither used in Δ nor written anywhere. A larger n uses more of each set.
+
 Composition (``--composition``): ``sequential`` (default; the validation data may belong to the people the
 adapters were trained on): ε_total = max_t ε_t + ε_sel. ``parallel`` only when the validation people are
 disjoint from the training people: ε_total = max(max_t ε_t, ε_sel); the record and card say which.
@@ -23,7 +29,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hf_dpmerge.records.private_selection import MECHANISMS
+    from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
     from hf_dpmerge.records.selection_record import COMPOSITIONS
 
     parser.description = __doc__
@@ -38,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exponential (report-noisy-max with Gumbel noise) or permute_and_flip")
     parser.add_argument("--composition", choices=COMPOSITIONS, default="sequential",
                         help="how ε_sel composes with the adapters' ε (default sequential; see above)")
+    parser.add_argument("--validation_size", default=str(DEFAULT_VALIDATION_SIZE), metavar="N|TASK=N,...",
+                        help="public number of validation examples scored per task (subsampled at random; "
+                        f"default {DEFAULT_VALIDATION_SIZE}; see above)")
     parser.add_argument("--runs", default="runs", help="training output folder with base/ and <task>/adapter/")
     parser.add_argument("--tasks", help="comma-separated run folders to score (default: every one)")
     parser.add_argument("--base", help="base model directory (default: <runs>/base)")
@@ -51,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.analysis.runs_layout import BASE_DIR, task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks
     from hf_dpmerge.merging.config_edit import read_merge_config
-    from hf_dpmerge.scripts.tune import GridAxis, tune_merge
+    from hf_dpmerge.scripts.tune import GridAxis, parse_validation_size, tune_merge
 
     check_positive(args, "epsilon", "batch_size")
     config = read_merge_config(args.config)
@@ -59,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     runs = task_runs(args.runs, parse_tasks(args.tasks))
     record = tune_merge(
         config, grid, runs, args.output, epsilon=args.epsilon, mechanism=args.mechanism,
-        composition=args.composition, base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
+        composition=args.composition, validation_size=parse_validation_size(args.validation_size),
+        base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
         lora_merge_cache=args.lora_merge_cache, batch_size=args.batch_size, device=args.device,
         log=lambda line: print(line, file=sys.stderr),
     )

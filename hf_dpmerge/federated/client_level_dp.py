@@ -6,10 +6,17 @@ update u_k (all its tensors flattened into one vector) is clipped to L2 norm S, 
 
     ū = (Σ_{k sampled} clip_S(u_k) + N(0, z²S²·I)) / (q·K)
 
-is released: adding or removing one client changes the sum by at most S, so one round is a subsampled
-Gaussian mechanism with noise multiplier z at rate q, and R rounds are accounted as R steps of opacus'
-accountant at (z, q). The denominator q·K (the expected number of sampled clients) is a public constant;
-dividing by the realised count would make the sensitivity data-dependent. docs/design.md §12.
+is released. Neighbouring federations differ by one client's whole data (add/remove-one client): adding
+or removing it changes the sum by at most S, so one round is a subsampled Gaussian mechanism with noise
+multiplier z at rate q, and R rounds are accounted as R steps of opacus' accountant at (z, q). Replacing one
+client's data changes the sum by up to 2S; that ε is stated beside it (PLD accountant,
+:func:`~hf_dpmerge.training.dp.accounting.replace_one_epsilon`). The denominator q·K (the expected number of
+sampled clients) is a public constant; dividing by the realised count would make the sensitivity
+data-dependent. Why Flower's DP wrappers are not used: docs/design.md §12.
+
+δ defaults to 1/(100·K): the chance that the guarantee fails for SOME client is at most K·δ = 1% whatever
+K (1/(10·K) would be 10%, and δ = 0.025 at K = 4). δ ≥ 1/K, which a mechanism releasing one random client's
+data in the clear satisfies, is refused unless ``allow_large_delta``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_dpmerge.training.dp.accounting import PrivacyAccountant, resolve_delta
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant
 
 Update = Mapping[str, torch.Tensor]
 
@@ -75,10 +82,16 @@ def private_mean_update(
     return total
 
 
+def default_client_delta(num_clients: int) -> float:
+    """δ = 1/(100·K): K·δ, the union bound on the guarantee failing for some client, is 1% for every K."""
+    return 1 / (100 * num_clients)
+
+
 @dataclass(frozen=True)
 class ClientLevelDP:
     """The server's mechanism: clip norm S, noise multiplier z, client sample rate q over K clients, δ
-    (default 1/(10·K), as for examples), accounted with opacus' ``accountant`` ('prv' or 'rdp')."""
+    (default :func:`default_client_delta`; ≥ 1/K only with ``allow_large_delta``), accounted with opacus'
+    ``accountant`` ('prv' or 'rdp')."""
 
     noise_multiplier: float
     clip_norm: float
@@ -86,6 +99,7 @@ class ClientLevelDP:
     num_clients: int
     accountant: str = "prv"
     target_delta: float | None = None
+    allow_large_delta: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.sample_rate <= 1:
@@ -94,15 +108,17 @@ class ClientLevelDP:
             raise ValueError(f"--client_clip_norm must be > 0, got {self.clip_norm}")
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
             raise ValueError(f"--client_noise_multiplier must be > 0, got {self.noise_multiplier}")
-        if not 0 < self.delta < 1 / self.num_clients:
+        if not 0 < self.delta < 1:
+            raise ValueError(f"--client_delta must lie in (0, 1), got {self.delta:g}")
+        if self.delta >= 1 / self.num_clients and not self.allow_large_delta:
             raise ValueError(
-                f"client-level δ={self.delta:g} must lie in (0, 1/K = {1 / self.num_clients:g}): a larger δ "
-                "allows releasing a whole client's data; lower --client_delta"
+                f"client-level δ={self.delta:g} ≥ 1/K = {1 / self.num_clients:g}: such a δ allows releasing a "
+                "whole client's data; lower --client_delta or pass --allow_large_client_delta"
             )
 
     @property
     def delta(self) -> float:
-        return resolve_delta(self.target_delta, self.num_clients)
+        return self.target_delta if self.target_delta is not None else default_client_delta(self.num_clients)
 
     @property
     def expected_clients(self) -> float:

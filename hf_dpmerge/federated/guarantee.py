@@ -9,8 +9,11 @@ are disjoint, so the global model is (max_k ε_k, max_k δ_k)-DP per example (pa
 the server's aggregation is post-processing).
 
 Client level (a client's whole shard, only with server-side DP): R rounds of the subsampled Gaussian
-mechanism at (z, q) (:mod:`~hf_dpmerge.federated.client_level_dp`). A change to one example changes one
-client's data, so the client-level (ε, δ) also bounds the example-level one.
+mechanism at (z, q) (:mod:`~hf_dpmerge.federated.client_level_dp`). ``epsilon`` holds for federations that
+differ by one client's whole data present or absent (add/remove-one, opacus' accountant);
+``epsilon_replace_one`` for one client's data swapped for other data (PLD accountant, the same pair as
+the adapters' records: docs/design.md §9). A change to one example changes one client's data, so the
+client-level (ε, δ) also bounds the example-level one.
 
 What is released: subsampling amplifies the client-level guarantee only while it stays secret which
 clients were sampled, so the released record (:func:`released_guarantee`) never lists participation. With
@@ -25,8 +28,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
-from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, replace_one_epsilon
+
+CLIENT_UNIT = "client (its whole shard)"
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,17 @@ def client_example_level(
 
 
 def client_level_guarantee(client_dp: ClientLevelDP, rounds: int) -> dict[str, Any]:
-    """(ε, δ) of ``rounds`` rounds of the server's mechanism, with its parameters."""
+    """(ε, δ) of ``rounds`` rounds of the server's mechanism under add/remove-one client, its replace-one ε
+    at the same δ, and its parameters."""
     accountant = client_dp.accountant_for_rounds()
     return {
         "epsilon": accountant.epsilon_after(rounds), "delta": client_dp.delta, "rounds": rounds,
+        "privacy_unit": CLIENT_UNIT, "neighbouring_relation": ADD_REMOVE_ONE,
+        "epsilon_replace_one": replace_one_epsilon(
+            effective_noise_multiplier=client_dp.noise_multiplier, sample_rate=client_dp.sample_rate,
+            steps=rounds, delta=client_dp.delta,
+        ),
+        "allow_large_delta": client_dp.allow_large_delta,
         "noise_multiplier": client_dp.noise_multiplier, "clip_norm": client_dp.clip_norm,
         "sample_rate": client_dp.sample_rate, "num_clients": client_dp.num_clients,
         "expected_clients": client_dp.expected_clients, "accountant": client_dp.accountant,

@@ -9,28 +9,45 @@ Both are ε-DP for utilities u_k(D) of global sensitivity Δ = max_k max_{D~D'} 
   the first k whose coin with P(heads) = exp(ε·(u_k − max_j u_j) / (2Δ)) comes up heads (the best one always
   does). Never worse in expected utility than the exponential mechanism.
 
-The utility of a merge is its validation accuracy averaged over T tasks, each with its denominator fixed at
-the public size n_t of the task's validation set: u = (1/T)·Σ_t c_t / n_t, c_t the number of correct
-predictions. Adding, removing or replacing one validation example changes one c_t by at most 1, so
-Δ = max_t 1 / (T·n_t) under add/remove and under replace-one alike (a recomputed denominator would make
-add/remove's sensitivity 1/(n_t − 1) at the released size and unbounded over all sizes).
+The utility of a merge is its validation accuracy averaged over T tasks on public denominators: each task t
+has a stated validation size n_t (public, fixed before the data is read; ``--validation_size``), its
+validation set D_t is subsampled uniformly at random to min(n_t, |D_t|) examples (one subsample shared by
+every candidate), and u = (1/T)·Σ_t c_t / n_t, c_t the correct predictions on the subsample (examples missing
+when |D_t| < n_t count as wrong). Then Δ = max_t 1/(T·n_t) and the selection is ε-DP under the addition, the
+removal and the replacement of one validation example, each directly (docs/design.md §13 couples an
+add/remove neighbour's subsample to a replace-one neighbour of a subsample). The private sizes |D_t| enter
+neither Δ nor the denominators: with denominators |D_t|, removing one example of the smallest set also
+rescales every utility, and the log-probability ratio grows to ≈ ε·T/2.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 MECHANISMS = ("exponential", "permute_and_flip")
 
 
-def accuracy_sensitivity(validation_sizes: Sequence[int]) -> float:
-    """Δ = max_t 1/(T·n_t) of the task-averaged accuracy with public denominators n_t (module docstring)."""
-    if not validation_sizes or min(validation_sizes) < 1:
-        raise ValueError(f"every task needs at least one validation example, got sizes {list(validation_sizes)}")
-    return 1.0 / (len(validation_sizes) * min(validation_sizes))
+DEFAULT_VALIDATION_SIZE = 500
+
+
+def accuracy_sensitivity(validation_size: Sequence[int]) -> float:
+    """Δ = max_t 1/(T·n_t) of the task-averaged accuracy with the PUBLIC validation sizes n_t (module docstring)."""
+    if not validation_size or min(validation_size) < 1:
+        raise ValueError(f"--validation_size must be at least 1 for every task, got {list(validation_size)}")
+    return 1.0 / (len(validation_size) * min(validation_size))
+
+
+def subsample_indices(size: int, validation_size: int, rng: np.random.Generator) -> np.ndarray:
+    """min(n, size) distinct indices of ``range(size)``, sorted: each subset of that size equally likely."""
+    return np.sort(rng.choice(size, size=min(validation_size, size), replace=False))
+
+
+def task_averaged_accuracy(counts: Mapping[str, int], validation_size: Mapping[str, int]) -> float:
+    """u = (1/T)·Σ_t c_t / n_t on the denominators ``validation_size`` (module docstring)."""
+    return float(np.mean([counts[task] / validation_size[task] for task in validation_size]))
 
 
 def selection_probabilities(utilities: Sequence[float], epsilon: float, sensitivity: float) -> np.ndarray:

@@ -9,8 +9,9 @@ datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.m
 - ``parallel`` — the validation individuals are disjoint from the training individuals (opt-in by name):
   (max(max_t ε_t, ε_sel), max_t δ_t).
 
-The unit is one example, as in the adapters' records. Validation scores are never stored: only the
-candidates, the choice and the accounting.
+The unit is one example, as in the adapters' records. Validation scores are never stored, nor the private
+validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
+Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
 COMPOSITIONS = ("sequential", "parallel")
-SELECTION_SCHEMA_VERSION = 1
+SELECTION_SCHEMA_VERSION = 2
 
 
 def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: float, composition: str
@@ -50,8 +51,10 @@ def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: flo
 class SelectionRecord:
     """One private selection among candidate merges, and the guarantee it composes to with the adapters'.
 
-    ``candidates`` holds each candidate's grid settings; ``chosen`` indexes it. ``validation_sizes`` are the
-    public denominators n_t; ``sensitivity`` is Δ of the utility. ``adapters`` holds each task's (ε, δ).
+    ``candidates`` holds each candidate's grid settings; ``chosen`` indexes it. ``validation_size`` holds the
+    public n_t per task (the subsample size and denominator; never the private set's size); ``sensitivity`` is
+    Δ of the utility and ``relation`` the neighbouring relations under which ε_sel holds. ``adapters`` holds
+    each task's (ε, δ).
     """
 
     mechanism: str
@@ -63,7 +66,7 @@ class SelectionRecord:
     composition: str
     candidates: list[dict[str, Any]]
     chosen: int
-    validation_sizes: dict[str, int]
+    validation_size: dict[str, int]
     adapters: dict[str, dict[str, float]]
     total_epsilon: float
     total_delta: float
@@ -82,6 +85,9 @@ class SelectionRecord:
             data = json.loads(path.read_text())
             if data.get("schema_version", 0) > SELECTION_SCHEMA_VERSION:
                 raise ValueError(f"schema {data['schema_version']} is newer than this hf_dpmerge understands")
+            if data.get("schema_version", 0) < SELECTION_SCHEMA_VERSION:
+                raise ValueError("schema 1 took Δ from the private validation sizes, which does not bound ε_sel "
+                                 "for 3 or more tasks")
             return cls(**data)
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
@@ -95,13 +101,15 @@ class SelectionRecord:
                 "individuals): ε_total = max(max_t ε_t, ε_sel)")
         total = ("∞: at least one adapter is not differentially private" if not math.isfinite(self.total_epsilon)
                  else f"**({self.total_epsilon:.3g}, {self.total_delta:.3g})-DP**")
-        sizes = ", ".join(f"{task}: {n}" for task, n in self.validation_sizes.items())
+        sizes = set(self.validation_size.values())
+        size = (f"n = {sizes.pop()} per task" if len(sizes) == 1 else
+                "n = " + ", ".join(f"{task}: {n}" for task, n in self.validation_size.items()))
         return (
             f"The merge hyper-parameters were selected on private validation data by the {self.mechanism} "
             f"mechanism among {len(self.candidates)} candidates ({settings} was chosen), at ε_sel = "
-            f"{self.epsilon:.3g} (pure ε-DP; utility: {self.utility}, sensitivity Δ = {self.sensitivity:.3g} "
-            f"per {self.relation} of one {self.unit}; validation sizes {sizes}). Composed with the adapters by "
-            f"{rule}, the released model is {total}.\n"
+            f"{self.epsilon:.3g} (pure ε-DP under the {self.relation} of one {self.unit}; utility: "
+            f"{self.utility}, public validation size {size}, sensitivity Δ = {self.sensitivity:.3g}). "
+            f"Composed with the adapters by {rule}, the released model is {total}.\n"
         )
 
 

@@ -3,11 +3,13 @@
 Candidates are a base mergekit config with grid values substituted (``lambda=0.3,0.6`` sets the top-level
 ``parameters.lambda``; ``1.weight=0.5,1`` sets ``models[1].parameters.weight``; the Cartesian product of all
 grids). Each candidate is merged with mergekit's ``run_merge`` (our guarded one), each task's head is put
-on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its validation accuracy counted. One
-candidate is chosen by an ε-DP mechanism over the task-averaged accuracy (:mod:`hf_dpmerge.records.
-private_selection`); the chosen merge is kept with a ``dp_selection.json`` that composes ε_sel with the
-adapters' records (:mod:`hf_dpmerge.records.selection_record`), which ``hf-dpmerge push`` puts on the card.
-The scores themselves never leave this module.
+on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy counted on a uniform random
+subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
+candidates). One candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
+(:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
+composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`), which
+``hf-dpmerge push`` puts on the card.
+The scores and the private validation set sizes never leave this module.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,18 @@ from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split
 from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import predictions_from_logits
 from hf_dpmerge.merging.config_edit import with_parameter
-from hf_dpmerge.records.private_selection import accuracy_sensitivity, select_private
+from hf_dpmerge.records.private_selection import (
+    DEFAULT_VALIDATION_SIZE,
+    accuracy_sensitivity,
+    select_private,
+    subsample_indices,
+    task_averaged_accuracy,
+)
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
 
-UTILITY = "validation accuracy averaged over tasks, denominators fixed at the validation sizes"
+UTILITY = ("task-averaged validation accuracy, each task's correct predictions on n of its validation examples "
+           "drawn uniformly at random (missing ones counted wrong) over n")
+RELATION = "addition, removal or replacement"  # each bounded directly (docs/design.md §13)
 
 
 @dataclass(frozen=True)
@@ -103,9 +113,37 @@ def correct_counts(merged_dir: Path, runs: Sequence[TaskRun], validation: dict[s
     return counts
 
 
-def task_averaged_accuracy(counts: dict[str, int], sizes: dict[str, int]) -> float:
-    """u = (1/T)·Σ_t c_t / n_t."""
-    return float(np.mean([counts[task] / sizes[task] for task in sizes]))
+def parse_validation_size(text: str) -> int | dict[str, int]:
+    """``--validation_size``: ``N`` (every task) or ``TASK=N,TASK=N`` (one per task)."""
+    try:
+        if "=" not in text:
+            return int(text)
+        pairs = [item.split("=") for item in text.split(",")]
+        sizes = {task.strip(): int(n) for task, n in pairs}
+        if len(sizes) != len(pairs):
+            raise ValueError
+        return sizes
+    except ValueError:
+        raise ValueError(f"--validation_size {text!r}: expected N or TASK=N,TASK=N (e.g. 500)") from None
+
+
+def public_validation_size(validation_size: int | Mapping[str, int], tasks: Sequence[str]) -> dict[str, int]:
+    """The public n_t of every task in ``tasks``; refuses a missing or unknown task and n_t < 1."""
+    sizes = (dict(validation_size) if isinstance(validation_size, Mapping)
+             else dict.fromkeys(tasks, validation_size))
+    if set(sizes) != set(tasks):
+        raise ValueError(f"--validation_size names {sorted(sizes)} but the tasks are {sorted(tasks)}; give one "
+                         "size for every task, or one number for all")
+    if not all(isinstance(n, int) and n >= 1 for n in sizes.values()):
+        raise ValueError(f"--validation_size must be a whole number ≥ 1 for every task, got {sizes}")
+    return {task: sizes[task] for task in tasks}
+
+
+def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, int], rng: np.random.Generator
+                 ) -> dict[str, Any]:
+    """Each task's validation set subsampled uniformly at random to min(n_t, |D_t|) examples."""
+    return {task: data.select(subsample_indices(len(data), validation_size[task], rng))
+            for task, data in validation.items()}
 
 
 def tune_merge(
@@ -118,27 +156,33 @@ def tune_merge(
     mechanism: str,
     composition: str,
     base_dir: Path,
+    validation_size: int | Mapping[str, int] = DEFAULT_VALIDATION_SIZE,
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
     rng: np.random.Generator | None = None,
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
-    """Merge and score every candidate, select one ε-DP, keep it at ``output_dir`` with its selection record."""
+    """Merge and score every candidate, select one ε-DP, keep it at ``output_dir`` with its selection record.
+
+    ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
+    selection (default: seeded from OS entropy).
+    """
     from hf_dpmerge.merging.output_dir import check_merge_output
 
     output_dir = Path(output_dir)
     if regression := [run.name for run in runs if run.spec.is_regression]:
         raise ValueError(f"tune scores accuracy; {regression} are regression tasks: leave them out of --tasks")
+    size = public_validation_size(validation_size, [run.name for run in runs])
     check_merge_output(str(output_dir), False)
     candidates = candidate_configs(config, grid)
     records = {run.name: run.record for run in runs}
     total_epsilon, total_delta = composed_guarantee(records, epsilon, composition)  # refuses a bad --composition
     torch_device = resolve_device(device)
     tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
-    validation = {run.name: load_split(run, "validation", tokenizer) for run in runs}
-    sizes = {name: len(data) for name, data in validation.items()}
-    sensitivity = accuracy_sensitivity(list(sizes.values()))
+    rng = rng or np.random.default_rng()
+    validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
+    sensitivity = accuracy_sensitivity(list(size.values()))
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.candidates-", dir=output_dir.parent))
     try:
@@ -147,12 +191,12 @@ def tune_merge(
             log(f"candidate {index + 1}/{len(candidates)}: {settings}")
             merged = merge_candidate(candidate, scratch / str(index), lora_merge_cache, device)
             utilities.append(task_averaged_accuracy(
-                correct_counts(merged, runs, validation, tokenizer, batch_size, torch_device), sizes))
-        chosen = select_private(utilities, epsilon, sensitivity, mechanism, rng or np.random.default_rng())
+                correct_counts(merged, runs, validation, tokenizer, batch_size, torch_device), size))
+        chosen = select_private(utilities, epsilon, sensitivity, mechanism, rng)
         record = SelectionRecord(
             mechanism=mechanism, epsilon=epsilon, sensitivity=sensitivity, utility=UTILITY,
-            relation="addition, removal or replacement", unit="validation example", composition=composition,
-            candidates=[settings for settings, _ in candidates], chosen=chosen, validation_sizes=sizes,
+            relation=RELATION, unit="validation example", composition=composition,
+            candidates=[settings for settings, _ in candidates], chosen=chosen, validation_size=size,
             adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
                       for name, r in records.items()},
             total_epsilon=total_epsilon, total_delta=total_delta,

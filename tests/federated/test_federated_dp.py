@@ -17,6 +17,7 @@ from hf_dpmerge.federated.aggregation import (
 from hf_dpmerge.federated.client_level_dp import (
     ClientLevelDP,
     clip_update,
+    default_client_delta,
     private_mean_update,
     sample_clients,
 )
@@ -25,6 +26,7 @@ from hf_dpmerge.federated.guarantee import (
     federated_guarantee,
     released_guarantee,
 )
+from tests.utils.independent_accounting import gaussian_epsilon, independent_replace_one_epsilon
 from tests.utils.records import privacy_record
 from tests.utils.tiny_models import save_tiny_bert
 
@@ -91,13 +93,48 @@ def test_client_level_epsilon_is_opacus_accountant_at_z_q_over_rounds(accountant
     direct = opacus_accountant()
     for _ in range(30):
         direct.step(noise_multiplier=1.1, sample_rate=0.2)
-    assert reported["delta"] == pytest.approx(1 / 1000)  # default 1/(10·K)
-    assert reported["epsilon"] == pytest.approx(direct.get_epsilon(delta=1 / 1000), rel=1e-6)
+    assert reported["delta"] == pytest.approx(1 / 10_000)  # default 1/(100·K)
+    assert reported["epsilon"] == pytest.approx(direct.get_epsilon(delta=1 / 10_000), rel=1e-6)
+    assert reported["neighbouring_relation"] == "add/remove-one" and reported["privacy_unit"].startswith("client")
 
 
-def test_client_level_delta_must_be_below_one_over_k():
-    with pytest.raises(ValueError, match="--client_delta"):
-        ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=4, target_delta=0.3)
+def test_client_level_replace_one_epsilon_matches_an_independent_accountant():
+    # the audited run (z = 2, q = 0.5, 2 rounds, δ = 1/40): RDP add/remove ε 0.719, replace-one ε 1.12
+    mechanism = ClientLevelDP(noise_multiplier=2.0, clip_norm=0.05, sample_rate=0.5, num_clients=4,
+                              accountant="rdp", target_delta=1 / 40)
+    reported = federated_guarantee({}, mechanism, rounds=2)["client_level"]
+    assert reported["epsilon"] == pytest.approx(0.719, abs=1e-3)
+    independent = independent_replace_one_epsilon(2.0, 0.5, 2, 1 / 40)
+    assert reported["epsilon_replace_one"] == pytest.approx(independent, rel=0.01)
+    assert reported["epsilon_replace_one"] == pytest.approx(1.12, abs=0.01)
+
+
+def test_client_level_replace_one_epsilon_without_sampling_is_the_gaussian_at_sensitivity_2s():
+    # q = 1: every round is the Gaussian mechanism, sensitivity 2S against noise zS, so R rounds are μ = 2√R/z
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.5, sample_rate=1.0, num_clients=4, accountant="prv")
+    reported = federated_guarantee({}, mechanism, rounds=4)["client_level"]
+    exact = gaussian_epsilon(2 * math.sqrt(4) / 1.0, 1 / 400)
+    assert exact <= reported["epsilon_replace_one"] <= exact + 0.02  # PLD rounds pessimistically
+    assert reported["epsilon"] == pytest.approx(gaussian_epsilon(math.sqrt(4) / 1.0, 1 / 400), rel=0.01)
+
+
+@pytest.mark.parametrize("num_clients", [1, 4, 100, 10_000])
+def test_default_client_delta_scales_with_the_number_of_clients(num_clients):
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=num_clients)
+    assert mechanism.delta == default_client_delta(num_clients) == pytest.approx(0.01 / num_clients)
+    assert num_clients * mechanism.delta == pytest.approx(0.01)  # union bound over all clients: 1%
+
+
+def test_client_level_delta_at_or_above_one_over_k_needs_the_opt_in():
+    with pytest.raises(ValueError, match="--allow_large_client_delta"):
+        ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=4, target_delta=0.25)
+    weak = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=4, target_delta=0.25,
+                         allow_large_delta=True)
+    stated = federated_guarantee({}, weak, rounds=1)["client_level"]
+    assert stated["delta"] == 0.25 and stated["allow_large_delta"] is True
+    with pytest.raises(ValueError, match="--client_delta must lie in"):
+        ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=4, target_delta=1.0,
+                      allow_large_delta=True)
 
 
 def test_example_level_composes_all_rounds_in_one_accountant():
@@ -190,7 +227,7 @@ def test_released_guarantee_hides_participation_under_client_level_dp():
 @pytest.mark.parametrize("flags, message", [
     (["--num_clients", "0"], "--num_clients must be ≥ 1"),
     (["--batch_size", "64"], "fewer than --batch_size 64"),
-    (["--client_noise_multiplier", "1", "--client_delta", "0.5"], "--client_delta"),
+    (["--client_noise_multiplier", "1", "--client_delta", "0.25"], "--allow_large_client_delta"),
     (["--server_learning_rate", "0.5"], "--aggregation task_arithmetic"),
 ], ids=["count", "shard", "client_delta", "fedavg_rate"])
 def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):

@@ -53,14 +53,17 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     client_level = summary["guarantee"]["client_level"]
     direct = RDPAccountant()
     direct.history = [(2.0, 0.5, 2)]
-    assert client_level["epsilon"] == pytest.approx(direct.get_epsilon(delta=1 / 40), rel=1e-9)
+    assert client_level["epsilon"] == pytest.approx(direct.get_epsilon(delta=1 / 400), rel=1e-9)  # 1/(100·K)
+    assert client_level["epsilon_replace_one"] == pytest.approx(replace_one_epsilon(
+        effective_noise_multiplier=2.0, sample_rate=0.5, steps=2, delta=1 / 400))
+    assert client_level["neighbouring_relation"] == "add/remove-one" and not client_level["allow_large_delta"]
     trained = {c["client"]: c["rounds_trained"] for c in summary["guarantee"]["example_level"]["clients"]}
     sampled = [c for h in summary["history"] for c in h["sampled_clients"]]
     assert trained == {c: sampled.count(c) for c in set(sampled)}  # each client accounted for its own rounds
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
     assert record.extra["federated"]["client_level"] == client_level
     card = (tmp_path / "fed" / "adapter" / "README.md").read_text()
-    assert f"(ε = {client_level['epsilon']:.3g}, δ = 0.025) over 2 rounds" in card
+    assert f"(ε = {client_level['epsilon']:.3g}, δ = 0.0025) over 2 rounds" in card
     # released: no participation; each client's example-level ε as if sampled in all 2 rounds (4 steps ≤ ε 8)
     assert record.steps == 4  # every round counted, whatever the draw
     released = json.dumps(record.to_dict())

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from collections import Counter
+from dataclasses import asdict
 
 import numpy as np
 import pytest
+from scipy.signal import convolve
 
-from hf_dpmerge.records.private_selection import accuracy_sensitivity, select_private, selection_probabilities
+from hf_dpmerge.records.private_selection import (
+    accuracy_sensitivity,
+    select_private,
+    selection_probabilities,
+    subsample_indices,
+    task_averaged_accuracy,
+)
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
 
 UTILITIES = [0.61, 0.74, 0.70, 0.52, 0.73]
@@ -70,17 +80,143 @@ def test_permute_and_flip_samples_its_exact_distribution_which_is_epsilon_dp() -
     assert np.all(np.maximum(here / neighbour, neighbour / here) <= math.exp(1.0) + 1e-12)
 
 
-def test_accuracy_sensitivity_is_one_example_of_the_smallest_task_over_the_task_count() -> None:
+def test_accuracy_sensitivity_is_one_example_of_the_smallest_public_size_over_the_task_count() -> None:
     assert accuracy_sensitivity([1000, 250, 500]) == pytest.approx(1 / (3 * 250))
-    counts, sizes = np.array([600, 200, 400]), np.array([1000, 250, 500])
-    utility = np.mean(counts / sizes)
+    counts, sizes = np.array([600, 200, 400]), {"a": 1000, "b": 250, "c": 500}
+    utility = task_averaged_accuracy(dict(zip(sizes, counts, strict=True)), sizes)
+    assert utility == pytest.approx((0.6 + 0.8 + 0.8) / 3)
     for task in range(3):  # one example added, removed or replaced in any task moves one count by ≤ 1
         for change in (-1, 1):
             moved = counts.copy()
             moved[task] += change
-            assert abs(np.mean(moved / sizes) - utility) <= accuracy_sensitivity(list(sizes)) + 1e-15
-    with pytest.raises(ValueError, match="at least one validation example"):
+            moved_utility = task_averaged_accuracy(dict(zip(sizes, moved, strict=True)), sizes)
+            assert abs(moved_utility - utility) <= accuracy_sensitivity(list(sizes.values())) + 1e-15
+    with pytest.raises(ValueError, match="--validation_size"):
         accuracy_sensitivity([10, 0])
+
+
+def test_subsample_is_uniform_over_the_subsets_of_size_min_n_and_the_set_size() -> None:
+    rng = np.random.default_rng(3)
+    assert subsample_indices(3, 5, rng).tolist() == [0, 1, 2]  # a set smaller than n is kept whole
+    assert subsample_indices(0, 5, rng).tolist() == []
+    draws = 6000
+    counts = Counter(tuple(subsample_indices(5, 2, rng).tolist()) for _ in range(draws))
+    assert set(counts) == set(itertools.combinations(range(5), 2))
+    expected = draws / 10
+    assert sum((c - expected) ** 2 / expected for c in counts.values()) < 27.88  # χ²(9 d.o.f.) 0.999 quantile
+
+
+# --------------------------------------------------------------- exact privacy over enumerated neighbours
+# Each validation example is a 0/1 vector: which of the K candidate merges classify it correctly. A task's
+# validation set is a list of them; the mechanism's exact output law averages the exponential mechanism (or
+# permute-and-flip) over every equally likely subsample, and is compared on every neighbouring collection.
+
+K = 3
+N_PUBLIC = 3
+EXAMPLE_TYPES = list(itertools.product((0, 1), repeat=K))
+
+
+def _count_law(examples: list[tuple[int, ...]], n: int) -> np.ndarray:
+    """Exact law of the task's correct-count vector c ∈ {0..n}^K over the uniform min(n, |D|)-subsamples."""
+    law = np.zeros((n + 1,) * K)
+    subsets = list(itertools.combinations(examples, min(n, len(examples))))
+    for subset in subsets:
+        law[tuple(np.sum(np.array(subset, dtype=int).reshape(-1, K), axis=0))] += 1 / len(subsets)
+    return law
+
+
+def _kernels(tasks: int, epsilon: float) -> dict[str, np.ndarray]:
+    """P(k | total counts c) of both mechanisms, u = c/(T·n) (one public n for all tasks), Δ from the public n."""
+    sensitivity = accuracy_sensitivity([N_PUBLIC] * tasks)
+    shape = (tasks * N_PUBLIC + 1,) * K
+    kernels = {name: np.zeros((*shape, K)) for name in ("exponential", "permute_and_flip")}
+    for cell in np.ndindex(*shape):
+        utility = [task_averaged_accuracy({"all": c}, {"all": tasks * N_PUBLIC}) for c in cell]
+        kernels["exponential"][cell] = selection_probabilities(utility, epsilon, sensitivity)
+        kernels["permute_and_flip"][cell] = _exact_permute_and_flip(utility, epsilon, sensitivity)
+    return kernels
+
+
+def _neighbours(examples: list[tuple[int, ...]]):
+    """Every set that differs from ``examples`` by the addition, removal or replacement of one example."""
+    for i in range(len(examples)):
+        yield examples[:i] + examples[i + 1:]
+        yield from (examples[:i] + [kind] + examples[i + 1:] for kind in EXAMPLE_TYPES if kind != examples[i])
+    yield from ([*examples, kind] for kind in EXAMPLE_TYPES)
+
+
+def _task_sets(tasks: int, kind: str, seed: int) -> list[list[tuple[int, ...]]]:
+    """Sizes cycle below, at and above the public n = 3; 'separated': candidate 0 always right, 1 always wrong."""
+    rng = np.random.default_rng(seed)
+    sizes = [(2, 3, 4, 5), (1, 3, 5, 2)][kind == "random"]
+    sets = []
+    for t in range(tasks):
+        size = sizes[t % len(sizes)]
+        if kind == "separated":
+            sets.append([(1, 0, int(b)) for b in rng.integers(0, 2, size)])
+        else:
+            sets.append([EXAMPLE_TYPES[i] for i in rng.integers(0, len(EXAMPLE_TYPES), size)])
+    return sets
+
+
+def _log_ratio(here: np.ndarray, there: np.ndarray) -> float:
+    return float(np.max(np.abs(np.log(here) - np.log(there))))
+
+
+def _worst_log_ratio_public_size(task_sets, kernel: np.ndarray) -> float:
+    """The selection as ``hf-dpmerge tune`` makes it (subsample to the public n, u on n, Δ from n): the largest
+    |log P(k | D) − log P(k | D')| over every neighbour D' and outcome k, exactly.
+
+    P(k | D) = Σ_c P(c_t = c)·G_t(c, k) with G_t(c, k) = Σ_r P(Σ_{s≠t} c_s = r)·P(k | c + r): the other tasks'
+    laws are convolved once per changed task t."""
+    laws = [_count_law(examples, N_PUBLIC) for examples in task_sets]
+    prefix, suffix = [np.ones((1,) * K)], [np.ones((1,) * K)]
+    for law in laws:
+        prefix.append(convolve(prefix[-1], law, method="direct"))
+    for law in reversed(laws):
+        suffix.insert(0, convolve(law, suffix[0], method="direct"))
+    here = np.tensordot(prefix[-1], kernel, axes=K)
+    worst = 0.0
+    for t, examples in enumerate(task_sets):
+        rest = convolve(prefix[t], suffix[t + 1], method="direct")
+        given = np.zeros((N_PUBLIC + 1,) * K + (K,))
+        for cell in np.ndindex(*given.shape[:K]):
+            window = tuple(slice(c, c + r) for c, r in zip(cell, rest.shape, strict=True))
+            given[cell] = np.tensordot(rest, kernel[window], axes=K)
+        for changed in _neighbours(examples):
+            worst = max(worst, _log_ratio(here, np.tensordot(_count_law(changed, N_PUBLIC), given, axes=K)))
+    return worst
+
+
+def _old_private_size_selection(task_sets, epsilon: float) -> np.ndarray:
+    """The selection before the sizes were public: every example scored, denominators and Δ from |D_t|."""
+    sizes = {str(t): len(examples) for t, examples in enumerate(task_sets)}
+    utility = [task_averaged_accuracy({str(t): sum(e[k] for e in examples) for t, examples in enumerate(task_sets)},
+                                      sizes) for k in range(K)]
+    return selection_probabilities(utility, epsilon, accuracy_sensitivity(list(sizes.values())))
+
+
+def _worst_log_ratio_private_size(task_sets, epsilon: float) -> float:
+    here = _old_private_size_selection(task_sets, epsilon)
+    return max(_log_ratio(here, _old_private_size_selection([*task_sets[:t], changed, *task_sets[t + 1:]], epsilon))
+               for t, examples in enumerate(task_sets) for changed in _neighbours(examples))
+
+
+@pytest.mark.parametrize("tasks", [2, 3, 4, 8])
+def test_the_selection_is_epsilon_dp_over_every_enumerated_neighbour(tasks: int) -> None:
+    epsilon = 1.0
+    kernels = _kernels(tasks, epsilon)
+    worst = {}
+    for kind, seed in (("separated", 0), ("random", 1)):
+        sets = _task_sets(tasks, kind, seed)
+        for mechanism, kernel in kernels.items():
+            worst[kind, mechanism] = _worst_log_ratio_public_size(sets, kernel)
+    assert max(worst.values()) <= epsilon + 1e-9, worst
+    assert worst["separated", "exponential"] > 0.9 * epsilon, worst  # the bound is approached, not vacuous
+    # the old path (Δ and denominators from the private sizes) on the same neighbours exceeds ε for T ≥ 3
+    old = _worst_log_ratio_private_size(_task_sets(tasks, "separated", 0), epsilon)
+    assert (old > epsilon + 1e-9) == (tasks >= 3), old
+    assert old > 0.4 * epsilon * tasks, old  # it grows like ε·T/2
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -104,17 +240,27 @@ def test_composed_epsilon_follows_the_sum_and_max_rules(make_record) -> None:
         composed_guarantee(records, 0.5, "advanced")
 
 
-def test_selection_record_round_trips_and_states_the_total(tmp_path) -> None:
+def test_selection_record_round_trips_and_states_the_public_size_and_relation(tmp_path) -> None:
     record = SelectionRecord(
-        mechanism="exponential", epsilon=0.5, sensitivity=1e-3, utility="accuracy", relation="replacement",
-        unit="validation example", composition="sequential", candidates=[{"lambda": 0.3}, {"lambda": 1.0}],
-        chosen=1, validation_sizes={"a": 500}, adapters={"a": {"epsilon": 8.0, "delta": 1e-5}},
-        total_epsilon=8.5, total_delta=1e-5,
+        mechanism="exponential", epsilon=0.5, sensitivity=1e-3, utility="accuracy",
+        relation="addition, removal or replacement", unit="validation example", composition="sequential",
+        candidates=[{"lambda": 0.3}, {"lambda": 1.0}], chosen=1, validation_size={"a": 500},
+        adapters={"a": {"epsilon": 8.0, "delta": 1e-5}}, total_epsilon=8.5, total_delta=1e-5,
     )
     record.save(tmp_path)
     loaded = SelectionRecord.load(tmp_path / "dp_selection.json")
     assert loaded == record
-    assert "(8.5, 1e-05)-DP" in loaded.statement() and "`lambda` = 1.0 was chosen" in loaded.statement()
+    statement = loaded.statement()
+    assert "(8.5, 1e-05)-DP" in statement and "`lambda` = 1.0 was chosen" in statement
+    assert "pure ε-DP under the addition, removal or replacement of one validation example" in statement
+    assert "public validation size n = 500 per task" in statement
+    record.validation_size = {"a": 500, "b": 200}
+    assert "public validation size n = a: 500, b: 200" in record.statement()
     (tmp_path / "dp_selection.json").write_text("{}")
     with pytest.raises(ValueError, match="unreadable selection record"):
+        SelectionRecord.load(tmp_path / "dp_selection.json")
+    old = {**json.loads(json.dumps(asdict(loaded))), "schema_version": 1, "validation_sizes": {"a": 178}}
+    del old["validation_size"]
+    (tmp_path / "dp_selection.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="private validation sizes.*re-run hf-dpmerge tune"):
         SelectionRecord.load(tmp_path / "dp_selection.json")

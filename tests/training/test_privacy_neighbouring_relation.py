@@ -4,49 +4,15 @@
 import json
 import math
 
-import numpy as np
 import pytest
 from opacus.accountants import create_accountant
-from scipy.stats import norm
 
 from hf_dpmerge import PrivacyRecord
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecordError
 from hf_dpmerge.records.statement import privacy_statement
 from hf_dpmerge.training.dp.accounting import pld_epsilon, replace_one_epsilon
+from tests.utils.independent_accounting import independent_replace_one_epsilon
 from tests.utils.training_helpers import make_trainer
-
-
-def independent_replace_one_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
-    """ε of ``steps`` compositions of the replace-one pair P = (1−q)N(0,σ²)+qN(1,σ²),
-    Q = (1−q)N(0,σ²)+qN(−1,σ²).
-
-    Built here from scratch: the privacy loss L(x) = log P(x)/Q(x) on a fine x grid, its law under P
-    histogrammed on a loss grid (rounded up: pessimistic), composed by FFT, and δ(ε) = E_P[(1 − e^{ε−L})₊]
-    inverted by bisection. The pair is symmetric (x → −x swaps P and Q), so one direction suffices."""
-    x = np.linspace(-12 * sigma - 2, 12 * sigma + 2, 100_001)
-    dx = x[1] - x[0]
-    p = (1 - q) * norm.pdf(x, 0, sigma) + q * norm.pdf(x, 1, sigma)
-    loss = (np.logaddexp(np.log1p(-q) + norm.logpdf(x, 0, sigma), np.log(q) + norm.logpdf(x, 1, sigma))
-            - np.logaddexp(np.log1p(-q) + norm.logpdf(x, 0, sigma), np.log(q) + norm.logpdf(x, -1, sigma)))
-    width = 5e-4
-    low = math.floor(loss.min() / width)
-    bins = np.ceil(loss / width).astype(np.int64) - low
-    pmf = np.bincount(bins, weights=p * dx)
-    size = 1 << math.ceil(math.log2(steps * len(pmf)))
-    composed = np.fft.irfft(np.fft.rfft(pmf, size) ** steps, size)[: steps * (len(pmf) - 1) + 1]
-    composed = np.clip(composed, 0, None)
-    values = (np.arange(len(composed)) + steps * low) * width
-
-    def delta_at(eps: float) -> float:
-        above = values > eps
-        return float(np.sum(composed[above] * -np.expm1(eps - values[above])))
-
-    lo, hi = 0.0, 100.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if delta_at(mid) > delta else (lo, mid)
-    return hi
-
 
 # rotten_tomatoes' default recipe (hf_dpmerge/training/recipe.py): N = 9243 training rows, B = 256, 40 steps,
 # δ = 1/(10N); σ = 0.52277 is what calibrate_noise_multiplier gives for ε = 8 there (opacus PRV, add/remove-one)

@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from transformers import DataCollatorWithPadding, EarlyStoppingCallback
+from transformers import AutoTokenizer, DataCollatorWithPadding, EarlyStoppingCallback
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.hub.model_card import build_model_card
@@ -64,6 +64,28 @@ def test_one_dp_seed_on_one_dataset_reproduces_every_draw(tmp_path):
     first, second = make_trainer(tmp_path / "a", dp_seed=3), make_trainer(tmp_path / "b", dp_seed=3)
     assert torch.equal(_noise(first), _noise(second))
     assert _first_draws(first) == _first_draws(second)
+
+
+def _tokenized_with_tokenizer_saved_at(folder: Path, labels: list[int]) -> datasets.Dataset:
+    """text_dataset()'s texts, tokenized as training does by the tiny tokenizer saved to and loaded from ``folder``."""
+    tiny_tokenizer().save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    texts = CORPUS * 25
+    return datasets.Dataset.from_dict({"text": texts, "label": labels}).map(lambda b: tok(b["text"]), batched=True)
+
+
+def test_a_seeded_run_draws_the_same_noise_wherever_its_tokenizer_was_saved(tmp_path):
+    labels = [i % 2 for i in range(len(CORPUS) * 25)]
+    here = _tokenized_with_tokenizer_saved_at(tmp_path / "runs_a" / "base", labels)
+    there = _tokenized_with_tokenizer_saved_at(tmp_path / "elsewhere" / "runs_b" / "base", labels)
+    assert here._fingerprint != there._fingerprint  # datasets hashes the tokenizer's folder into its fingerprint
+    assert dataset_identity(here) == dataset_identity(there) == dataset_identity(here.with_format("torch"))
+    first, second = make_trainer(tmp_path / "a", dataset=here, dp_seed=5), make_trainer(tmp_path / "b", dataset=there,
+                                                                                      dp_seed=5)
+    assert torch.equal(_noise(first), _noise(second))
+    assert _first_draws(first) == _first_draws(second)
+    relabelled = _tokenized_with_tokenizer_saved_at(tmp_path / "runs_c" / "base", [1 - y for y in labels])
+    assert dataset_identity(relabelled) != dataset_identity(here)  # other data (labels only): another identity
 
 
 def test_dataset_identity_of_a_torch_dataset_follows_its_rows():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import yaml
@@ -15,7 +18,15 @@ from hf_dpmerge.analysis.task_models import load_merged_with_head
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
 from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.scripts.tune import GridAxis, candidate_configs
+from hf_dpmerge.scripts import tune as tune_script
+from hf_dpmerge.scripts.tune import (
+    GridAxis,
+    candidate_configs,
+    correct_counts,
+    parse_validation_size,
+    public_validation_size,
+    scoring_sets,
+)
 from tests.utils.merging_builders import lora_config_yaml
 from tests.utils.records import privacy_record
 from tests.utils.runs_builders import save_fake_adapter
@@ -42,6 +53,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "ta.yaml").write_text(lora_config_yaml("task_arithmetic", "./runs/base", adapters, "parameters:\n"
                                                    "  lambda: 0.3\n  weight: 1.0\n"))
     return root
+
+
+def _validation_sets(workdir: Path) -> dict[str, datasets.Dataset]:
+    tokenizer = find_tokenizer([workdir / "runs" / "base"])
+    return {run.name: load_split(run, "validation", tokenizer) for run in task_runs(workdir / "runs", list(TASKS))}
 
 
 def _validation_accuracy(workdir: Path, merged: Path) -> float:
@@ -77,12 +93,39 @@ def test_grid_parsing_and_candidates() -> None:
         candidate_configs(config, [GridAxis.parse("2.weight=1,2")])
 
 
+def test_validation_size_parsing_and_uniform_subsampling() -> None:
+    assert parse_validation_size("500") == 500
+    assert parse_validation_size("a=10, b=20") == {"a": 10, "b": 20}
+    for bad in ("many", "a=1,b", "a=1,a=2", "a=x"):
+        with pytest.raises(ValueError, match="--validation_size"):
+            parse_validation_size(bad)
+    assert public_validation_size(300, ["a", "b"]) == {"a": 300, "b": 300}
+    assert public_validation_size({"b": 2, "a": 1}, ["a", "b"]) == {"a": 1, "b": 2}
+    for bad in ({"a": 1}, {"a": 1, "b": 2, "c": 3}, 0, {"a": 1, "b": 0}, 2.5):
+        with pytest.raises(ValueError, match="--validation_size"):
+            public_validation_size(bad, ["a", "b"])
+
+    validation = {"small": datasets.Dataset.from_dict({"x": list(range(3))}),
+                  "large": datasets.Dataset.from_dict({"x": list(range(5))})}
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(200):  # uniformity itself: merging/test_private_selection.py (subsample_indices)
+        sets = scoring_sets(validation, {"small": 4, "large": 2}, rng)
+        assert sets["small"]["x"] == [0, 1, 2]  # fewer than n: kept whole (the missing ones count as wrong)
+        assert len(set(sets["large"]["x"])) == 2
+        seen.add(tuple(sets["large"]["x"]))
+    assert seen == set(itertools.combinations(range(5), 2))  # P(some pair never drawn) < 10·0.9²⁰⁰ ≈ 7e-9
+
+
 @pytest.mark.slow
 def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(workdir, monkeypatch, capsys) -> None:
     monkeypatch.chdir(workdir)
     grid = "lambda=" + ",".join(map(str, LAMBDAS))
+    # n_t = the packaged (public) validation split sizes: no subsampling, so u is the task-averaged accuracy
+    public = {task: len(data) for task, data in _validation_sets(workdir).items()}
+    sizes = ",".join(f"{task}={n}" for task, n in public.items())
     assert main(["tune", "ta.yaml", "tuned", "--grid", grid, "--epsilon", "1e6", "--tasks", ",".join(TASKS),
-                 "--lora-merge-cache", "cache"]) == 0
+                 "--validation_size", sizes, "--lora-merge-cache", "cache"]) == 0
     out = capsys.readouterr().out
     record = json.loads((workdir / "tuned" / "dp_selection.json").read_text())
     chosen_lambda = yaml.safe_load((workdir / "tuned" / "mergekit_config.yml").read_text())["parameters"]["lambda"]
@@ -100,8 +143,9 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
     assert utilities[chosen_lambda] == max(utilities.values()), utilities
     assert not any(f"{u:.4f}" in out for u in utilities.values())  # scores are not printed
 
-    sizes = record["validation_sizes"]
-    assert record["sensitivity"] == pytest.approx(1 / (2 * min(sizes.values())))
+    assert record["validation_size"] == public and "validation_sizes" not in record
+    assert record["sensitivity"] == pytest.approx(1 / (2 * min(public.values())))
+    assert record["relation"] == "addition, removal or replacement"
     assert (record["total_epsilon"], record["total_delta"]) == (6.0 + 1e6, 1e-5)  # sequential: max ε_t + ε_sel
     assert record["composition"] == "sequential" and "ε = 1e+06" in out
 
@@ -109,6 +153,37 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
     card = (workdir / "tuned-hub" / "README.md").read_text()
     assert "selected on private validation data by the exponential mechanism among 3 candidates" in card
     assert "(1e+06, 1e-05)-DP" in card
+    assert "pure ε-DP under the addition, removal or replacement" in card
+    assert "public validation size n = " + ", ".join(f"{task}: {n}" for task, n in public.items()) in card
+
+
+@pytest.mark.slow
+def test_tune_subsamples_to_the_public_size_and_releases_no_private_size(workdir, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(workdir)
+    private = {task: len(data) for task, data in _validation_sets(workdir).items()}
+    assert min(private.values()) > 40
+    scored = []
+
+    def counting(merged, runs, validation, *args):  # the sets every candidate is scored on
+        scored.append({task: len(data) for task, data in validation.items()})
+        return correct_counts(merged, runs, validation, *args)
+
+    monkeypatch.setattr(tune_script, "correct_counts", counting)
+    assert main(["tune", "ta.yaml", "tuned40", "--grid", "lambda=0.0,1.0", "--epsilon", "1", "--tasks",
+                 ",".join(TASKS), "--validation_size", "40", "--lora-merge-cache", "cache"]) == 0
+    assert scored == [dict.fromkeys(TASKS, 40)] * 2
+    out = capsys.readouterr()  # stderr: the operator's progress bars, not part of a release
+    text = (workdir / "tuned40" / "dp_selection.json").read_text()
+    record = json.loads(text)
+    assert record["validation_size"] == dict.fromkeys(TASKS, 40)
+    assert record["sensitivity"] == pytest.approx(1 / (2 * 40))
+    assert main(["push", "tuned40", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
+    card = (workdir / "tuned40-hub" / "README.md").read_text()
+    assert "public validation size n = 40 per task" in card
+    selection = card[card.index("selected on private validation data"):]
+    selection = selection[:selection.index("\n")]
+    for n in private.values():  # the private set sizes are in neither the record, the card nor the report
+        assert not re.search(rf"\b{n}\b", text + selection + out.out), n
 
 
 @pytest.mark.slow
@@ -119,6 +194,10 @@ def test_tune_refuses_bad_settings_before_merging(workdir, monkeypatch, capsys) 
     assert "--epsilon must be positive" in capsys.readouterr().err
     assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3", "--epsilon", "1", *common]) == 1
     assert "fewer than 2 candidate" in capsys.readouterr().err
+    for bad in ("0", "bbc_news=100", "lots"):
+        assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3,1", "--epsilon", "1", "--validation_size",
+                     bad, *common]) == 1
+        assert "--validation_size" in capsys.readouterr().err
     (workdir / "occupied").mkdir()
     (workdir / "occupied" / "x").write_text("keep me")
     assert main(["tune", "ta.yaml", "occupied", "--grid", "lambda=0.3,1", "--epsilon", "1", *common]) == 1
