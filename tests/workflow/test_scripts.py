@@ -64,3 +64,14 @@ def test_version_names_the_installed_package(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"hf-dpmerge {version('hf_dpmerge')}"
+
+
+def test_every_option_of_every_verb_has_help() -> None:
+    import argparse
+
+    from hf_dpmerge.cli.main import build_parser
+
+    verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    bare = [f"{verb} {action.option_strings[0]}" for verb, parser in verbs.items() for action in parser._actions
+            if action.option_strings and action.dest != "help" and not (action.help or "").strip()]
+    assert not bare, f"options without help text: {bare}"
