@@ -53,6 +53,13 @@ def test_classifier_data_without_a_label_column_is_refused(tmp_path: Path) -> No
         make_trainer(tmp_path, dataset=text_dataset().remove_columns(["label"]))
 
 
+def test_a_raw_text_dataset_is_refused_with_the_call_that_tokenizes_it(tmp_path: Path) -> None:
+    raw = text_dataset().remove_columns(["input_ids", "attention_mask"])
+    with pytest.raises(ValueError, match=r"raw text \(columns \['text'\]\) and no input_ids.*"
+                                         r"train_dataset.map\(lambda batch: tokenizer\(batch\['text'\]"):
+        make_trainer(tmp_path, dataset=raw)
+
+
 def test_batches_without_labels_stop_at_the_first_step(tmp_path: Path, lora_model) -> None:
     model = lora_model("causal_lm")
     data = lm_dataset(["a dull script", "markets rallied"] * 20)
