@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hf_dpmerge.utils.adapter_files import without_peft_prefix
+from hf_dpmerge.utils.adapter_files import read_adapter_weights, without_peft_prefix
 
 
 class UnsupportedAdapterError(ValueError):
@@ -95,7 +95,6 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
     ``load_peft_weights``); each LoRA layer's scaling is peft's: α/r, or α/√r with rsLoRA, α from ``alpha_pattern``
     when it names the layer and r from the factor's shape. Refuses any adapter but plain LoRA (DoRA included)."""
     from peft import PeftConfig
-    from peft.utils import load_peft_weights
     from peft.utils.other import get_pattern_key
 
     directory = Path(adapter_dir)
@@ -104,7 +103,7 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
         dora = getattr(config, "use_dora", False)
         kind = "a DoRA adapter (use_dora: true)" if dora else f"a {config.peft_type} adapter"
         raise UnsupportedAdapterError(f"{directory} is {kind}")
-    tensors = load_peft_weights(str(directory), device="cpu")
+    tensors = read_adapter_weights(directory)
     patterns = config.alpha_pattern or {}
     factors, trained = {}, {}
     for key, value in tensors.items():

@@ -11,6 +11,7 @@ split seed and ``max_length`` come from the caller, else the record's ``extra`` 
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,11 @@ def task_runs(
     runs = []
     for name in names:
         adapter_dir = runs_dir / name / ADAPTER_DIR
+        if not (runs_dir / name).is_dir():
+            found = discover_tasks(runs_dir) if runs_dir.is_dir() else []
+            close = difflib.get_close_matches(name, found, 1)
+            raise FileNotFoundError(f"--tasks {name}: no folder {runs_dir / name}" + (
+                f" (did you mean {close[0]!r}?)" if close else "") + f"; task runs under {runs_dir}: {found or 'none'}")
         if not (adapter_dir / ADAPTER_CONFIG_NAME).is_file():
             raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
         record = PrivacyRecord.load(adapter_dir)

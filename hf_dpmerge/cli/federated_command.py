@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments, add_dataclass_flag
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
@@ -53,15 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accountant", choices=("prv", "rdp"), default="prv", help="opacus accountant (both levels)")
     parser.add_argument("--sam_mode", default="dp_sat", 
                         help="none | dp_sat | per_example | two_query (default: dp_sat)")
-    parser.add_argument("--sam_rho", type=float, default=0.05)
-    parser.add_argument("--align_lambda", type=float, default=0.05)
-    parser.add_argument("--lora_r", type=int, default=8)
-    parser.add_argument("--lora_alpha", type=int, default=16)
-    parser.add_argument("--lora_target_modules", default="query,value")
-    parser.add_argument("--lora_layers", default="top_half", help="top_half, all or comma-separated indices")
-    parser.add_argument("--classifier_pooling", choices=("mean", "cls"), help="default: mean for BERT encoders")
-    parser.add_argument("--max_length", type=int, default=64)
-    parser.add_argument("--max_train_samples", type=int, help="shard a seeded stratified subset of the training split")
+    parser.add_argument("--sam_rho", type=float, default=0.05, help="sharpness-aware ascent radius ρ (default: 0.05)")
+    parser.add_argument("--align_lambda", type=float, default=0.05,
+                        help="alignment penalty λ on ‖ΔW‖², 0 disables (default: 0.05)")
+    for name in ("lora_r", "lora_alpha", "lora_target_modules", "lora_layers"):
+        add_dataclass_flag(parser, LoraArguments, name)
+    for name in ("classifier_pooling", "max_length", "max_train_samples"):
+        add_dataclass_flag(parser, TaskArguments, name)
     parser.add_argument("--max_eval_samples", type=int, help="evaluate on a seeded stratified subset")
     parser.add_argument("--aggregation", choices=("fedavg", "task_arithmetic", "dp_aware"), default="fedavg",
                         help="fedavg: Flower's weighted mean; task_arithmetic: θ + λ·mean update; dp_aware: "

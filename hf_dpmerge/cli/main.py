@@ -22,7 +22,14 @@ VERBS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     parser = argparse.ArgumentParser(prog="hf-dpmerge", description=__doc__)
+    try:
+        installed = version("hf_dpmerge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"hf-dpmerge {installed}")
     sub = parser.add_subparsers(dest="verb", required=True)
     for verb, module_name in VERBS.items():
         module = importlib.import_module(module_name)

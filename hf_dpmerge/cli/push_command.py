@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "anyone holding the seed can undo their noise, and the card says so",
     )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
-    parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE)
+    parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE,
+                        help=f"message of the Hub commit of the release (default: {DEFAULT_COMMIT_MESSAGE!r})")
 
 
 def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:

@@ -7,6 +7,7 @@ always means the same thing.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 GLUE = "glue"
@@ -93,20 +94,32 @@ GLUE_TASKS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.source == GLUE)
 DEFAULT_TASK = "rotten_tomatoes"
 
 
+class UnknownTaskError(KeyError, ValueError):
+    """A task name hf_dpmerge does not know (a ``KeyError`` for lookups, a ``ValueError`` for bad input)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 def get_task_spec(name: str) -> TaskSpec:
-    """The :class:`TaskSpec` called ``name``; a ``KeyError`` lists the known tasks otherwise."""
+    """The :class:`TaskSpec` called ``name``; :class:`UnknownTaskError` names the closest task and lists them all."""
     try:
         return TASKS[name]
     except KeyError:
-        raise KeyError(
-            f"unknown task {name!r}; offline tasks: {', '.join(PACKAGED_TASKS)}; GLUE (Hub) tasks: "
+        close = difflib.get_close_matches(name, list(TASKS), 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownTaskError(
+            f"unknown task {name!r}{hint}; offline tasks: {', '.join(PACKAGED_TASKS)}; GLUE (Hub) tasks: "
             f"{', '.join(GLUE_TASKS)}"
         ) from None
 
 
-def parse_task_list(text: str, flag: str = "--tasks") -> list[str]:
-    """``"a, b"`` → ``["a", "b"]``: comma-separated task names, each once; an empty list or a repeat is refused."""
+def parse_task_list(text: str, flag: str = "--tasks", *, known: bool = False) -> list[str]:
+    """``"a, b"`` → ``["a", "b"]``: comma-separated task names, each once; an empty list or a repeat is refused,
+    and with ``known`` a name outside the task registry (:class:`UnknownTaskError`)."""
     tasks = [task.strip() for task in text.split(",") if task.strip()]
     if not tasks or len(set(tasks)) != len(tasks):
         raise ValueError(f"{flag} must name distinct tasks, got {text!r}")
+    for task in tasks if known else ():
+        get_task_spec(task)
     return tasks

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Optional
 import torch
 from mergekit.merge_methods import register, registered_methods
 from mergekit.merge_methods.base import (
+    MISSING,
     BasePolicy,
     GroupMergeMethod,
     InputContract,
@@ -48,6 +49,8 @@ NonNegative = Annotated[float, Field(ge=0)]
 
 
 def _shared(name: str, kind: Any, default: Any) -> ParameterSpec:
+    """A parameter shared by all inputs; ``default=MISSING`` makes it required (``lambda``: the merged task
+    vector's scale has no safe default, and a misspelt ``parameters:`` block must not merge at λ = 1)."""
     return ParameterSpec(name, kind, ParameterScope.SHARED, default=default)
 
 
@@ -122,7 +125,7 @@ class CauchyPoEMethod(_TaskVectorMethod):
     def __init__(self) -> None:
         super().__init__(
             (
-                _shared("lambda", float, 1.0),
+                _shared("lambda", float, MISSING),
                 _shared("tol", Positive, 1e-2),
                 _shared("jitter", Positive, 1e-3),
                 _shared("max_iter", Annotated[int, Field(ge=1)], 500),
@@ -175,7 +178,7 @@ class DPAwareMethod(_TaskVectorMethod):
     def __init__(self) -> None:
         super().__init__(
             (
-                _shared("lambda", float, 1.0),
+                _shared("lambda", float, MISSING),
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
                 _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings

@@ -72,6 +72,9 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
         {p.name for p in method.spec.input_parameters},
     )
     shared = merge_config.parameters or {}
+    if missing := sorted(p.name for p in method.spec.shared_parameters if p.required and p.name not in shared):
+        raise ValueError(f"{method.spec.name} needs {', '.join(missing)} under the top-level `parameters:` (none "
+                         "has a default); add e.g. `parameters: {lambda: 0.5}`")
     method.check_settings(shared)
     if any(p.name == ALLOW_NON_PRIVATE for p in method.spec.shared_parameters):
         for reference, _, base in input_settings(merge_config):

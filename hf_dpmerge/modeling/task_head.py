@@ -12,35 +12,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAMES, without_peft_prefix
+from hf_dpmerge.utils.adapter_files import (
+    ADAPTER_CONFIG_NAME,
+    AdapterWeightsError,
+    read_adapter_weights,
+    without_peft_prefix,
+)
 
 if TYPE_CHECKING:  # torch is imported where a .bin adapter is read: the Hub release path stays light
     import torch
 
 
 
-class TaskHeadError(ValueError):
+class TaskHeadError(AdapterWeightsError):
     """An adapter whose task head cannot be read, or a head that does not fit a model."""
-
-
-def load_adapter_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor of an adapter's weights file (safetensors preferred), with a clear error if unreadable."""
-    adapter_dir = Path(adapter_dir)
-    for name in ADAPTER_WEIGHTS_NAMES:
-        path = adapter_dir / name
-        if not path.is_file():
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                return load_file(str(path))
-            import torch
-
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files
-            raise TaskHeadError(f"{path}: unreadable adapter weights ({err})") from None
-    raise TaskHeadError(f"{adapter_dir} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS_NAMES)})")
 
 
 def in_modules(name: str, modules: list[str]) -> bool:
@@ -67,7 +52,7 @@ def task_head_state(adapter_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
             "task_type SEQ_CLS and the classifier in modules_to_save, so that each task keeps its own head"
         )
     head: dict[str, torch.Tensor] = {}
-    for key, tensor in load_adapter_state(adapter_dir).items():
+    for key, tensor in read_adapter_weights(adapter_dir).items():
         if "lora_" in key:
             continue
         name = without_peft_prefix(key)

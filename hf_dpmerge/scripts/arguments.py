@@ -58,6 +58,16 @@ class LoraArguments:
     )
 
 
+def add_dataclass_flag(parser, kind: type, name: str) -> None:
+    """Add ``--name`` to an argparse ``parser`` with the type, default, choices and help of field ``name`` of the
+    dataclass ``kind`` (one source for a flag that a verb shares with the training script)."""
+    item = {f.name: f for f in dataclasses.fields(kind)}[name]
+    kind_of = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float, "str | None": str}
+    default = "" if item.default in (None, dataclasses.MISSING) else f" (default: {item.default})"
+    parser.add_argument(f"--{name}", type=kind_of[str(item.type)], default=item.default,
+                        choices=item.metadata.get("choices"), help=item.metadata.get("help", "") + default)
+
+
 def flags_help(*types: type) -> str:
     """One line per field of the ``types`` dataclasses: ``--name (default): help``."""
     lines = []

@@ -223,8 +223,19 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
 
 
 def argument_parser() -> HfArgumentParser:
-    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`."""
-    return HfArgumentParser((ScriptArguments, DPSAMConfig))
+    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`, its defaults the
+    values the script runs with (the recipe of :data:`DP_DEFAULTS`, not TrainingArguments'), so ``--help`` shows
+    them, and the refused flags of :data:`REFUSED_FLAGS` left out of ``--help``."""
+    import argparse
+
+    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
+    recipe = parser.parse_known_args(DP_DEFAULTS)[0]
+    given = {action.dest for action in parser._actions if set(action.option_strings) & set(DP_DEFAULTS)}
+    parser.set_defaults(**{name: getattr(recipe, name) for name in given})
+    for action in parser._actions:
+        if action.dest in REFUSED_FLAGS:
+            action.help = argparse.SUPPRESS
+    return parser
 
 
 def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
     script = script.with_pooling()
-    tasks = parse_task_list(script.tasks) if script.tasks else [script.task]
+    tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)

@@ -4,6 +4,8 @@
   ``per_example``) DoRA layers are refused too, since opacus has no per-sample-gradient rule for them.
 - The labels of a sequence classifier: the dataset needs a label column, and every class id must lie in
   [0, num_labels) of the model (cross-entropy would index past the head).
+- The training set must be tokenized (``input_ids``): a raw-text ``datasets.Dataset`` is refused, with the
+  ``map`` call that tokenizes it (Trainer would drop its text column and fail deep in the collator).
 - The training set must have a size N (q = B_exp/N); under DP the model must not use gradient
   checkpointing (per-sample gradients need the forward activations it discards), and no callback may select
   the model on evaluation data unless that data is declared public (``eval_data_is_public``).
@@ -95,6 +97,21 @@ def check_finite_step(step: int, loss: torch.Tensor, gradient: Sequence[torch.Te
         f"step {step}: {problem} (NaN/inf weights or inputs, or a learning rate that diverges); training "
         "stopped before the update, and no adapter or privacy record was saved"
     )
+
+
+def check_tokenized(dataset: Any, what: str = "train_dataset") -> None:
+    """Refuse a ``datasets.Dataset`` of raw text (string columns, no ``input_ids``), naming how to tokenize it."""
+    if not isinstance(dataset, datasets.Dataset) or "input_ids" in dataset.column_names:
+        return
+    text = [name for name, feature in dataset.features.items()
+            if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")]
+    if text:
+        columns = ", ".join(f"batch[{name!r}]" for name in text[:2])
+        raise ValueError(
+            f"{what} holds raw text (columns {text}) and no input_ids: DPSAMTrainer trains on token ids. Tokenize it "
+            f"first, e.g. {what}.map(lambda batch: tokenizer({columns}, truncation=True), batched=True), or use "
+            "hf_dpmerge.data.tokenize_task for a packaged task"
+        )
 
 
 def check_sized_dataset(dataset: Any) -> None:

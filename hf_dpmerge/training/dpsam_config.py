@@ -114,9 +114,11 @@ class DPSAMConfig(TrainingArguments):
         if self.target_delta is not None and not (0 < self.target_delta < 1):
             problems.append(f"target_delta must lie in (0, 1), got {self.target_delta}")
         if self.noise_multiplier is not None and not (
-            math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0
+            math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0
         ):
-            problems.append(f"noise_multiplier must be a finite number ≥ 0, got {self.noise_multiplier}")
+            problems.append(f"noise_multiplier must be a finite number > 0, got {self.noise_multiplier}"
+                            + (" (σ = 0 adds no noise: that is no DP; train with --dp false instead)"
+                               if self.noise_multiplier == 0 else ""))
         if not (math.isfinite(self.per_sample_max_grad_norm) and self.per_sample_max_grad_norm > 0):
             problems.append(f"per_sample_max_grad_norm (C) must be > 0, got {self.per_sample_max_grad_norm}")
         if self.max_grad_norm and self.max_grad_norm > 0:

@@ -56,6 +56,7 @@ from hf_dpmerge.training.checks import (
     check_no_gradient_checkpointing,
     check_no_model_selection,
     check_sized_dataset,
+    check_tokenized,
 )
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant, calibrate_noise_multiplier, resolve_delta
 from hf_dpmerge.training.dp.cross_process import main_process_value, shared_seed, sum_over_processes
@@ -114,6 +115,7 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         check_sized_dataset(train_dataset)
+        check_tokenized(train_dataset)
         self.unit_of_row, train_dataset = _split_unit_column(train_dataset, args.privacy_unit_column)
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers
@@ -426,7 +428,7 @@ class DPSAMTrainer(Trainer):
             "name": type(getattr(optimizer, "optimizer", optimizer)).__name__ if optimizer is not None else args.optim,
             "lr": args.learning_rate,
             "head_lr": args.head_learning_rate if args.head_learning_rate is not None else args.learning_rate,
-            "lr_scheduler": str(args.lr_scheduler_type),
+            "lr_scheduler": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),  # "linear"
             **hyper,
         }
         accountant = self.dp_state.accountant

@@ -14,12 +14,12 @@ import json
 import shutil
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from hf_dpmerge.modeling.task_head import in_modules
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, read_adapter_weights
 from hf_dpmerge.utils.io import staged_directory
 
 
@@ -32,7 +32,7 @@ def export_encoder_adapter(adapter_dir: str | Path, out_dir: str | Path) -> Path
     record = PrivacyRecord.load(adapter_dir)
     config = json.loads((adapter_dir / ADAPTER_CONFIG_NAME).read_text())
     heads = list(config.get("modules_to_save") or [])
-    weights = {k: v for k, v in load_file(adapter_dir / ADAPTER_SAFETENSORS_NAME).items() if not in_modules(k, heads)}
+    weights = {k: v for k, v in read_adapter_weights(adapter_dir).items() if not in_modules(k, heads)}
     if not weights:
         raise ValueError(f"{adapter_dir}: the adapter has no LoRA weights outside its task head")
     config.update(modules_to_save=None, task_type=None)

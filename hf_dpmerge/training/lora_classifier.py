@@ -7,9 +7,11 @@ base's ``config.classifier_pooling`` says (see :mod:`hf_dpmerge.modeling.mean_po
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 
+import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from hf_dpmerge.data.tasks import TaskSpec
@@ -29,6 +31,21 @@ def lora_layer_indices(choice: str, num_layers: int) -> list[int] | None:
     if any(not 0 <= i < num_layers for i in layers):
         raise ValueError(f"LoRA layers {choice!r}: indices must lie in [0, {num_layers})")
     return layers
+
+
+def check_target_modules(model: torch.nn.Module, target_modules: Sequence[str]) -> None:
+    """Refuse a ``--lora_target_modules`` name that matches no module of ``model`` (peft matches a name ``t`` to
+    modules named ``t`` or ending in ``.t``, and trains silently when only some names match), listing the
+    names LoRA can target (the model's linear layers)."""
+    names = [name for name, _ in model.named_modules() if name]
+    unmatched = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if unmatched:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if isinstance(module, torch.nn.Linear)})
+        hints = [f"{t!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(t, linear, 1))
+                             else "") for t in unmatched]
+        raise ValueError(f"--lora_target_modules: {', '.join(hints)} match no module of the model; its linear "
+                         f"layers are {linear}")
 
 
 def lora_sequence_classifier(
@@ -52,6 +69,7 @@ def lora_sequence_classifier(
         ignore_mismatched_sizes=True,
         problem_type="regression" if spec.is_regression else "single_label_classification", **pooling,
     )
+    check_target_modules(model, target_modules)
     model = get_peft_model(model, LoraConfig(
         r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
         layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",

@@ -1,6 +1,13 @@
 """The file and key names of a saved peft adapter (peft's ``CONFIG_NAME``, ``SAFETENSORS_WEIGHTS_NAME`` and
-``WEIGHTS_NAME``, and the prefix of its state-dict keys), spelled here so that reading an adapter does not
-import peft."""
+``WEIGHTS_NAME``, and the prefix of its state-dict keys), spelled here so that naming an adapter's files does not
+import peft, and :func:`read_adapter_weights`, the one reader of a saved adapter's tensors (peft's
+``load_peft_weights`` on a local folder, with errors that name the file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_SAFETENSORS_NAME = "adapter_model.safetensors"
@@ -14,3 +21,24 @@ PEFT_PREFIX = "base_model.model."
 def without_peft_prefix(name: str) -> str:
     """``name`` as in the plain model (the ``base_model.model.`` prefix dropped, if present)."""
     return name.removeprefix(PEFT_PREFIX)
+
+
+class AdapterWeightsError(ValueError):
+    """A local adapter folder without weights, or with a weights file that cannot be read (truncated, corrupt)."""
+
+
+def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
+    """Every tensor of the adapter saved in the local folder ``adapter_dir`` (on the CPU), read by peft's
+    ``load_peft_weights`` (safetensors preferred); :class:`AdapterWeightsError` names the folder or file when there
+    is no weights file (peft would look for it on the Hub) or it is unreadable."""
+    from peft.utils import load_peft_weights
+
+    directory = Path(adapter_dir)
+    files = [directory / name for name in ADAPTER_WEIGHTS_NAMES if (directory / name).is_file()]
+    if not files:
+        raise AdapterWeightsError(f"{directory} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS_NAMES)})")
+    try:
+        return load_peft_weights(str(directory), device="cpu")
+    except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files
+        raise AdapterWeightsError(f"{files[0]}: unreadable adapter weights ({err}); re-save or re-download the "
+                                  "adapter") from None

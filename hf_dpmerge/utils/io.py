@@ -25,10 +25,10 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 def staged_directory(target: str | Path) -> Iterator[Path]:
     """Yield an empty directory path (same basename as ``target``, in a hidden scratch dir beside it).
 
-    If the block succeeds and created it, it replaces ``target`` (an existing ``target`` is moved aside
-    first and restored if the final rename fails). The scratch dir is removed either way, so a failure
-    leaves ``target`` untouched and nothing else behind. An ``OSError`` that names no file (a full disk:
-    ``ENOSPC`` from a write) is re-raised naming ``target``.
+    If the block succeeds and created it, it replaces ``target`` with the modes of a plain write (an existing
+    ``target`` is moved aside first and restored if the final rename fails). The scratch dir is removed either
+    way, so a failure leaves ``target`` untouched and nothing else behind. An ``OSError`` that names no file
+    (a full disk: ``ENOSPC`` from a write) is re-raised naming ``target``.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -42,6 +42,7 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
                 raise
             raise type(err)(err.errno, f"{err.strerror or os.strerror(err.errno)} while writing {target}") from err
         if staged.exists():
+            _release_modes(staged)
             previous = scratch / f"{target.name}.previous"
             if target.exists():
                 target.rename(previous)
@@ -55,12 +56,31 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _release_modes(root: Path) -> None:
+    """Give every file under ``root`` the mode ``open`` would (0666 less the umask) and every folder 0777 less
+    the umask: some writers (safetensors, mkstemp) leave 0600, which other readers of a release cannot open."""
+    mask = _umask()
+    paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for path in paths:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def write_bytes_atomic(target: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``target``, then rename it over ``target``."""
+    """Write ``data`` to a temporary file beside ``target``, then rename it over ``target``; the file gets the
+    mode a plain ``open`` would give it (0666 less the umask)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is for scratch files; a release is read by others
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, target)

@@ -195,3 +195,11 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
     monkeypatch.setattr(kernel, "from_scores", staticmethod(lambda i, m: {"retention": 0.25, "interference": -1.0}))
     row = TaskEvaluation("a", "accuracy", 8.0, 1e-5, individual=0.8, merged=0.6, num_examples=10)
     assert (row.retention, row.interference) == (0.25, -1.0)  # the command's numbers are the module's kernel
+
+
+def test_a_missing_task_folder_is_named(fake_runs):
+    from hf_dpmerge.analysis.runs_layout import task_runs
+
+    message = r"--tasks election-tweets: no folder .*election-tweets \(did you mean 'election_tweets'\?\)"
+    with pytest.raises(FileNotFoundError, match=message):
+        task_runs(fake_runs["runs"], ["election-tweets"])

@@ -95,7 +95,9 @@ def _state_dicts() -> dict[str, dict[str, torch.Tensor]]:
 def test_cauchy_poe_through_merge_state_dicts() -> None:
     register_methods()
     models = _state_dicts()
-    merged = merge_state_dicts(models, "cauchy_poe", base="base")
+    with pytest.raises(TypeError, match="Missing required parameter lambda for cauchy_poe"):
+        merge_state_dicts(models, "cauchy_poe", base="base")  # no default scale: a misspelt block must not merge
+    merged = merge_state_dicts(models, "cauchy_poe", base="base", parameters={"lambda": 1.0})
     assert set(merged) == {"w", "b"}
     assert all(bool(torch.isfinite(t).all()) for t in merged.values())
     assert not torch.equal(merged["w"], models["base"]["w"])
@@ -105,16 +107,17 @@ def test_dp_aware_through_merge_state_dicts_needs_the_inputs_privacy_to_be_state
     register_methods()
     models = _state_dicts()
     with pytest.raises(PrivacyRecordError, match="in-memory input carries no record.*`allow_non_private: true`"):
-        merge_state_dicts(models, "dp_aware", base="base")
+        merge_state_dicts(models, "dp_aware", base="base", parameters={"lambda": 1.0})
     with pytest.raises(PrivacyRecordError, match="give the input.s noise_std"):
-        merge_state_dicts(models, "dp_aware", base="base", parameters={"allow_non_private": True})
-    stated = merge_state_dicts(models, "dp_aware", base="base",
-                               parameters={"allow_non_private": True, "noise_std": {"a": 0.0, "c": 0.0}})
+        merge_state_dicts(models, "dp_aware", base="base", parameters={"allow_non_private": True, "lambda": 1.0})
+    stated = merge_state_dicts(models, "dp_aware", base="base", parameters={
+        "allow_non_private": True, "noise_std": {"a": 0.0, "c": 0.0}, "lambda": 1.0})
     arithmetic = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 1.0})
     for name in ("w", "b"):  # zero noise: dp_aware is task arithmetic (docs/design.md §6)
         torch.testing.assert_close(stated[name], arithmetic[name])
     with pytest.raises(ValueError, match="noise: estimate"):  # refused: it treats a dense task vector as noise
-        merge_state_dicts(models, "dp_aware", base="base", parameters={"allow_non_private": True, "noise": "estimate"})
+        merge_state_dicts(models, "dp_aware", base="base",
+                          parameters={"allow_non_private": True, "noise": "estimate", "lambda": 1.0})
 
 
 def test_dp_aware_through_run_merge_refuses_a_non_private_input_unless_allowed(variants: Path, monkeypatch) -> None:
@@ -136,9 +139,25 @@ def test_dp_aware_through_run_merge_refuses_a_non_private_input_unless_allowed(v
         run_merge(MergeConfiguration.model_validate(yaml.safe_load(config)), out, MergeOptions(quiet=True))
 
     with pytest.raises(PrivacyRecordError, match=r"input \./v2 is not shown to be differentially private"):
-        merge("", "refused")
-    merge("parameters:\n  allow_non_private: true\n", "allowed")
+        merge("parameters:\n  lambda: 1.0\n", "refused")
+    merge("parameters:\n  lambda: 1.0\n  allow_non_private: true\n", "allowed")
     assert (variants / "allowed" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("method", ["cauchy_poe", "dp_aware"])
+def test_a_misspelt_parameters_block_fails_instead_of_merging_at_lambda_one(variants: Path, monkeypatch,
+                                                                            method: str) -> None:
+    """mergekit drops the unknown ``paramters:`` key; with no default scale our methods then refuse to merge
+    (stock ``mergekit-yaml``/``run_merge`` path), where a default λ = 1 would have doubled a λ = 0.5 delta."""
+    import yaml
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    register_methods()
+    monkeypatch.chdir(variants)
+    config = full_config_yaml(method, "./base", ["./v1", "./v2"], parameters="paramters:\n  lambda: 0.5\n")
+    with pytest.raises(RuntimeError, match="Missing required parameter lambda for bert"):
+        run_merge(MergeConfiguration.model_validate(yaml.safe_load(config)), "typo", MergeOptions(quiet=True))
 
 
 def test_list_methods_names_ours_and_mergekits(capsys) -> None:

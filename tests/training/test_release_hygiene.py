@@ -6,7 +6,9 @@ Each test here failed before the fix it checks (issue 12, findings 1, 2, 4, 5).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import datasets
@@ -122,6 +124,19 @@ def test_save_model_writes_only_allow_listed_files(trained, tmp_path):
     assert {"adapter_model.safetensors", "adapter_config.json", "dp_privacy.json"} <= files
     assert "training_args.bin" not in files
     assert all(is_release_file(f) for f in files), files
+
+
+def test_released_files_take_the_users_umask_and_plain_values(trained, tmp_path):
+    """Not mkstemp's 0600: others on the machine (or a Hub upload tool run by another user) read a release."""
+    previous = os.umask(0o027)
+    try:
+        trained.save_model(str(tmp_path / "adapter"))
+    finally:
+        os.umask(previous)
+    modes = {f: stat.S_IMODE((tmp_path / "adapter" / f).stat().st_mode) for f in _files(tmp_path / "adapter")}
+    assert modes and all(mode == 0o640 for mode in modes.values()), modes
+    record = json.loads((tmp_path / "adapter" / "dp_privacy.json").read_text())
+    assert record["optimizer"]["lr_scheduler"] == "linear"  # the plain value, not "SchedulerType.LINEAR"
 
 
 def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):

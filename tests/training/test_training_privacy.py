@@ -138,6 +138,7 @@ def test_resume_without_dp_state_is_refused(tmp_path):
         (dict(sam_rho=-0.1), "sam_rho"),
         (dict(accountant="gdp"), "accountant"),
         (dict(target_epsilon=None), "target_epsilon"),
+        (dict(noise_multiplier=0.0), r"σ = 0 adds no noise: that is no DP; train with --dp false"),
     ],
 )
 def test_bad_configurations_raise_clear_errors(tmp_path, overrides, message):

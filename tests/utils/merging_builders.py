@@ -73,11 +73,16 @@ def save_variant(base_dir: Path, directory: Path, seed: int, scale: float = 0.02
     return directory
 
 
-def lora_config_yaml(method: str, base: str, adapters: list[str], parameters: str = "", per_model: str = "") -> str:
+SCALE = "parameters:\n  lambda: 1.0\n"  # our methods' required scale
+
+
+def lora_config_yaml(method: str, base: str, adapters: list[str], parameters: str = SCALE,
+                     per_model: str = "") -> str:
     models = "".join(f"  - model: {base}+{adapter}\n{per_model}" for adapter in adapters)
     return f"merge_method: {method}\nbase_model: {base}\nmodels:\n{models}dtype: float32\n{parameters}"
 
 
-def full_config_yaml(method: str, base: str, variants: list[str], parameters: str = "", per_model: str = "") -> str:
+def full_config_yaml(method: str, base: str, variants: list[str], parameters: str = SCALE,
+                     per_model: str = "") -> str:
     models = "".join(f"  - model: {variant}\n{per_model}" for variant in variants)
     return f"merge_method: {method}\nbase_model: {base}\nmodels:\n{models}dtype: float32\n{parameters}"

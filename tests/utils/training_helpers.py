@@ -69,12 +69,20 @@ def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMT
         disable_tqdm=True,
     )
     settings.update(overrides)
-    return DPSAMTrainer(
+    # σ = 0 is no DP and DPSAMConfig refuses it; a test of the clipped sum builds a private trainer and then
+    # silences its privatizer, so the released query is the clipped sum alone
+    silent = settings.get("noise_multiplier") == 0.0
+    if silent:
+        settings["noise_multiplier"] = 1.0
+    trainer = DPSAMTrainer(
         model=model if model is not None else lora_classifier(),
         args=DPSAMConfig(**settings),
         train_dataset=dataset if dataset is not None else text_dataset(),
         data_collator=DataCollatorWithPadding(tiny_tokenizer()),
     )
+    if silent:
+        trainer.privatizer.noise_multiplier = 0.0
+    return trainer
 
 
 def collate(trainer: DPSAMTrainer, rows: list[int]) -> dict:

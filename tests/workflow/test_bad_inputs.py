@@ -53,6 +53,13 @@ def test_classifier_data_without_a_label_column_is_refused(tmp_path: Path) -> No
         make_trainer(tmp_path, dataset=text_dataset().remove_columns(["label"]))
 
 
+def test_a_raw_text_dataset_is_refused_with_the_call_that_tokenizes_it(tmp_path: Path) -> None:
+    raw = text_dataset().remove_columns(["input_ids", "attention_mask"])
+    with pytest.raises(ValueError, match=r"raw text \(columns \['text'\]\) and no input_ids.*"
+                                         r"train_dataset.map\(lambda batch: tokenizer\(batch\['text'\]"):
+        make_trainer(tmp_path, dataset=raw)
+
+
 def test_batches_without_labels_stop_at_the_first_step(tmp_path: Path, lora_model) -> None:
     model = lora_model("causal_lm")
     data = lm_dataset(["a dull script", "markets rallied"] * 20)
@@ -157,6 +164,27 @@ def test_train_glue_refuses_to_replace_a_release_before_training(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rotten_tomatoes"]  # no base built
 
 
+def test_train_glue_names_an_unknown_task_before_writing_anything(tmp_path: Path) -> None:
+    for flag in ("--task", "--tasks"):
+        with pytest.raises(ValueError, match=r"unknown task 'rotten_tomato' \(did you mean 'rotten_tomatoes'\?\)"):
+            train_script.main([flag, "rotten_tomato", "--runs_dir", str(tmp_path / "runs")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lora_target_modules_that_match_nothing_are_refused(tmp_path: Path) -> None:
+    from hf_dpmerge.data.tasks import get_task_spec
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+
+    base = save_tiny_bert(tmp_path / "tiny")
+    with pytest.raises(ValueError, match=r"'querry' \(did you mean 'query'\?\) match no module .*'value'"):
+        lora_sequence_classifier(base, get_task_spec("rotten_tomatoes"), r=2, alpha=4,
+                                 target_modules=["querry", "value"])
+    model = lora_sequence_classifier(base, get_task_spec("rotten_tomatoes"), r=2, alpha=4,
+                                     target_modules=["query", "value"])
+    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n} == {
+        "query", "value"}
+
+
 @pytest.mark.slow
 def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(tmp_path: Path) -> None:
     base = save_tiny_bert(tmp_path / "tiny")
@@ -191,6 +219,10 @@ def workdir(merge_runs) -> Path:
     base = {k: v for k, v in tiny_bert(num_labels=2, seed=0).state_dict().items() if k in covered}
     record.base_model_hash_tensors, record.base_model_hash = covered, base_fingerprint(base)
     record.save(foreign)
+
+    truncated = shutil.copytree(good, root / "broken" / "truncated")
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
 
     dora = get_peft_model(tiny_bert(num_labels=2, seed=0),
                           LoraConfig(r=2, target_modules=["query", "value"], use_dora=True))
@@ -234,9 +266,18 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
+        (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/truncated"]),
+         "broken/truncated/adapter_model.safetensors: unreadable adapter weights"),
+        (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "paramters:\n  lambda: 0.5\n"),
+         "unknown key 'paramters' (did you mean 'parameters'?)"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, "parameters:\n  lambda: 0.5\n",
+                          per_model="    paramters:\n      weight: 1.0\n"),
+         "unknown key models[0].'paramters' (did you mean 'parameters'?)"),
+        (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, ""), "dp_aware needs lambda under the top-level"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "guarantee_override", "mixed_bases", "dora"],
+         "invalid_override", "guarantee_override", "mixed_bases", "dora", "truncated", "top_level_typo",
+         "model_level_typo", "no_scale"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:

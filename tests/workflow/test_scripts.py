@@ -2,6 +2,7 @@
 and ``hf-dpmerge audit`` takes the same task and LoRA flags from the same dataclasses."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -26,6 +27,17 @@ def test_every_training_flag_parses_into_the_script_arguments() -> None:
     assert parse_arguments(["--max_steps", "7"])[1].max_steps == 7  # and any flag overrides it
 
 
+def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() -> None:
+    from hf_dpmerge.scripts.train import REFUSED_FLAGS, argument_parser
+
+    help_text = " ".join(argument_parser().format_help().split("options:", 1)[1].split())
+    for flag in ("per_device_train_batch_size", "learning_rate", "max_steps", "save_strategy"):
+        value = DP_RECIPE[DP_RECIPE.index(f"--{flag}") + 1]
+        shown = re.search(rf"--{flag} .*?\(default: ([^)]*)\)", help_text).group(1)
+        assert shown == value or float(shown) == float(value), (flag, shown, value)
+    assert not [name for name in REFUSED_FLAGS if f"--{name} " in help_text]
+
+
 def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
     names = {f.name for f in dataclasses.fields(ScriptArguments)}
     shared = {f.name for kind in (TaskArguments, LoraArguments, TrainArguments) for f in dataclasses.fields(kind)}
@@ -44,3 +56,22 @@ def test_audit_takes_the_task_and_lora_flags_of_training(capsys) -> None:
     assert all(f"--{f.name}" in help_text for kind in (TaskArguments, LoraArguments) for f in dataclasses.fields(kind))
     assert main(["audit", "--lora_r", "0"]) == 1
     assert "--lora_r must be positive, got 0" in capsys.readouterr().err
+
+
+def test_version_names_the_installed_package(capsys) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"hf-dpmerge {version('hf_dpmerge')}"
+
+
+def test_every_option_of_every_verb_has_help() -> None:
+    import argparse
+
+    from hf_dpmerge.cli.main import build_parser
+
+    verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    bare = [f"{verb} {action.option_strings[0]}" for verb, parser in verbs.items() for action in parser._actions
+            if action.option_strings and action.dest != "help" and not (action.help or "").strip()]
+    assert not bare, f"options without help text: {bare}"
