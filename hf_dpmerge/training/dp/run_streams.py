@@ -15,6 +15,7 @@ and subtract the noise (docs/design.md §10; the record's ``seeded`` field says 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +53,11 @@ def dataset_identity(dataset: Any) -> str:
     for index in range(len(dataset)):
         _update_with(digest, dataset[index])
     return f"sha256:{digest.hexdigest()}"
+
+
+def entropy_seed() -> int:
+    """A seed of 63 bits from ``os.urandom`` (a stream of a run without ``dp_seed``)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def stream_seed(dp_seed: int, identity: str, stream: str) -> int:
