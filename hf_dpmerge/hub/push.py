@@ -75,12 +75,15 @@ def _check_merged_dir(merged_dir: Path) -> None:
     weights = [p for p in merged_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
     if not weights:
         raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
-    unlisted = [rel for rel in unlisted_files(merged_dir) if not _skipped(PurePosixPath(rel))]
+    # every file is checked, hidden ones and root *.bin/*.safetensors that are not model weights included
+    # (training_args.bin holds dp_seed): none is skipped silently, even those the release would not copy
+    unlisted = unlisted_files(merged_dir)
     if unlisted:
         raise PushError(
             f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
             "weights, model/merge configuration, tokenizer files, privacy records and the card "
-            "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); move the others out of the merged directory"
+            "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); remove these files from the merged directory "
+            "(or move them elsewhere) and push again"
         )
 
 

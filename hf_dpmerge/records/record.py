@@ -53,6 +53,9 @@ class PrivacyRecord:
     regenerate and subtract the noise), False when they came from OS entropy, and None in records written
     before it was recorded (schema 1): unknown, so treated as possibly seeded. ``eval_data_is_public`` is
     True when the run evaluated or selected its model during training on data declared public.
+    ``resumed_from_steps`` are the steps of the checkpoints the run was resumed from, in order (empty: never
+    resumed; records written before the field read as empty). An unseeded run draws fresh sampling and noise
+    after each, so runs resumed from one checkpoint share only the steps before it (docs/design.md §3).
 
     What ε covers: ``privacy_unit`` is ``"example"`` (one training row) or ``"unit:<column>"`` (every row
     sharing one value of that column, e.g. an author id: user-level DP); ``num_units`` is the number of such
@@ -92,6 +95,7 @@ class PrivacyRecord:
     schema_version: int = SCHEMA_VERSION
     seeded: bool | None = None
     eval_data_is_public: bool = False
+    resumed_from_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,6 +134,7 @@ class PrivacyRecord:
             "num_samples": self.num_samples > 0,
             "sum_lr_squared": math.isfinite(self.sum_lr_squared) and self.sum_lr_squared >= 0,
             "epsilon_replace_one": self.epsilon_replace_one is None or self.epsilon_replace_one > 0,
+            "resumed_from_steps": all(0 <= step <= self.steps for step in self.resumed_from_steps),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

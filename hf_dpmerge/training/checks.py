@@ -7,7 +7,8 @@
 - The training set must be tokenized (``input_ids``): a raw-text ``datasets.Dataset`` is refused, with the
   ``map`` call that tokenizes it (Trainer would drop its text column and fail deep in the collator).
 - The training set must have a size N (q = B_exp/N); under DP the model must not use gradient
-  checkpointing (per-sample gradients need the forward activations it discards), and no callback may select
+  checkpointing (per-sample gradients need the forward activations it discards), its trainable parameters
+  must be float32 or wider (the clipped sums and the noise take their dtype), and no callback may select
   the model on evaluation data unless that data is declared public (``eval_data_is_public``).
 - Each step: the loss and the (privatised) gradient must be finite; training stops at the first step where
   they are not, before the weights change, so no NaN/inf adapter or privacy record is ever saved.
@@ -134,6 +135,21 @@ def check_no_gradient_checkpointing(model: nn.Module) -> None:
             "gradients need each layer's activations from the forward pass, which checkpointing discards and "
             "recomputes inside backward; call model.gradient_checkpointing_disable() (and keep "
             "gradient_checkpointing=False) and lower physical_batch_size to save memory instead"
+        )
+
+
+def check_full_precision_trainable(named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """Refuse trainable float16/bfloat16 parameters under DP: the clipped sums and the Gaussian noise take the
+    parameters' dtype, so the noise would be rounded to 8 (bf16) or 11 (fp16) significant bits."""
+    half = {name: p.dtype for name, p in named if p.dtype in (torch.float16, torch.bfloat16)}
+    if half:
+        dtypes = ", ".join(sorted({str(d).removeprefix("torch.") for d in half.values()}))
+        names = ", ".join(list(half)[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+        raise ValueError(
+            f"{len(half)} trainable parameters are {dtypes} ({names}): DP training adds its Gaussian noise in the "
+            "trainable parameters' dtype, which half precision would round; load the model in float32 "
+            "(from_pretrained(..., torch_dtype=torch.float32) or model.float()) before peft.get_peft_model "
+            "(a half-precision frozen base is fine as long as the adapter weights are float32)"
         )
 
 

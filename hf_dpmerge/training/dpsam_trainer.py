@@ -52,6 +52,7 @@ from hf_dpmerge.training.alignment import alignment_penalty
 from hf_dpmerge.training.checks import (
     check_adapter_type,
     check_finite_step,
+    check_full_precision_trainable,
     check_labels,
     check_no_gradient_checkpointing,
     check_no_model_selection,
@@ -64,7 +65,6 @@ from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
 from hf_dpmerge.training.dp.state import (
-    DP_STATE_NAME,
     DPState,
     DPStateCallback,
     last_complete_checkpoint,
@@ -132,6 +132,7 @@ class DPSAMTrainer(Trainer):
         check_adapter_type(self.model, args.dp, args.sam_mode)
         if args.dp:
             check_no_gradient_checkpointing(self.model)
+            check_full_precision_trainable(named)
         check_labels(train_dataset, self.model, args.label_names)
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -459,8 +460,9 @@ class DPSAMTrainer(Trainer):
             versions={pkg: version(pkg) for pkg in ("hf_dpmerge", "torch", "transformers", "peft", "opacus")},
             dp=dp,
             queries_per_step=self.queries_per_step,
-            seeded=args.dp_seed is not None,
+            seeded=True if args.dp_seed is not None else self.dp_state.seeded_before_resume,
             eval_data_is_public=args.eval_data_is_public,
+            resumed_from_steps=list(self.dp_state.resumed_from_steps),
         )
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
@@ -525,9 +527,23 @@ class DPSAMTrainer(Trainer):
                 revision=revision if revision is not None else self.args.hub_revision,
             )
 
+    def hyperparameter_search(self, *args: Any, **kwargs: Any):
+        """Refused under DP: every trial trains on the private data and keeping the best one selects the release
+        on it, which one run's (ε, δ) does not cover (docs/design.md §10). Without DP: Trainer's search."""
+        if self.args.dp:
+            raise ValueError(
+                "hyperparameter_search is refused under DP: each trial trains on the private training set and "
+                "keeping the best trial selects the release on private data, which no privacy record accounts "
+                "for (the chosen adapter leaks more than its ε). Choose training hyper-parameters on public data "
+                "or with dp=False on data you may disclose; to pick merge settings on private validation data, "
+                "use `hf-dpmerge tune` (an accounted private selection)"
+            )
+        return super().hyperparameter_search(*args, **kwargs)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
-        """Train; when resuming, the accountant history, g̃_{t−1}, Σ η², the generators and (at the first
-        step) the torch/numpy/python RNG states that dropout draws from continue."""
+        """Train; when resuming, the accountant history, g̃_{t−1}, Σ η² and (at the first step) the
+        torch/numpy/python RNG states that dropout draws from continue; the sampling and noise generators continue
+        with ``dp_seed`` and are re-seeded from OS entropy without it (``DPState.resume``)."""
         if self.args.dp and not self.args.eval_data_is_public:
             check_no_model_selection(self.callback_handler.callbacks)
         if resume_from_checkpoint is True:  # the last checkpoint a killed run finished writing
@@ -538,7 +554,9 @@ class DPSAMTrainer(Trainer):
                     f"checkpoint {resume_from_checkpoint} lacks {missing}: it is not a complete DPSAMTrainer "
                     "checkpoint (interrupted while being written?); cannot continue the privacy accounting"
                 )
-            self.dp_state.load(Path(resume_from_checkpoint) / DP_STATE_NAME)
+            # without dp_seed, fresh sampling and noise after the resume point (shared only by the steps before it)
+            fresh_sample_seed = shared_seed(self.accelerator, None) if self.args.dp_seed is None else None
+            self.dp_state.resume(resume_from_checkpoint, fresh_sample_seed)
             if self.args.dp:  # DP skips no data on resume, so Trainer does not re-sync the RNG itself
                 self.dp_state.rng_checkpoint = mid_epoch_checkpoint(resume_from_checkpoint, self.steps_per_epoch)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

@@ -322,6 +322,27 @@ def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, l
     assert REPO not in loopback_hub.repos
 
 
+def test_training_args_bin_and_hidden_files_in_the_merged_dir_are_refused_by_name(release, cli, loopback_hub,
+                                                                                   tmp_path, capsys):
+    """Root *.bin / *.safetensors that are not model weights and hidden files are not skipped silently."""
+    merged = tmp_path / "merged"
+    shutil.copytree(release.merged, merged)
+    (merged / "training_args.bin").write_bytes(b"dp_seed=0")
+    (merged / "optimizer.safetensors").write_bytes(b"state")
+    (merged / ".notes").write_text("private")
+    staging = tmp_path / "staged"
+    assert _dry(cli, merged, release.runs, "--staging_dir", str(staging)) == 1
+    err = capsys.readouterr().err
+    assert ".notes, optimizer.safetensors, training_args.bin" in err and "remove these files" in err
+    assert not staging.exists()
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
+    assert "training_args.bin" in capsys.readouterr().err and REPO not in loopback_hub.repos
+
+    for name in ("training_args.bin", "optimizer.safetensors", ".notes"):
+        (merged / name).unlink()
+    assert _dry(cli, merged, release.runs, "--staging_dir", str(staging)) == 0  # removed: the push proceeds
+
+
 def _seeded_runs(release, tmp_path, seeded) -> Path:
     runs = _runs_copy(release, tmp_path)
     path = runs / "beta/adapter/dp_privacy.json"

@@ -1,4 +1,5 @@
-"""The trainer's DPState: its checkpoint file (format kept from the first release), budget, callback."""
+"""The trainer's DPState: its checkpoint file (format kept from the first release), budget, callback, and what a
+resume draws (fresh streams without dp_seed, the uninterrupted run's with it) and records."""
 
 from pathlib import Path
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
+from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant, PrivacyBudgetExhausted
 from hf_dpmerge.training.dp.state import DP_STATE_NAME, DPState, DPStateCallback, seeded_generator
+from tests.utils.records import privacy_record
 from tests.utils.training_helpers import make_trainer
 
 # the keys of dp_state.pt as the first release's ``save_dp_state`` wrote them (one torch.save'd dict)
@@ -110,3 +113,111 @@ def test_resume_continues_epsilon_and_matches_an_uninterrupted_run(tmp_path, che
     assert resumed.sum_lr_squared == pytest.approx(full.sum_lr_squared)
     for a, b in zip(resumed._params, full._params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- what a resume draws
+
+
+def _noise_spy(monkeypatch) -> list[torch.Tensor]:
+    """The Gaussian noise vectors the privatiser draws (``torch.normal`` with a generator), in order."""
+    drawn, normal = [], torch.normal
+
+    def spy(*args, **kwargs):
+        noise = normal(*args, **kwargs)
+        if kwargs.get("generator") is not None:
+            drawn.append(noise.detach().flatten().clone())
+        return noise
+
+    monkeypatch.setattr(torch, "normal", spy)
+    return drawn
+
+
+def _run(trainer, drawn: list[torch.Tensor], **train_kwargs) -> torch.Tensor:
+    """Train; the noise drawn meanwhile, as one vector."""
+    drawn.clear()
+    trainer.train(**train_kwargs)
+    return torch.cat(drawn)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def test_unseeded_resumes_from_one_checkpoint_draw_fresh_noise_and_record_the_step(tmp_path, monkeypatch):
+    drawn = _noise_spy(monkeypatch)
+    settings = {**RESUME_SETTINGS, "dp_seed": None}
+    original = make_trainer(tmp_path / "original", **settings)
+    after_checkpoint = _run(original, drawn).chunk(2)[1]  # steps 4-6, drawn after checkpoint-3
+    checkpoint = str(tmp_path / "original" / "out" / "checkpoint-3")
+
+    branches, noise = [], []
+    for learning_rate in (1e-2, 3e-3):  # two releases branched from one checkpoint
+        branches.append(make_trainer(tmp_path / f"lr{learning_rate}", learning_rate=learning_rate, **settings))
+        noise.append(_run(branches[-1], drawn, resume_from_checkpoint=checkpoint))
+    first, second = noise
+    assert first.shape == second.shape == after_checkpoint.shape
+    # independent N(0, σ²C²) vectors of this dimension have |cosine| ≈ 1/√d; shared noise has cosine 1
+    bound = 8 / first.numel() ** 0.5
+    assert bound < 0.2
+    for a, b in ((first, second), (first, after_checkpoint), (second, after_checkpoint)):
+        assert abs(_cosine(a, b)) < bound
+    for branch in branches:
+        assert branch.accountant.steps == 6
+        assert branch.accountant.epsilon() == pytest.approx(original.accountant.epsilon(), rel=1e-12)
+        record = branch.privacy_record()
+        assert record.resumed_from_steps == [3] and record.seeded is False and record.steps == 6
+        assert PrivacyRecord.from_dict(record.to_dict()).resumed_from_steps == [3]
+    assert original.privacy_record().resumed_from_steps == []
+
+
+def test_seeded_resume_draws_the_uninterrupted_runs_noise(tmp_path, monkeypatch):
+    drawn = _noise_spy(monkeypatch)
+    original = make_trainer(tmp_path / "original", **RESUME_SETTINGS)  # dp_seed=0
+    after_checkpoint = _run(original, drawn).chunk(2)[1]
+    resumed = make_trainer(tmp_path / "resumed", **RESUME_SETTINGS)
+    noise = _run(resumed, drawn, resume_from_checkpoint=str(tmp_path / "original" / "out" / "checkpoint-3"))
+    assert torch.equal(noise, after_checkpoint)
+    assert torch.equal(resumed.sample_generator.get_state(), original.sample_generator.get_state())
+    record = resumed.privacy_record()
+    assert record.seeded is True and record.resumed_from_steps == [3]
+
+
+def _checkpoint(directory: Path, step: int, record: PrivacyRecord | None) -> Path:
+    """A complete checkpoint of ``step`` (DP state, Trainer state) holding ``record`` when given."""
+    directory.mkdir(parents=True)
+    _dp_state(steps=step, allowed_steps=10).save(directory)
+    TrainerState(global_step=step).save_to_json(str(directory / "trainer_state.json"))
+    if record is not None:
+        record.save(directory)
+    return directory
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_resume_records_every_resume_step_and_keeps_earlier_seeding(tmp_path, seeded):
+    earlier = privacy_record("t", steps=4, resumed_from_steps=[2], seeded=seeded)
+    checkpoint = _checkpoint(tmp_path / "checkpoint-4", 4, earlier)
+    state = _dp_state(allowed_steps=10)
+    state.resume(checkpoint, fresh_sample_seed=None)
+    assert state.resumed_from_steps == [2, 4] and state.seeded_before_resume is seeded
+    assert state.accountant.steps == 4
+
+
+def test_resume_without_a_record_leaves_earlier_seeding_unknown_and_fresh_streams_differ(tmp_path):
+    checkpoint = _checkpoint(tmp_path / "checkpoint-3", 3, None)
+    saved = _dp_state()
+    continued, fresh = _dp_state(allowed_steps=10), _dp_state(allowed_steps=10)
+    continued.resume(checkpoint, fresh_sample_seed=None)
+    fresh.resume(checkpoint, fresh_sample_seed=12345)
+    assert fresh.resumed_from_steps == continued.resumed_from_steps == [3] and fresh.seeded_before_resume is None
+    for name in ("sample_generator", "noise_generator"):
+        expected = torch.rand(4, generator=getattr(saved, name))
+        assert torch.equal(torch.rand(4, generator=getattr(continued, name)), expected)
+        assert not torch.equal(torch.rand(4, generator=getattr(fresh, name)), expected)
+
+
+def test_records_written_before_resumes_were_recorded_load_as_never_resumed():
+    data = privacy_record("t").to_dict()
+    del data["resumed_from_steps"]
+    assert PrivacyRecord.from_dict(data).resumed_from_steps == []
+    with pytest.raises(ValueError, match="resumed_from_steps"):
+        privacy_record("t", steps=4, resumed_from_steps=[5])

@@ -209,6 +209,34 @@ def test_gradient_checkpointing_is_refused_naming_per_sample_gradients(tmp_path)
         make_trainer(tmp_path, model=model)
 
 
+def test_half_precision_trainable_weights_are_refused_under_dp(tmp_path):
+    with pytest.raises(ValueError, match=r"trainable parameters are bfloat16 \(.*lora_A.*torch_dtype=torch.float32"):
+        make_trainer(tmp_path, model=lora_classifier().to(torch.bfloat16))
+    with pytest.raises(ValueError, match="float16"):
+        make_trainer(tmp_path, model=lora_classifier().to(torch.float16))
+    half_base = lora_classifier()
+    for param in half_base.parameters():  # a half-precision frozen base with float32 adapters is fine
+        if not param.requires_grad:
+            param.data = param.data.to(torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in make_trainer(tmp_path, model=half_base)._params)
+    make_trainer(tmp_path, model=lora_classifier().to(torch.bfloat16), dp=False)  # the stock Trainer allows it
+
+
+def test_hyperparameter_search_is_refused_under_dp_before_any_trial(tmp_path):
+    trainer = DPSAMTrainer(
+        model=None, model_init=lambda trial=None: lora_classifier(),
+        args=DPSAMConfig(output_dir=str(tmp_path), per_device_train_batch_size=20, max_steps=1, use_cpu=True,
+                         report_to="none", target_epsilon=4.0, disable_tqdm=True),
+        train_dataset=text_dataset(), data_collator=DataCollatorWithPadding(tiny_tokenizer()),
+    )
+    with pytest.raises(ValueError, match="hyperparameter_search is refused under DP.*hf-dpmerge tune"):
+        trainer.hyperparameter_search(n_trials=2, direction="maximize")
+    assert not any(tmp_path.iterdir())  # no trial ran
+    non_private = make_trainer(tmp_path, dp=False)  # without model_init: Trainer's own refusal, unchanged
+    with pytest.raises(RuntimeError, match="model_init"):
+        non_private.hyperparameter_search(n_trials=1)
+
+
 def test_an_iterable_dataset_is_refused_naming_the_size_n(tmp_path):
     streamed = text_dataset().to_iterable_dataset()
     with pytest.raises(TypeError, match=r"size N \(sample rate q = B_exp/N\)"):

@@ -97,6 +97,9 @@ def test_processes_agree_on_unseeded_sampling_and_on_calibration_failures(two):
     states = [rank["unseeded_sampler_state"] for rank in two["ranks"]]
     assert torch.equal(states[0], states[1])
     assert not torch.equal(states[0], torch.Generator().manual_seed(0).get_state())
+    # an unseeded resume re-seeds the sampling stream from one entropy seed shared by both processes
+    resumed = [rank["unseeded_resumed_sampler_state"] for rank in two["ranks"]]
+    assert torch.equal(resumed[0], resumed[1])
     errors = [rank["calibration_error"] for rank in two["ranks"]]
     assert errors[0] and errors[0] == errors[1]  # raised on both processes, neither left waiting
 

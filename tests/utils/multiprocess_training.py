@@ -98,6 +98,13 @@ def unseeded_sampler_state(out: Path, batch: int) -> torch.Tensor:
     return make_trainer(out / "unseeded", per_device_train_batch_size=batch, dp_seed=None).sample_generator.get_state()
 
 
+def unseeded_resumed_sampler_state(out: Path, batch: int, checkpoint: str) -> torch.Tensor:
+    """The Poisson-sampling generator's state after an unseeded run resumed from ``checkpoint`` took its steps."""
+    trainer = make_trainer(out / "unseeded_resumed", per_device_train_batch_size=batch, dp_seed=None, **TRAINING)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    return trainer.sample_generator.get_state()
+
+
 def calibration_error(out: Path, batch: int) -> str:
     """The error every process gets when σ calibration (done by the main process only) fails."""
     try:
@@ -128,6 +135,8 @@ def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str
         "full": training_run(out / "full", batch),
         "resumed": training_run(out / "resumed", batch, str(out / "full" / "out" / "checkpoint-3")),
         "resumed_from_single": training_run(out / "from_single", batch, single_process_checkpoint),
+        "unseeded_resumed_sampler_state": unseeded_resumed_sampler_state(
+            out, batch, str(out / "full" / "out" / "checkpoint-3")),
         "unit_level": unit_level_run(out / "units", batch),
     }
 

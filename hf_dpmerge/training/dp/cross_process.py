@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
+
+from hf_dpmerge.training.dp.run_streams import entropy_seed
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ def shared_seed(accelerator: Accelerator, seed: int | None) -> int:
     """``seed`` itself, or a fresh OS-entropy seed drawn by the main process and broadcast to all."""
     if seed is not None:
         return seed
-    return main_process_value(accelerator, lambda: int.from_bytes(os.urandom(8), "little") >> 1)
+    return main_process_value(accelerator, entropy_seed)
 
 
 def main_process_value(accelerator: Accelerator, compute: Callable[[], T]) -> T:

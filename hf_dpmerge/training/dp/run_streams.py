@@ -17,6 +17,7 @@ and subtract the noise (docs/design.md §10; the record's ``seeded`` field says 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -69,6 +70,11 @@ def dataset_identity(dataset: Any) -> str:
     for row in _rows(dataset):
         _update_with(digest, row)
     return f"sha256:{digest.hexdigest()}"
+
+
+def entropy_seed() -> int:
+    """A seed of 63 bits from ``os.urandom`` (a stream of a run without ``dp_seed``)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def stream_seed(dp_seed: int, identity: str, stream: str) -> int:

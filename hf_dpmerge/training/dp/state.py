@@ -2,12 +2,16 @@
 g̃_{t−1} (dp_sat), Σ η², the sampling/noise generators and the ε budget; and its checkpoint file.
 
 The trainer reads and writes DP state only through its ``dp_state``, which is written into every Trainer
-checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε instead of resetting it, and the
-next Poisson draw and noise are those of an uninterrupted run. It is written with the checkpoint's model,
-before the optimizer and ``trainer_state.json``, which the Trainer writes last and before it deletes older
-checkpoints; so a checkpoint is complete when it holds both, and a process killed while writing one leaves an
-earlier complete checkpoint to resume from. The noise generator's state would let anyone who holds it
-recompute past noise, so it is written into checkpoints only, never beside a released or pushed adapter.
+checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε instead of resetting it. A run
+seeded with ``dp_seed`` restores the sampling and noise generators too, so the next Poisson draw and noise
+are those of an uninterrupted run. A run without ``dp_seed`` re-seeds both from OS entropy after loading
+(:meth:`DPState.resume`): two runs resumed from one checkpoint (say with different learning rates) then
+share only the steps before it, never the noise after it, and composing their ε bounds what they leak
+together (docs/design.md §3). It is written with the checkpoint's model, before the optimizer and
+``trainer_state.json``, which the Trainer writes last and before it deletes older checkpoints; so a
+checkpoint is complete when it holds both, and a process killed while writing one leaves an earlier complete
+checkpoint to resume from. The noise generator's state would let anyone who holds it recompute past noise,
+so it is written into checkpoints only, never beside a released or pushed adapter.
 
 In a multi-process run all of it is global: the accountant, g̃_{t−1} and Σ η² are identical on every process,
 the sampling generator runs identically everywhere, and only the main process draws noise. So the saving
@@ -20,7 +24,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +33,18 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from hf_dpmerge.records.record import find_privacy_record
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant, PrivacyBudgetExhausted
+from hf_dpmerge.training.dp.run_streams import entropy_seed
 from hf_dpmerge.utils.io import write_bytes_atomic
 
 DP_STATE_NAME = "dp_state.pt"
 
 
 def seeded_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded with ``seed``, or with 63 bits from ``os.urandom`` when ``seed`` is None."""
+    """A generator seeded with ``seed``, or with :func:`entropy_seed` when ``seed`` is None."""
     generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+    generator.manual_seed(seed if seed is not None else entropy_seed())
     return generator
 
 
@@ -52,7 +58,10 @@ class DPState:
     ``sample_generator`` draws the Poisson batches, ``noise_generator`` the Gaussian noise;
     ``allowed_steps`` is how many steps the ε budget allows (from the configuration, not checkpointed);
     ``rng_checkpoint`` is the checkpoint whose torch/numpy/python RNG states the first step resumed mid-epoch
-    restores (None otherwise).
+    restores (None otherwise); ``resumed_from_steps`` are the steps at which this run and the runs it continues
+    were resumed and ``seeded_before_resume`` whether the streams before the last resume were seeded (None:
+    unknown; False when never resumed): both for the privacy record, read by :meth:`resume` from the
+    checkpoint's record, not kept in ``dp_state.pt``.
     """
 
     sample_generator: torch.Generator
@@ -62,6 +71,8 @@ class DPState:
     previous_gradient: list[torch.Tensor] | None = None
     sum_lr_squared: float = 0.0
     rng_checkpoint: Path | None = None
+    resumed_from_steps: list[int] = field(default_factory=list)
+    seeded_before_resume: bool | None = False
 
     # ------------------------------------------------------------------ budget
     @property
@@ -105,6 +116,12 @@ class DPState:
         self.sample_generator.set_state(state["sample_generator"])
         self.noise_generator.set_state(state["noise_generator"])
 
+    def fresh_streams(self, sample_seed: int) -> None:
+        """Re-seed the generators in place: sampling from ``sample_seed`` (one entropy seed shared by every
+        process, which must draw identically), noise from :func:`entropy_seed` (drawn by the main process only)."""
+        self.sample_generator.manual_seed(sample_seed)
+        self.noise_generator.manual_seed(entropy_seed())
+
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/dp_state.pt`` atomically (checkpoints only: it holds the noise generator's state)."""
         buffer = io.BytesIO()
@@ -119,6 +136,19 @@ class DPState:
     def load(self, path: str | os.PathLike) -> None:
         """Continue from a ``dp_state.pt`` file."""
         self.load_state_dict(torch.load(path, weights_only=False), source=str(path))
+
+    def resume(self, checkpoint: str | os.PathLike, fresh_sample_seed: int | None) -> None:
+        """Continue from a complete ``checkpoint``: load its ``dp_state.pt`` and note the resume (its step, after
+        the resumes its privacy record lists; a checkpoint without a record leaves earlier seeding unknown).
+        With ``fresh_sample_seed`` (a run without ``dp_seed``) the streams are re-seeded (:meth:`fresh_streams`)."""
+        checkpoint = Path(checkpoint)
+        self.load(checkpoint / DP_STATE_NAME)
+        earlier = find_privacy_record(checkpoint)
+        step = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME)).global_step
+        self.resumed_from_steps = [*(earlier.resumed_from_steps if earlier is not None else []), step]
+        self.seeded_before_resume = earlier.seeded if earlier is not None else None
+        if fresh_sample_seed is not None:
+            self.fresh_streams(fresh_sample_seed)
 
 
 def missing_checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
