@@ -6,8 +6,8 @@ grids). Each candidate is merged with mergekit's ``run_merge`` (our guarded one)
 on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its validation accuracy counted. One
 candidate is chosen by an ε-DP mechanism over the task-averaged accuracy (:mod:`hf_dpmerge.records.
 private_selection`); the chosen merge is kept with a ``dp_selection.json`` that composes ε_sel with the
-adapters' records (:mod:`hf_dpmerge.records.selection_record`), which ``hf-dpmerge push`` puts on the card.
-The scores themselves never leave this module.
+adapters' records (:mod:`hf_dpmerge.records.selection_record`); its README's privacy section and the card of
+``hf-dpmerge push`` state that composed total as the one guarantee. The scores themselves never leave this module.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ def tune_merge(
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
     """Merge and score every candidate, select one ε-DP, keep it at ``output_dir`` with its selection record."""
+    from mergekit.config import MergeConfiguration
+
     from hf_dpmerge.merging.output_dir import check_merge_output
+    from hf_dpmerge.merging.privacy_section import write_privacy_section
 
     output_dir = Path(output_dir)
     if regression := [run.name for run in runs if run.spec.is_regression]:
@@ -158,6 +161,7 @@ def tune_merge(
             total_epsilon=total_epsilon, total_delta=total_delta,
         )
         record.save(scratch / str(chosen))
+        write_privacy_section(scratch / str(chosen), MergeConfiguration.model_validate(candidates[chosen][1]), record)
         os.replace(scratch / str(chosen), output_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
