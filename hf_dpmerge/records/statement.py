@@ -210,14 +210,14 @@ class PrivacyStatement:
                     f"noise multiplier σ = {item.sigma:.4g} and sampling rate q = {item.sample_rate:.4g} on "
                     f"{item.num_units} units ({item.num_samples} training rows).")
         parallel = (
-            "each input was trained with DP-SGD on its own dataset (table above). If the datasets are disjoint "
+            "trained with DP-SGD on its own dataset (table above). If the datasets are disjoint "
             "(each individual's data lies in one of them), releasing all inputs composes in parallel: "
             "ε = max_t ε_t, δ = max_t δ_t"
         )
         if self.selection is None:
-            return (f"{parallel.capitalize()}; merging released weights is post-processing, so this is the merged model's "
-                    "guarantee. If one unit contributes to several datasets, the ε of those datasets add up for "
-                    "that unit.")
+            return (f"Each input was {parallel}; merging released weights is post-processing, so this is the "
+                    "merged model's guarantee. If one unit contributes to several datasets, the ε of those "
+                    "datasets add up for that unit.")
         sel = self.selection
         settings = ", ".join(f"`{k}` = {v}" for k, v in sel.chosen.items())
         sizes = ", ".join(f"{task}: {n}" for task, n in sel.validation_sizes.items())
@@ -228,7 +228,7 @@ class PrivacyStatement:
             rule = ("parallel composition (the validation individuals were declared disjoint from the training "
                     f"individuals): ε = max({number(self.adapters_epsilon)}, {number(sel.epsilon)})")
         return (
-            f"The guarantee has two components. The adapters: {parallel}, giving ε = "
+            f"The guarantee has two components. The adapters: each input was {parallel}, giving ε = "
             f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}. The selection: the merge "
             f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism among "
             f"{sel.num_candidates} candidates ({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "

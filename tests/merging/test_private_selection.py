@@ -104,7 +104,7 @@ def test_composed_epsilon_follows_the_sum_and_max_rules(make_record) -> None:
         composed_guarantee(records, 0.5, "advanced")
 
 
-def test_selection_record_round_trips_and_states_the_total(tmp_path) -> None:
+def test_selection_record_round_trips(tmp_path) -> None:
     record = SelectionRecord(
         mechanism="exponential", epsilon=0.5, sensitivity=1e-3, utility="accuracy", relation="replacement",
         unit="validation example", composition="sequential", candidates=[{"lambda": 0.3}, {"lambda": 1.0}],
@@ -114,7 +114,6 @@ def test_selection_record_round_trips_and_states_the_total(tmp_path) -> None:
     record.save(tmp_path)
     loaded = SelectionRecord.load(tmp_path / "dp_selection.json")
     assert loaded == record
-    assert "(8.5, 1e-05)-DP" in loaded.statement() and "`lambda` = 1.0 was chosen" in loaded.statement()
     (tmp_path / "dp_selection.json").write_text("{}")
     with pytest.raises(ValueError, match="unreadable selection record"):
         SelectionRecord.load(tmp_path / "dp_selection.json")
