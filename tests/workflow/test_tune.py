@@ -107,8 +107,10 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
 
     assert main(["push", "tuned", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
     card = (workdir / "tuned-hub" / "README.md").read_text()
-    assert "selected on private validation data by the exponential mechanism among 3 candidates" in card
-    assert "(1e+06, 1e-05)-DP" in card
+    assert "chosen on private validation data by the exponential mechanism among 3 candidates" in card
+    assert "(ε = 1e+06, δ = 1e-05)-DP" in card
+    readme = (workdir / "tuned" / "README.md").read_text()  # its privacy section restated with the total
+    assert "(ε = 1e+06, δ = 1e-05)-DP" in readme and "(ε = 6, δ = 1e-05)-DP" not in readme
 
 
 @pytest.mark.slow
