@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, REPLACE_ONE, PrivacyRecord
+from hf_dpmerge.records.selection_record import SelectionRecord
 
 FEDERATED_KEY = "federated"  # PrivacyRecord.extra key of a federated global adapter's two levels
 
@@ -148,9 +149,8 @@ class PrivacyStatement:
         )
 
     @classmethod
-    def from_selection(cls, selection: Any, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
-        """A tuned merge: the selection record's composed total, the adapters' composition one component of it
-        (``selection`` is a :class:`~hf_dpmerge.records.selection_record.SelectionRecord`)."""
+    def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
+        """A tuned merge: the selection record's composed total, the adapters' composition one component of it."""
         adapters = cls.from_records(records)
         return cls(
             epsilon=selection.total_epsilon, delta=selection.total_delta, relation=ADD_REMOVE_ONE,

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from hf_dpmerge.cli.main import main as cli_main
 from hf_dpmerge.hub.push import push_merged_model
 from hf_dpmerge.scripts import train as train_glue
-from hf_dpmerge.scripts.tune import merge_candidate
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
+from tests.utils.merging_builders import lora_config_yaml
 from tests.utils.tiny_models import save_tiny_bert
 from tests.workflow.test_train_glue_release import TINY_RUN
 
@@ -35,14 +36,16 @@ def test_released_and_staged_files_hold_no_local_path(tmp_path: Path, monkeypatc
     model = save_tiny_bert(tmp_path / "tiny")
     train_glue.main(["--model_name_or_path", str(model), "--runs_dir", "runs", "--task", "bbc_news", *TINY_RUN])
     adapter = tmp_path / "runs" / "bbc_news" / "adapter"
-    model_input = {"model": "./runs/base+./runs/bbc_news/encoder_adapter", "parameters": {"weight": 1.0}}
-    merge_candidate({"merge_method": "task_arithmetic", "base_model": "./runs/base", "dtype": "float32",
-                     "models": [model_input]}, tmp_path / "merged", str(tmp_path / "lora_cache"), "cpu")
+    (tmp_path / "merge.yaml").write_text(
+        lora_config_yaml("task_arithmetic", "./runs/base", ["./runs/bbc_news/encoder_adapter"],
+                         per_model="    parameters: {weight: 1.0}\n"))
+    assert cli_main(["merge", "merge.yaml", "merged", "--lora-merge-cache", "cache", "--quiet"]) == 0
     staged = push_merged_model("merged", "alice/m", adapters={"bbc_news": adapter}, dry_run=True).staging_dir
 
     needles = {str(tmp_path), str(tmp_path.resolve()), str((tmp_path / "runs").resolve()), str(model.resolve()),
                str(Path.home())}
     assert files_naming(adapter, needles) == {}
+    assert files_naming(tmp_path / "merged" / "bbc_news", needles) == {}  # hf-dpmerge merge's task folder
     assert files_naming(staged, needles) == {}
     assert len(list(staged.rglob("*"))) > 5 and (staged / "bbc_news" / "dp_privacy.json").is_file()
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == ADAPTER_BASE_DIR
