@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "PrivacyRecordError": "hf_dpmerge.records.record",
     "PRIVACY_RECORD_NAME": "hf_dpmerge.records.record",
     "base_fingerprint": "hf_dpmerge.records.fingerprint",
-    "privacy_statement": "hf_dpmerge.records.statement",
+    "PrivacyStatement": "hf_dpmerge.records.statement",
     "audit_training": "hf_dpmerge.audit.audit",
     "AuditResult": "hf_dpmerge.audit.audit",
     "epsilon_lower_bound": "hf_dpmerge.audit.one_run_bound",

@@ -95,7 +95,7 @@ def guard_run_merge(
     def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
         from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
         from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
-        from hf_dpmerge.merging.privacy_section import append_privacy_section
+        from hf_dpmerge.merging.privacy_section import write_privacy_section
         from hf_dpmerge.utils.io import staged_directory
 
         options = kwargs["options"] if "options" in kwargs else args[0]
@@ -108,7 +108,7 @@ def guard_run_merge(
             if not staged.is_dir():
                 raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
             if options.write_model_card:
-                append_privacy_section(str(staged), merge_config)
+                write_privacy_section(str(staged), merge_config)
             if finish is not None:
                 finish(staged, merge_config)
         return result

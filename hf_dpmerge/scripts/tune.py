@@ -7,8 +7,8 @@ on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy 
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
 candidates). One candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
 (:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
-composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`), which
-``hf-dpmerge push`` puts on the card.
+composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`); its README's privacy
+section and the card of ``hf-dpmerge push`` state that composed total as the one guarantee.
 The scores and the private validation set sizes never leave this module.
 """
 
@@ -168,7 +168,10 @@ def tune_merge(
     ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
     selection (default: seeded from OS entropy).
     """
+    from mergekit.config import MergeConfiguration
+
     from hf_dpmerge.merging.output_dir import check_merge_output
+    from hf_dpmerge.merging.privacy_section import write_privacy_section
 
     output_dir = Path(output_dir)
     if regression := [run.name for run in runs if run.spec.is_regression]:
@@ -202,6 +205,7 @@ def tune_merge(
             total_epsilon=total_epsilon, total_delta=total_delta,
         )
         record.save(scratch / str(chosen))
+        write_privacy_section(scratch / str(chosen), MergeConfiguration.model_validate(candidates[chosen][1]), record)
         os.replace(scratch / str(chosen), output_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -8,7 +8,8 @@ import pytest
 from huggingface_hub import ModelCard
 
 from hf_dpmerge.analysis.evaluation import EvaluationReport, TaskEvaluation
-from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card, hub_model_id
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
+from hf_dpmerge.records.card import hub_model_id
 from hf_dpmerge.records.record import PrivacyRecord
 from tests.utils.records import privacy_record
 
@@ -32,7 +33,7 @@ def test_card_metadata_and_sections():
     assert reparsed.data.library_name == "transformers" and reparsed.data.pipeline_tag == "text-classification"
     assert reparsed.data.base_model_relation == "merge" and reparsed.data.datasets == ["nyu-mll/glue"]
     text = reparsed.text
-    assert "| sst2 | 1.5 | 1e-05 | rdp | 1600 |" in text and "(4, 1e-05)-DP" in text
+    assert "| sst2 | 1.5 | not computed | 1e-05 | rdp |" in text and "(ε = 4, δ = 1e-05)-DP" in text
     assert "```yaml\nmerge_method: ties\nbase_model: org/base\n```" in text
     assert "| sst2 | 2 | neg, pos |" in text and "| qnli | 2 | – |" in text
     assert "No evaluation results were given." in text

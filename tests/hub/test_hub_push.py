@@ -126,9 +126,9 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, loo
     assert card.data.base_model is None  # runs/base is a local path, not a Hub id
     text = card.text
     assert "mergekit's own card" not in text
-    assert "| alpha | 2.5 | 1e-05 | prv | 1234 |" in text
-    assert "| beta | 7.75 | 1e-05 | prv | 5678 |" in text
-    assert "(7.75, 1e-05)-DP" in text and "post-processing" in text
+    assert "| alpha | 2.5 | not computed | 1e-05 | prv |" in text and "| 1234 | example |" in text
+    assert "| beta | 7.75 | not computed | 1e-05 | prv |" in text and "| 5678 | example |" in text
+    assert "(ε = 7.75, δ = 1e-05)-DP" in text and "post-processing" in text
     assert f"```yaml\n{MERGE_YAML.rstrip()}\n```" in text
     assert "Method: `task_arithmetic`" in text
     assert "| task | metric | ε | individual | merged | retention | interference | examples |" in text
