@@ -2,7 +2,7 @@
 
 Candidates are a base mergekit config with grid values substituted (``lambda=0.3,0.6`` sets the top-level
 ``parameters.lambda``; ``1.weight=0.5,1`` sets ``models[1].parameters.weight``; the Cartesian product of all
-grids). Each candidate is merged with mergekit's ``run_merge`` (our guarded one), each task's head is put
+grids). Each candidate is merged by :func:`hf_dpmerge.merging.run.merge`, each task's head is put
 on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy counted on a uniform random
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
 candidates). One candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
@@ -85,19 +85,14 @@ def candidate_configs(config: dict[str, Any], grid: Sequence[GridAxis]) -> list[
 
 
 def merge_candidate(config: dict[str, Any], out_dir: Path, lora_merge_cache: str | None, device: str | None) -> Path:
-    """Merge one candidate config into ``out_dir`` with mergekit (hf_dpmerge's checks and atomic output)."""
-    import mergekit.merge
-    from mergekit.config import MergeConfiguration
+    """Merge one candidate config into ``out_dir`` (:func:`hf_dpmerge.merging.run.merge`: its checks and atomic
+    output)."""
     from mergekit.options import MergeOptions
 
-    from hf_dpmerge.merging.registration import activate
+    from hf_dpmerge.merging.run import merge
 
-    activate()
-    source = yaml.safe_dump(config, sort_keys=False)
     options = MergeOptions(lora_merge_cache=lora_merge_cache, quiet=True, device=device or "cpu")
-    mergekit.merge.run_merge(MergeConfiguration.model_validate(config), str(out_dir), options=options,
-                             config_source=source)
-    return out_dir
+    return merge(config, out_dir, options=options)
 
 
 def correct_counts(merged_dir: Path, runs: Sequence[TaskRun], validation: dict[str, Any], tokenizer,
