@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "compute_metrics": "hf_dpmerge.data.metrics",
     "default_model_path": "hf_dpmerge.data.model_path",
     "load_sequence_classifier": "hf_dpmerge.modeling.mean_pooling",
+    "lora_sequence_classifier": "hf_dpmerge.training.lora_classifier",
     "MeanPoolingBertForSequenceClassification": "hf_dpmerge.modeling.mean_pooling",
     "evaluate_runs": "hf_dpmerge.analysis.evaluation",
     "diagnose_runs": "hf_dpmerge.analysis.diagnostics",
