@@ -83,7 +83,7 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     base = save_tiny_bert(tmp_path / "tiny-base")
     work = tmp_path / "work"
     command = ["--grid", "stress-smoke", "--work-dir", str(work),
-               "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware"]
+               "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware", "--seed-test-subsets"]
     first = run_quality_benchmark(*command, cwd=tmp_path, timeout=1800)
     # cells: non_private, dp_sgd ε4, dp_merging ε4, head_only (∞, ε4), noise σ=0.01 — 2 tasks each
     # 10 trainings + 2 noisy adapters + 6 individual scorings + 4 merged cells × 2 tuned methods
@@ -94,6 +94,9 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     individual = json.loads((results / "dp_merging-eps4-seed0" / "individual.json").read_text())
     assert {len(v) for v in tuned["correct"].values()} == {48}
     assert {len(v) for v in individual["correct"]["test"].values()} == {48}
+    # each seed's own test subset: its indices are stored (48 distinct per task) and part of the unit's settings
+    assert {len(set(v)) for v in individual["examples"]["test"].values()} == {48}
+    assert individual["settings"]["test_subset_seed"] == 0 and tuned["settings"]["test_subset_seed"] == 0
     assert {len(v) for v in individual["correct"]["validation"].values()} == {32}
     noise = json.loads((results / "noise0.01-seed0" / "tune_dp_aware.json").read_text())
     assert noise["settings"]["noise_std"] == 0.01
@@ -117,7 +120,9 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     for section in ("## Targets", "## Merged accuracy", "## Gain retained", "## Selected hyper-parameters",
                     "## Significance of the headline comparisons", "## Which method when"):
         assert section in report
-    assert re.search(r"ties, ε = 4: DP-Merging vs DP-SGD: [+-]\d+\.\d points \(95 % CI", report)
+    assert re.search(r"ties, ε = 4: DP-Merging vs DP-SGD: [+-]\d+\.\d points \(95 % cluster-bootstrap CI .*"
+                     r"exact McNemar p = .*1 seed, 96 distinct test examples", report)
+    assert "Each seed was scored on its own seeded stratified test subset" in report
     assert "| noise σ=0.01 |" in report
 
 

@@ -16,7 +16,7 @@ def _correct(rate: float) -> np.ndarray:
     return (np.arange(N) < round(rate * N)).astype(np.int8)
 
 
-def _store(tmp_path, merged_rate):
+def _store(tmp_path, merged_rate, test_ids=None):
     grid = GRIDS["stress-smoke"]
     cells = plan_cells(grid, grid.seeds)
     store = Store(tmp_path)
@@ -26,7 +26,8 @@ def _store(tmp_path, merged_rate):
         tests = {t: _correct(individual) for t in grid.tasks}
         store.save(cell, "individual", settings, {
             "accuracy": {split: {t: individual for t in grid.tasks} for split in ("validation", "test")},
-            "correct": {"validation": encode(tests), "test": encode(tests)}, "seconds": {"scoring": 1.0}})
+            "correct": {"validation": encode(tests), "test": encode(tests)}, "seconds": {"scoring": 1.0},
+            **({"examples": {"test": {t: test_ids(cell.seed) for t in grid.tasks}}} if test_ids else {})})
         for task in grid.tasks:
             store.save(cell, f"{'noise' if cell.noise_std else 'train'}_{task}", settings, {"seconds": {"train": 1.0}})
         if not cell.merged:
@@ -59,6 +60,17 @@ def test_report_judges_the_targets_on_paired_tests_and_shows_gain_and_choices(tm
     assert "density=0.2, lambda=1 / density=0.2, lambda=1" in report  # the chosen points, per seed
     assert "| ε = 4 | 2 | 5.0 | dp_merging | ties | 85.0 ± 0.0 | vs dp_aware: +5.0 (significant) |" in report
     assert "Incomplete" not in report
+    # seeds are the unit, the stress-smoke seeds share one subset: 2 tasks × 200 distinct examples, not × 2 seeds
+    assert "paired t on seed means p = 0, Holm-adjusted over 5 comparisons p = 0; 2 seeds, 400 distinct test " \
+           "examples; significant)" in report
+    assert "4500" not in report and "800 distinct" not in report
+
+
+def test_report_counts_the_union_of_per_seed_test_subsets(tmp_path):
+    grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.8,
+                                          test_ids=lambda seed: list(range(100 * seed, 100 * seed + N)))
+    report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
+    assert "2 seeds, 600 distinct test examples" in report  # per task: seed 0 has 0–199, seed 1 has 100–299
 
 
 def test_report_says_a_target_does_not_hold_when_the_difference_is_not_significant(tmp_path):
