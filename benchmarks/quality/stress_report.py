@@ -22,7 +22,7 @@ import numpy as np
 
 from .floor import floor_group, gain_retained
 from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, NON_PRIVATE_FLOOR_FLAGS, Cell, Grid
-from .merge_space import BUDGET, SPACES, point_label
+from .merge_space import BUDGET, FIXED, SCALE, SPACES, grid_edges, point_label
 from .scoring import decode
 from .significance import ALPHA, Comparison, adjust, compare
 from .store import Store
@@ -189,6 +189,11 @@ def _describe(c: Comparison) -> str:
             f"{c.test} p = {c.p_value:.3g}, Holm-adjusted over {c.family} comparisons p = {c.p_adjusted:.3g}; "
             f"{c.seeds} seed{'s' if c.seeds != 1 else ''}, {c.distinct_examples} distinct test examples{counts}; "
             f"{verdict})")
+
+
+def _choice(method: str, point: dict[str, Any]) -> str:
+    """The chosen point, flagged where it sits at an end of its grid."""
+    return point_label(point) + (" **(edge)**" if grid_edges(method, point) else "")
 
 
 def _margin(versus: str, c: Comparison) -> str:
@@ -384,10 +389,13 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         "",
         "### How every merge was tuned",
         "",
-        f"Each method has the same budget of {BUDGET} points; per cell the point with the best mean validation "
-        "accuracy is chosen and only that merge is scored on test. Spaces:",
+        f"Each method has the same budget of {BUDGET} points, and methods on the same λ scale the same λ grid; "
+        "per cell the point with the best mean validation accuracy is chosen and only that merge is scored on "
+        "test. Spaces:",
         "",
-        _table(["method", "points"], [[m, "; ".join(point_label(p) for p in SPACES[m])] for m in merges]),
+        _table(["method", "scale", "points", "fixed"],
+               [[m, SCALE.get(m, "–"), "; ".join(point_label(p) for p in SPACES[m]),
+                 point_label(FIXED[m]) if m in FIXED else "–"] for m in merges]),
     ]
     rows, margins = which_method_when(results)
     comparisons, margins = one_family(headline_comparisons(results), margins)
@@ -410,9 +418,15 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
             _table(["adapters", *merges], [[label(g), *(("below floor" if results.below_floor(g) else
                                                           _fmt(results.gain(g, m))) for m in merges)]
                                            for g in groups])]
+    chosen = [(m, r["point"]) for g in groups for m in merges for r in results.tuned.get(g, {}).get(m, {}).values()]
+    edges = sorted({m for m, point in chosen if grid_edges(m, point)})
+    at_edge = sum(bool(grid_edges(m, point)) for m, point in chosen)
     out += ["", "## Selected hyper-parameters (per seed, chosen on validation)", "",
+            "**(edge)**: the choice is the smallest or largest value of its grid axis, so the optimum may lie "
+            "outside the grid; " + (f"{at_edge} of {len(chosen)} choices are at an edge ({', '.join(edges)})."
+                                    if edges else "no choice is."), "",
             _table(["adapters", *merges],
-                   [[label(g), *(" / ".join(point_label(r["point"]) for _, r in sorted(
+                   [[label(g), *(" / ".join(_choice(m, r["point"]) for _, r in sorted(
                        results.tuned.get(g, {}).get(m, {}).items())) or "–" for m in merges)] for g in groups])]
     out += ["", "## Significance of the headline comparisons", "",
             "Paired (both models on the same test examples of each seed and task). Seeds are the unit: the test "

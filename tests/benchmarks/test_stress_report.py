@@ -16,7 +16,7 @@ def _correct(rate: float) -> np.ndarray:
     return (np.arange(N) < round(rate * N)).astype(np.int8)
 
 
-def _store(tmp_path, merged_rate, test_ids=None):
+def _store(tmp_path, merged_rate, test_ids=None, selected=1):
     grid = GRIDS["stress-smoke"]
     cells = plan_cells(grid, grid.seeds)
     store = Store(tmp_path)
@@ -34,11 +34,11 @@ def _store(tmp_path, merged_rate, test_ids=None):
             continue
         for method in grid.merges:
             rate = merged_rate(cell, method)
-            point = SPACES[method][1]
+            point = SPACES[method][selected]
             store.save(cell, f"tune_{method}", settings, {
                 "trials": [{"point": p, "validation": {}, "mean": rate if p == point else rate - 0.1}
                            for p in SPACES[method]],
-                "selected": 1, "point": point, "test": {t: rate for t in grid.tasks},
+                "selected": selected, "point": point, "test": {t: rate for t in grid.tasks},
                 "correct": encode({t: _correct(rate) for t in grid.tasks}), "seconds": {"merge": 1.0}})
     return grid, cells, store, settings
 
@@ -57,7 +57,8 @@ def test_report_judges_the_targets_on_paired_tests_and_shows_gain_and_choices(tm
     # gain retained = (80 − 50)/(90 − 50) = 75 % for every merge but dp_merging's ties: (85 − 50)/40 = 87.5 %
     assert "| non_private | 75.0 ± 0.0 | 75.0 ± 0.0 |" in report
     assert "| dp_merging ε=4 | 87.5 ± 0.0 | 75.0 ± 0.0 |" in report
-    assert "density=0.2, lambda=1 / density=0.2, lambda=1" in report  # the chosen points, per seed
+    assert "| non_private | lambda=1 / lambda=1 | lambda=0.5 / lambda=0.5 |" in report  # chosen points, per seed
+    assert "no choice is." in report and "(edge)** /" not in report and "(edge)** |" not in report
     assert "| ε = 4 | 2 | 5.0 | dp_merging | ties | 85.0 ± 0.0 | vs dp_aware: +5.0 (significant) |" in report
     assert "Incomplete" not in report
     # seeds are the unit, the stress-smoke seeds share one subset: 2 tasks × 200 distinct examples, not × 2 seeds
@@ -96,3 +97,10 @@ def test_a_floor_that_beats_every_merge_is_the_recommendation_and_gain_is_undefi
                  "95.0 | vs ")  # one floor seed
     assert floor_row in report and "+15.0 (significant) |" in report
     assert "| non-private | 2 | 10.0 | non_private |" in report  # its floor (50) does not beat the merges (80)
+
+
+def test_a_choice_at_the_end_of_its_grid_is_flagged(tmp_path):
+    grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.8, selected=0)
+    report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
+    assert "| non_private | lambda=0.5 **(edge)** / lambda=0.5 **(edge)** | lambda=0.25 **(edge)** / " in report
+    assert "14 of 14 choices are at an edge (dp_aware, ties)." in report  # 3 groups × 2 seeds + noise, × 2
