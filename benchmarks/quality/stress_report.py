@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .floor import floor_group, gain_retained
+from hf_dpmerge.data.metrics import gain_retained
+
+from .floor import floor_group
 from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, NON_PRIVATE_FLOOR_FLAGS, Cell, Grid
 from .merge_space import BUDGET, FIXED, SCALE, SPACES, grid_edges, point_label
 from .scoring import decode

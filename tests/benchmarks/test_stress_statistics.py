@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks.quality.floor import gain_retained
 from benchmarks.quality.significance import (
     adjust,
     cluster_bootstrap_ci,
@@ -18,6 +17,7 @@ from benchmarks.quality.significance import (
     mcnemar_p_value,
 )
 from benchmarks.quality.tuning import tune
+from hf_dpmerge.data.metrics import gain_retained
 
 
 def test_mcnemar_is_the_exact_binomial_test_at_every_count():
