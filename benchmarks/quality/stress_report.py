@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ Group = tuple[str, float | None]  # (trainer, ε) or ("noise", σ)
 Settings = Callable[[Cell, str], dict[str, Any]]
 OURS = ("cauchy_poe", "dp_aware")
 REPORT_NAME = "BENCHMARKS_STRESS.md"
+EVIDENCE_NAME = "recommend_evidence.json"  # what hf-dpmerge recommend reads (its data/benchmark_evidence.json)
 
 
 def group_of(cell: Cell) -> Group:
@@ -172,6 +174,10 @@ def comparison(results: StressResults, first: tuple[Group, str | None], second: 
                    example_ids=None if ids is None else {k: ids[k] for k in common})
 
 
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def _fmt(values: list[float], spec: str = ".1f") -> str:
     if not values:
         return "–"
@@ -262,15 +268,16 @@ def targets(comparisons: list[tuple[str, Comparison]], rows: list[list[str]]) ->
 Margin = tuple[int, str, Comparison]  # (row, the model compared against, its comparison): the row's margin cell
 
 
-def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Margin]]:
+def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Margin], list[dict[str, Any]]]:
     """Per privacy level (and noise level): the trainer and merge a user should pick, from the validation means,
     with the merge's test accuracy, the interference it leaves, and its margin over the runner-up merge.
 
     The floor at the same ε (base encoder + each task's own head: a multi-task model that needs no merge) is a
     candidate too; where its validation mean beats every merge's, it is the recommendation and the margin is
     its paired test difference to the best merge. The margins' comparisons are returned apart, for the report's
-    Holm family (:func:`fill_margins` writes them into the rows)."""
-    rows, margins = [], []
+    Holm family (:func:`fill_margins` writes them into the rows), and the rows as data for
+    ``hf-dpmerge recommend`` (:func:`evidence`)."""
+    rows, margins, entries = [], [], []
     levels: dict[Any, list[Group]] = defaultdict(list)
     for group in results.groups():
         levels[("noise", group[1]) if group[0] == "noise" else ("ε", group[1])].append(group)
@@ -284,8 +291,15 @@ def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Mar
         setting = f"noise σ = {level:g} (non-private adapters)" if kind == "noise" else (
             "non-private" if level is None else f"ε = {level:g}")
         floor_validation = results.floor_validation_mean(group)
+        floor_accuracy = results.floor_accuracy(group)
+        entry = {"epsilon": level if kind == "ε" else None, "noise_std": level if kind == "noise" else None,
+                 "floor": None if floor_accuracy is None else 100 * statistics.fmean(floor_accuracy.values()),
+                 "individual": _mean(results.per_seed_mean(results.individual_accuracy(group))),
+                 "max_abs_cosine": None}  # the stress grid does not measure its adapters' similarity
         if floor_validation is not None and floor_validation > candidates[0][0]:
             floor = floor_group(group)
+            entries.append({**entry, "choice": "floor", "trainer": floor[0], "merge": None, "point": None,
+                            "accuracy": entry["floor"]})
             found = comparison(results, (floor, None), (group, method))
             if found is not None:
                 margins.append((len(rows), f"{group[0]} + {method}", found))
@@ -304,7 +318,24 @@ def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Mar
                 margins.append((len(rows), runner[2], found))
         rows.append([setting, str(len(results.grid.tasks)), interference, group[0] if kind != "noise" else "–",
                      method, _fmt(merged), "–"])
-    return rows, margins
+        points = [point_label(r["point"]) for r in results.tuned[group][method].values()]
+        chosen = max(results.tuned[group][method].values(), key=lambda r: points.count(point_label(r["point"])))
+        entries.append({**entry, "choice": "merge", "trainer": group[0], "merge": method, "point": chosen["point"],
+                        "accuracy": _mean(merged)})
+    return rows, margins, entries
+
+
+def evidence(entries: list[dict[str, Any]], margins: list[Margin], report: str, configuration: str
+             ) -> dict[str, Any]:
+    """The "Which method when" rows as ``hf-dpmerge recommend`` reads them (its ``benchmark_evidence.json``
+    ``settings``), each with its (Holm-adjusted) margin."""
+    rows = [{"report": report, "configuration": configuration, **entry, "versus": None, "difference": None,
+             "significant": None, "test": None, "seeds": None} for entry in entries]
+    for row, versus, found in margins:
+        rows[row].update(versus=versus, difference=found.difference, significant=found.significant,
+                         test=f"{found.test}, Holm-adjusted p = {found.p_adjusted:.3g} over {found.family}",
+                         seeds=found.seeds)
+    return {"settings": rows}
 
 
 def fill_margins(rows: list[list[str]], margins: list[Margin]) -> list[list[str]]:
@@ -399,7 +430,7 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
                [[m, SCALE.get(m, "–"), "; ".join(point_label(p) for p in SPACES[m]),
                  point_label(FIXED[m]) if m in FIXED else "–"] for m in merges]),
     ]
-    rows, margins = which_method_when(results)
+    rows, margins, entries = which_method_when(results)
     comparisons, margins = one_family(headline_comparisons(results), margins)
     rows = fill_margins(rows, margins)
     out += ["", "## Targets", "", *targets(comparisons, rows)]
@@ -454,4 +485,6 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         out += ["", f"![gain retained per merge]({path.relative_to(report_dir).as_posix()})"]
     path = report_dir / REPORT_NAME
     path.write_text("\n".join(out) + "\n")
+    found = evidence(entries, margins, REPORT_NAME, f"{', '.join(grid.tasks)}; {grid.reductions}")
+    (report_dir / EVIDENCE_NAME).write_text(json.dumps(found, indent=1, allow_nan=True) + "\n")
     return path

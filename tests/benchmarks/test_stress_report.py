@@ -1,12 +1,15 @@
 """BENCHMARKS_STRESS.md from stored stress results: targets judged on paired tests, gain retained, selections."""
 
+import json
+
 import numpy as np
+import pytest
 
 from benchmarks.quality.grid import GRIDS, plan_cells
 from benchmarks.quality.merge_space import SPACES
 from benchmarks.quality.scoring import encode
 from benchmarks.quality.store import Store
-from benchmarks.quality.stress_report import write_stress_report
+from benchmarks.quality.stress_report import EVIDENCE_NAME, write_stress_report
 
 N = 200  # test examples per task
 
@@ -104,3 +107,17 @@ def test_a_choice_at_the_end_of_its_grid_is_flagged(tmp_path):
     report = write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {}).read_text()
     assert "| non_private | lambda=0.5 **(edge)** / lambda=0.5 **(edge)** | lambda=0.25 **(edge)** / " in report
     assert "14 of 14 choices are at an edge (dp_aware, ties)." in report  # 3 groups × 2 seeds + noise, × 2
+
+
+def test_the_report_writes_the_rows_recommend_reads_in_its_schema(tmp_path):
+    from hf_dpmerge.merging.merge_recommendation import EVIDENCE
+
+    grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.85 if method == "ties" else 0.8)
+    write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {})
+    rows = json.loads((tmp_path / EVIDENCE_NAME).read_text())["settings"]
+    assert all(set(row) == set(EVIDENCE["settings"][0]) for row in rows)
+    non_private = next(row for row in rows if row["epsilon"] is None and row["noise_std"] is None)
+    assert non_private["merge"] == "ties" and non_private["point"] == SPACES["ties"][1]
+    assert non_private["accuracy"] == 85.0 and non_private["versus"] == "dp_aware"
+    assert non_private["difference"] == pytest.approx(5.0) and non_private["significant"] is True
+    assert "Holm-adjusted" in non_private["test"] and non_private["seeds"] == 2
