@@ -97,9 +97,10 @@ def _evaluation_rows(evaluation: EvaluationReport) -> list[list[str]]:
     rows = []
     for t in evaluation.tasks:
         retention = "–" if math.isnan(t.retention) else f"{t.retention:.1%}"
+        gain = "below floor" if t.below_floor else "–" if math.isnan(t.gain_retained) else f"{t.gain_retained:.1%}"
         epsilon = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.3g}"
-        rows.append([t.task, t.metric, epsilon, f"{t.individual:.4f}", f"{t.merged:.4f}", retention,
-                     f"{t.interference:+.4f}", str(t.num_examples)])
+        rows.append([t.task, t.metric, epsilon, "–" if t.floor is None else f"{t.floor:.4f}", f"{t.individual:.4f}",
+                     f"{t.merged:.4f}", gain, retention, f"{t.interference:+.4f}", str(t.num_examples)])
     return rows
 
 
