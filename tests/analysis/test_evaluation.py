@@ -151,8 +151,11 @@ def test_validation_split_is_scored_when_asked(fake_runs):
 def test_clear_errors_for_missing_dirs_and_records(fake_runs, tmp_path):
     with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
         evaluate_runs(fake_runs["runs"], tmp_path / "nowhere", log=lambda line: None)
-    with pytest.raises(FileNotFoundError, match="not a peft adapter"):
+    with pytest.raises(FileNotFoundError, match="--tasks missing_task: no folder"):
         evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["missing_task"], log=lambda line: None)
+    (fake_runs["runs"] / "empty_task").mkdir(exist_ok=True)
+    with pytest.raises(FileNotFoundError, match="not a peft adapter"):
+        evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["empty_task"], log=lambda line: None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate_runs(tmp_path / "no_runs", fake_runs["merged"], base_dir=fake_runs["base"], log=lambda line: None)
     bare = tmp_path / "runs" / "bare" / "adapter"

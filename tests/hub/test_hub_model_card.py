@@ -88,8 +88,8 @@ def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths
     card = build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)}, repo_id="bob/m",
                             evaluation=_report(), base_model="/home/me/runs/base")
     reparsed = ModelCard(str(card))
-    assert "| sst2 | accuracy | 1.5 | 0.9000 | 0.8100 | 90.0% | +0.0900 | 872 |" in reparsed.text
-    assert "| qnli | accuracy | ∞ | 0.0000 | 0.5000 | – | -0.5000 | 100 |" in reparsed.text
+    assert "| sst2 | accuracy | 1.5 | – | 0.9000 | 0.8100 | – | 90.0% | +0.0900 | 872 |" in reparsed.text
+    assert "| qnli | accuracy | ∞ | – | 0.0000 | 0.5000 | – | – | -0.5000 | 100 |" in reparsed.text
     results = {r.dataset_name: r for r in reparsed.data.eval_results}
     assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
     assert reparsed.data.base_model is None and "/home/me" not in str(card)
