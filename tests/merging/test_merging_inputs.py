@@ -104,6 +104,15 @@ def test_noise_variance_uses_the_lora_factors_the_record_and_overrides(runs: Pat
     assert input_noise_variance(with_head, "classifier.weight", sgd) == pytest.approx(expected_sgd)
 
 
+def test_every_trained_head_tensor_keeps_its_own_name(lora_model, tmp_path: Path) -> None:
+    """The head's bias maps to its own saved key (it used to be filed under classifier.weight, so the bias
+    got noise variance 0 and the weight the bias's key)."""
+    lora_model().save_pretrained(tmp_path)
+    trained = adapter_weights(tmp_path).trained
+    assert trained == {"classifier.weight": "base_model.model.classifier.weight",
+                       "classifier.bias": "base_model.model.classifier.bias"}
+
+
 def test_overrides_cover_the_noise_model_and_never_the_guarantee() -> None:
     for name in ("noise_multiplier", "max_grad_norm", "expected_batch_size", "sum_lr_squared"):
         assert name in RECORD_OVERRIDES
