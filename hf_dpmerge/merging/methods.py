@@ -178,6 +178,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("lambda", float, 1.0),
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
+                _shared("shrinkage", Literal["scale", "soft_threshold"], "scale"),
                 _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings
                 _shared(ALLOW_NON_PRIVATE, bool, False),
             ),
@@ -211,9 +212,9 @@ class DPAwareMethod(_TaskVectorMethod):
                 continue
             factors, variance_a, variance_b = lora
             variances.append(factor_noise_variance(factors, variance_a, variance_b))
-            denoised.append(lora_factor_estimate(
+            denoised.append(None if parameters["shrinkage"] == "scale" else lora_factor_estimate(
                 factors.lora_a, factors.lora_b, factors.scaling, variance_b, factors.fan_in_fan_out
-            ))
+            ))  # the scale needs only Σ Var(ΔW_ij): the dense delta's, exactly
         return dp_aware_merge(
             base,
             [entry.tensor for entry in entries],
@@ -223,6 +224,7 @@ class DPAwareMethod(_TaskVectorMethod):
             consensus=parameters["consensus"],
             weighting=parameters["weighting"],
             denoised=denoised,
+            shrinkage=parameters["shrinkage"],
         )
 
 
