@@ -149,13 +149,14 @@ def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
 def _parameter_variance(
     reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
 ) -> torch.Tensor | float:
-    """s² of one directly trained tensor: from the shipped statistics, else the record's formula (warned)."""
+    """s² of one saved tensor: from the shipped statistics (0 for a tensor they do not list: it was frozen, as
+    FFA-LoRA's A, so never noised), else the record's formula (warned)."""
     stats = input_noise_stats(reference)
-    variance = None if stats is None else stats_noise_variance(record, stats, saved_name)
-    if variance is not None:
-        return variance
+    if stats is not None:
+        variance = stats_noise_variance(record, stats, saved_name)
+        return 0.0 if variance is None else variance
     warnings.warn(  # one message per input: stacklevel 1 gives every call one location, shown once per message
-        f"input {reference}: no {NOISE_STATS_NAME} (or it lacks a trained tensor): using the record's "
+        f"input {reference}: no {NOISE_STATS_NAME}: using the record's "
         "noise-dominated formula, which over-states the noise of informative Adam coordinates",
         stacklevel=1,
     )

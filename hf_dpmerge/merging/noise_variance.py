@@ -14,7 +14,12 @@ in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.opti
 
 A LoRA delta ΔW = s·B·A with independent noise of variances V_A, V_B (per coordinate) in its factors has
 
-    Var(ΔW_ij) ≈ s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj].
+    Var(ΔW_ij) = s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj]
+
+in the clean factors. Only the released, noisy B̃, Ã are known, and E[B̃²] = B² + V_B, E[Ã²] = A² + V_A, so
+the unbiased plug-in is s²·[Σ_r B̃_ir²·V_A,rj + Σ_r V_B,ir·Ã_rj² − Σ_r V_B,ir·V_A,rj] (clipped at 0; putting
+the noisy factors into the first form over-states it by 2·s²·V_B·V_A). A frozen A (FFA-LoRA: not trained,
+not noised, V_A = 0) leaves exactly s²·Σ_r V_B,ir·A_rj²: the noise of ΔW is s·noise_B·A.
 """
 
 from __future__ import annotations
@@ -82,9 +87,10 @@ def lora_noise_variance(
     variance_a: torch.Tensor | float,
     variance_b: torch.Tensor | float,
 ) -> torch.Tensor:
-    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in), independent noise of variances V_A, V_B."""
+    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in) from the released (noisy) factors and their
+    independent noise variances V_A, V_B: the unbiased plug-in of the module docstring (V_A = 0: frozen A)."""
     a, b = lora_a.double(), lora_b.double()
     v_a = torch.as_tensor(variance_a, dtype=torch.float64, device=a.device).expand_as(a)
     v_b = torch.as_tensor(variance_b, dtype=torch.float64, device=b.device).expand_as(b)
-    variance = b.square() @ v_a + v_b @ a.square() + v_b @ v_a
-    return (scaling**2 * variance).float()
+    variance = b.square() @ v_a + v_b @ a.square() - v_b @ v_a
+    return (scaling**2 * variance.clamp_(min=0)).float()

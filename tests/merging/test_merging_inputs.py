@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
-from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.noise_variance import lora_noise_variance, stats_noise_variance
 from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
@@ -147,6 +147,23 @@ def test_noise_statistics_travel_with_the_encoder_export(runs: Path, tmp_path: P
     copied = NoiseStats.load(tmp_path / "encoder_adapter")
     assert (tmp_path / "encoder_adapter" / NOISE_STATS_NAME).exists()
     assert copied.groups == stats.groups and torch.equal(copied.second_moments["w"], stats.second_moments["w"])
+
+
+def test_a_factor_the_noise_statistics_do_not_list_was_frozen_and_carries_no_noise(runs: Path, tmp_path: Path) -> None:
+    """FFA-LoRA trains only B: its statistics list no lora_A, so V_A = 0 and Var(ΔW) = s²·V_B·A² exactly (the
+    record's Σ η² fallback used to be given to the frozen A)."""
+    adapter = _copy_adapter(runs, tmp_path / "ffa")
+    factors = adapter_weights(adapter).factors[QUERY]
+    moment = torch.full_like(factors.lora_b, 1e-4)
+    stats = NoiseStats(optimizer={"name": "AdamW", "betas": [0.9, 0.999], "eps": 1e-8}, noise_std=0.01,
+                       lrs={"0": torch.full((5,), 1e-3, dtype=torch.float64)}, weight_decay={"0": 0.0},
+                       groups={factors.saved_b: "0"}, second_moments={factors.saved_b: moment})
+    stats.save(adapter)
+    reference = ModelReference.parse(f"{runs / 'base'}+{adapter}")
+    record = input_record(reference)
+    variance_b = stats_noise_variance(record, stats, factors.saved_b)
+    expected = factors.scaling**2 * (variance_b.double() @ factors.lora_a.double().square())
+    torch.testing.assert_close(input_noise_variance(reference, QUERY, {}).double(), expected)
 
 
 def test_misspelt_parameter_keys_are_errors(runs: Path) -> None:
