@@ -141,7 +141,8 @@ class CauchyPoEMethod(_TaskVectorMethod):
         variances = None
         if parameters["dp_calibrated"]:
             variances = [
-                float(torch.as_tensor(input_noise_variance(e.id, name, _overrides(parameters, e.id))).mean())
+                float(torch.as_tensor(input_noise_variance(
+                    e.id, name, _overrides(parameters, e.id), e.tensor.float() - base.float())).mean())
                 for e in entries
             ]
         return cauchy_poe_merge(
@@ -207,7 +208,7 @@ class DPAwareMethod(_TaskVectorMethod):
             overrides = _overrides(parameters, entry.id)
             lora = input_lora_noise(entry.id, name, overrides)
             if lora is None:
-                variances.append(input_noise_variance(entry.id, name, overrides))
+                variances.append(input_noise_variance(entry.id, name, overrides, entry.tensor.float() - base.float()))
                 denoised.append(None)
                 continue
             factors, variance_a, variance_b = lora

@@ -6,7 +6,12 @@ import pytest
 import torch
 from opacus.optimizers import DPOptimizer
 
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance, stats_noise_variance
+from hf_dpmerge.merging.noise_variance import (
+    capped_variance,
+    lora_noise_variance,
+    record_noise_variance,
+    stats_noise_variance,
+)
 from hf_dpmerge.records.noise_stats import NoiseStats
 from tests.utils.merging_builders import adamw_record
 
@@ -173,3 +178,17 @@ def test_lora_plug_in_from_the_noisy_factors_is_unbiased_and_exact_for_a_frozen_
     predicted = lora_noise_variance(lora_a, noisy_b[0], scaling, 0.0, var_b)
     torch.testing.assert_close(predicted.double(), scaling**2 * var_b.double() @ lora_a.double().square())
     torch.testing.assert_close(predicted, frozen.var(dim=0), rtol=0.05, atol=0)
+
+
+def test_released_weights_cap_a_variance_the_random_walk_over_states() -> None:
+    """E[τ̃²] = τ² + s²: a noise-only task vector (B̃ of a LoRA that learnt nothing) caps a model that over-states
+    its variance 2× (curvature damped the walk) back to the truth; a signal-carrying one leaves it as it is."""
+    generator = torch.Generator().manual_seed(3)
+    true_variance = 0.5 + torch.rand(64, 8, generator=generator)
+    noise_only = true_variance.sqrt() * torch.randn(64, 8, generator=generator)
+    capped = capped_variance(2 * true_variance, noise_only)
+    assert float(capped.mean() / true_variance.mean()) == pytest.approx(1.0, abs=0.1)
+    torch.testing.assert_close(capped / capped.mean(), true_variance / true_variance.mean())  # shape kept
+    with_signal = noise_only + 3.0
+    assert torch.equal(capped_variance(true_variance, with_signal), true_variance)
+    assert capped_variance(0.0, noise_only) == 0.0
