@@ -12,8 +12,8 @@ in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.opti
   whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
   is an upper bound on its mean s², tight when the tensor carries little signal. The model above is a random
   walk, another upper bound: curvature pulls the weights back, most where Adam's steps η/√v̂ are large (small
-  σ_g). Taking the smaller matched 8 noise-only re-runs (tiny BERT, r = 4, AdamW, 20 steps) within 1 % for
-  lora_B, where the walk alone over-stated the variance 1.1× at σ = 1 and 2.1× at σ = 0.25.
+  σ_g). Taking the smaller matched 8 noise-only re-runs (tiny BERT, r = 4, AdamW, 20 steps) within 5 % for
+  lora_B, where the walk alone over-stated the variance up to 2.1× (σ = 0.25, B_exp = 20; docs/design.md §6).
 * without it (older releases, full models), from the record alone, with a warning: SGD
   s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
   informative coordinates); heads scaled by (head_lr/lr)².
