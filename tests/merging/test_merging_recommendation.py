@@ -127,7 +127,8 @@ def test_the_merge_and_its_figures_come_from_the_stored_results(monkeypatch) -> 
 
 
 def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
-    """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² + r·s⁴)."""
+    """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² − r·s⁴) (the unbiased
+    plug-in on the released, noisy factors)."""
     factors = random_factors(5)
     save_adapter(tmp_path, "adam", factors, sum_lr_squared=4e-4)
     save_adapter(tmp_path, "open", factors, dp=False, epsilon=math.inf)
@@ -138,7 +139,7 @@ def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
         a, b = lora_a.double(), lora_b.double()
         d_out, d_in = b.shape[0], a.shape[1]
         total += scaling**2 * (variance * (d_out * a.square().sum() + d_in * b.square().sum())
-                               + d_out * d_in * RANK * variance**2)
+                               - d_out * d_in * RANK * variance**2)
         norm_sq += float((scaling * b @ a).square().sum())
     assert mr.noise_to_signal(vector, math.sqrt(norm_sq)) == pytest.approx(math.sqrt(total) / math.sqrt(norm_sq),
                                                                            rel=1e-5)
