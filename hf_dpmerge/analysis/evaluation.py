@@ -243,11 +243,16 @@ def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, rete
 
 
 @torch.inference_mode()
-def predict_logits(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 32) -> np.ndarray:
-    """Logits for a tokenized dataset, batched by length (padding is per batch), in dataset order."""
+def predict_logits(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 32,
+                   progress: str | None = None) -> np.ndarray:
+    """Logits for a tokenized dataset, batched by length (padding is per batch), in dataset order; ``progress``:
+    the description of a progress bar over the batches (none when None)."""
+    from tqdm.auto import tqdm
+
     device = next(model.parameters()).device
     outputs = np.empty(len(dataset), dtype=object)
-    for batch in length_sorted_batches(dataset, tokenizer, batch_size):
+    batches = length_sorted_batches(dataset, tokenizer, batch_size)
+    for batch in tqdm(batches, desc=progress, unit="batch", leave=False, disable=progress is None):
         inputs, _ = batch.to(device)
         logits = model(**inputs).logits.float().cpu().numpy()
         for i, row in zip(batch.indices, logits, strict=True):
@@ -270,6 +275,7 @@ def evaluate_runs(
     glue_path: str | None = None,
     device: str | torch.device | None = None,
     log=print,
+    progress: bool = True,
 ) -> EvaluationReport:
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``
     (test by default; validation when the scores select something, e.g. a merge weight).
@@ -278,14 +284,18 @@ def evaluate_runs(
     one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
-    Models run on ``device`` (default: CUDA when available, else CPU).
+    Models run on ``device`` (default: CUDA when available, else CPU). ``progress`` shows tqdm bars on stderr, per
+    task and per batch of each of its three models.
     """
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
     check_model_dirs(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
-    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir):
+    from tqdm.auto import tqdm
+
+    runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
+    for run in tqdm(runs, desc="tasks", unit="task", disable=not progress):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
@@ -295,7 +305,8 @@ def evaluate_runs(
                                         ("individual", load_individual_model, base_dir),
                                         ("merged", load_merged_with_head, merged_dir)):
             model = loader(directory, run.adapter_dir, spec).to(device)
-            predictions = predictions_from_logits(spec, predict_logits(model, examples, tok, batch_size))
+            logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
+            predictions = predictions_from_logits(spec, logits)
             scores[kind] = compute_metrics(spec, predictions, references)
             del model
         epsilon = record.epsilon if record.dp else math.inf

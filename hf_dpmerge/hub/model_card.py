@@ -87,7 +87,7 @@ def _eval_results(evaluation: EvaluationReport | None, datasets: Mapping[str, st
         return None
     return [
         EvalResult(task_type=PIPELINE_TAG, dataset_type=datasets.get(t.task) or t.task, dataset_name=t.task,
-                   dataset_config=t.task if datasets.get(t.task) else None, dataset_split="test",
+                   dataset_config=t.task if datasets.get(t.task) else None, dataset_split=evaluation.split,
                    metric_type=t.metric, metric_value=t.merged)
         for t in evaluation.tasks
     ]

@@ -40,6 +40,27 @@ def check_method_name(name: str) -> None:
         raise ValueError(f"unknown merge_method {name!r}{hint}; known methods: {known}")
 
 
+def check_parameter_values(merge_config: Any) -> None:
+    """Refuse a plain parameter value the method cannot take (``lambda: abc``), naming the key and where it is set;
+    mergekit would report only "1 validation error for float", after loading the inputs. Gradients (lists) and
+    conditional values are left to mergekit."""
+    from mergekit.merge_methods import get
+    from pydantic import ValidationError
+
+    specs = {p.name: p for p in get(merge_config.merge_method).spec.parameters}
+    places = [("parameters", merge_config.parameters or {})]
+    places += [(f"models[{i}].parameters", m.parameters or {}) for i, m in enumerate(merge_config.models or [])]
+    for where, settings in places:
+        for key, value in settings.items():
+            if key not in specs or not isinstance(value, str | int | float | bool):
+                continue
+            try:
+                specs[key].validate(value)
+            except ValidationError as err:
+                problem = err.errors()[0]["msg"]
+                raise ValueError(f"{merge_config.merge_method}: {where}.{key} = {value!r}: {problem}") from None
+
+
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.inputs import input_settings, require_private
@@ -48,6 +69,7 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
     check_method_name(merge_config.merge_method)
+    check_parameter_values(merge_config)
     if merge_config.merge_method == safe_merge.spec.name:
         check_safe_merge_config(merge_config)
         return

@@ -51,9 +51,11 @@ def test_task_head_state_is_the_adapters_trained_head(fake_runs):
     assert head["classifier.weight"].shape == (5, 32)
 
 
-def test_evaluate_runs_scores_retention_and_epsilon(fake_runs):
+def test_evaluate_runs_scores_retention_and_epsilon(fake_runs, capsys):
     report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
                            log=lambda line: None)
+    bars = capsys.readouterr().err  # progress per task and per batch of each model, on stderr
+    assert "tasks: 100%" in bars and all(f"bbc_news {kind}" in bars for kind in ("floor", "individual", "merged"))
     by_task = {t.task: t for t in report.tasks}
     assert set(by_task) == {"bbc_news", "election_tweets"}  # named by the privacy records, not the folders
     bbc, tweets = by_task["bbc_news"], by_task["election_tweets"]

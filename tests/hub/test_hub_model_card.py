@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -93,6 +94,15 @@ def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths
     results = {r.dataset_name: r for r in reparsed.data.eval_results}
     assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
     assert reparsed.data.base_model is None and "/home/me" not in str(card)
+    assert {r.dataset_split for r in reparsed.data.eval_results} == {"test"}
+
+
+def test_model_index_names_the_split_the_scores_came_from():
+    report = dataclasses.replace(_report(), split="validation")
+    card = ModelCard(str(build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)},
+                                          repo_id="bob/m", evaluation=report)))
+    assert {r.dataset_split for r in card.data.eval_results} == {"validation"}
+    assert "validation split" in card.text
 
 
 def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):
