@@ -34,6 +34,7 @@ from hf_dpmerge.data.instructions import verbaliser_choices
 from hf_dpmerge.data.metrics import compute_metrics
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
+from hf_dpmerge.records.record import CAUSAL_LM
 
 RESULTS_NAME = "results.json"
 SCORED = ("floor", "individual", "merged")
@@ -107,7 +108,7 @@ class CausalEvaluationReport:
             return None if math.isnan(value) else value
 
         return {
-            "model_kind": "causal_lm",
+            "model_kind": CAUSAL_LM,
             "tasks": {t.task: {**asdict(t), "retention": defined(t.retention),
                                "gain_retained": defined(t.gain_retained)} for t in self.tasks},
             "average": self.averages(),

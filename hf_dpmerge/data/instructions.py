@@ -1,4 +1,4 @@
-"""Classification tasks written as instructions for a causal language model (docs/design.md §12).
+"""Classification tasks written as instructions for a causal language model (docs/design.md §14).
 
 Each example becomes ``prompt → response``: the prompt asks the task's question about the text (through the
 tokenizer's chat template when it has one, else ``<question>\\nAnswer:``), the response is the label's

@@ -2,12 +2,14 @@
 
 A GGUF file (the packaged SmolLM2) loads through transformers' ``gguf`` support, dequantised to float32, but
 ``save_pretrained`` refuses a GGUF-loaded model; its state dict copied into a fresh model of the same config
-gives an ordinary checkpoint, which later loads without the ``gguf`` package. A Hub id or local directory is
-loaded and saved as float32 (DP training needs float32 trainable weights; docs/design.md §12).
+gives an ordinary checkpoint (its config without the GGUF ``quantization_config``: the weights are float32 now),
+which later loads without the ``gguf`` package. A Hub id or local directory is
+loaded and saved as float32 (DP training needs float32 trainable weights; docs/design.md §14).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -28,7 +30,10 @@ def load_causal_lm(source: str | os.PathLike):
         location = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
         tokenizer = AutoTokenizer.from_pretrained(**location)
         loaded = AutoModelForCausalLM.from_pretrained(**location, dtype=torch.float32)
-        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        config = copy.deepcopy(loaded.config)
+        if hasattr(config, "quantization_config"):  # dequantised: Trainer refuses to train a "GGUF-quantized" model
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(loaded.state_dict())
         model.generation_config = loaded.generation_config
     else:

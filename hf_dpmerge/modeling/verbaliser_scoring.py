@@ -3,7 +3,7 @@
     score(x, k) = log p(r_k | prompt(x)) = Σ_j log p(r_{k,j} | prompt(x), r_{k,<j})
     prediction(x) = argmax_k score(x, k)
 
-(rank classification; docs/design.md §12). Every (example, label) sequence is scored once, right-padded in
+(rank classification; docs/design.md §14). Every (example, label) sequence is scored once, right-padded in
 batches of similar length; padding never changes a score (causal attention, masked pad positions).
 """
 

@@ -35,7 +35,7 @@ from hf_dpmerge.data.load import load_task
 from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_gguf
 from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec, parse_task_list
 from hf_dpmerge.modeling.causal_base import save_causal_base
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.scripts.arguments import LoraArguments
 from hf_dpmerge.scripts.train import parse_arguments, resume_point
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -46,7 +46,6 @@ from hf_dpmerge.utils.io import require_model_source, staged_directory
 
 SCRIPT = "train_causal_lm.py"
 BASE_MARKER = "hf_dpmerge_base.json"
-CAUSAL_LM = "causal_lm"  # the record's extra["model_kind"] of an adapter this script trains
 # The DP recipe for the packaged SmolLM2 at ε = 8 (README "Causal language models"); any later flag overrides it.
 CAUSAL_DP_DEFAULTS: list[str] = [
     "--per_device_train_batch_size", "64",

@@ -4,8 +4,10 @@ example (prompt + response), and the script's release carries the accountant's Î
 import pytest
 import torch
 from datasets import Dataset
+from opacus.accountants.utils import create_accountant
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
+from hf_dpmerge import PrivacyRecord
 from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, response_ids, tokenize_instructions
 from hf_dpmerge.data.tasks import get_task_spec
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
@@ -26,11 +28,12 @@ def reviews(copies: int = 5) -> Dataset:
 
 
 def causal_trainer(tmp_path, base, **overrides):
+    """A trainer of LoRA on the tiny Llama over instruction rows; noise-free (Ïƒ silenced) unless told otherwise."""
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = tokenize_instructions(reviews(), SPEC, tokenizer, max_length=40)
     model = lora_causal_lm(base, r=4, alpha=8, target_modules=["q_proj", "v_proj"])
-    trainer = make_trainer(tmp_path, model=model, dataset=rows, sam_mode="none", noise_multiplier=0.0,
-                           physical_batch_size=3, **overrides)
+    settings = {"sam_mode": "none", "noise_multiplier": 0.0, "physical_batch_size": 3, **overrides}
+    trainer = make_trainer(tmp_path, model=model, dataset=rows, **settings)
     trainer.data_collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     return trainer, rows
 
@@ -97,3 +100,17 @@ def test_each_example_is_clipped_to_c_over_prompt_and_response(tmp_path, tiny_ba
         torch.testing.assert_close(got, want / trainer.expected_batch_size, rtol=1e-4, atol=1e-10)
     released_norm = torch.sqrt(sum(g.pow(2).sum() for g in released)).item() * trainer.expected_batch_size
     assert released_norm <= len(chosen) * clip * (1 + 1e-5)
+
+
+def test_the_release_records_the_accountants_epsilon(tmp_path, tiny_base):
+    trainer, _ = causal_trainer(tmp_path, tiny_base, noise_multiplier=None, target_epsilon=4.0, sam_mode="dp_sat",
+                                align_lambda=0.05, max_steps=2, per_device_train_batch_size=8)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "adapter"))
+    record = PrivacyRecord.load(tmp_path / "adapter")
+    accountant = create_accountant("rdp")
+    for _ in range(2):
+        accountant.step(noise_multiplier=trainer.noise_multiplier, sample_rate=8 / len(trainer.train_dataset))
+    assert record.steps == 2 and record.dp and record.privacy_unit == "example"
+    assert record.epsilon == pytest.approx(accountant.get_epsilon(delta=record.delta), rel=1e-9)
+    assert record.epsilon <= 4.0
