@@ -23,9 +23,10 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from hf_dpmerge.hub.model_card import CARD_TAGS, MergeRecipe, _common, _fingerprint_text, hub_model_id
 from hf_dpmerge.hub.push import PushError, PushResult, _load_record, _place, release_staged
+from hf_dpmerge.records.card import render_card
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.release_files import unlisted_files
-from hf_dpmerge.records.statement import check_unseeded_release, privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.records.statement import PrivacyStatement, check_unseeded_release
 
 PIPELINE_TAG = "text-generation"
 
@@ -38,29 +39,13 @@ def is_causal_release(records: Mapping[str, PrivacyRecord]) -> bool:
     return kinds == {True}
 
 
-def _evaluation_section(evaluation: Mapping | None) -> str:
-    if not evaluation:
-        return "No evaluation results were given.\n"
-    split, subset = evaluation.get("split", "test"), evaluation.get("max_eval_samples")
-    lines = [
-        f"As written by `hf-dpmerge evaluate` on each task's {split} split"
-        + (f" (a stratified subset of {subset} examples per task)" if subset else "")
-        + ": the label is the verbaliser with the highest log-likelihood after the prompt; floor is the base model "
-        "zero-shot, individual the task's own adapter, merged this model; retention = merged / individual, "
-        "gain retained = (merged − floor) / (individual − floor).\n",
-        "| task | metric | ε | floor | individual | merged | retention | gain retained | examples |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-
-    def cell(value) -> str:
+def _evaluation_rows(evaluation: Mapping) -> list[list[str]]:
+    def share(value) -> str:
         return "–" if value is None else f"{value:.1%}"
 
-    for task, row in evaluation["tasks"].items():
-        epsilon = "∞" if math.isinf(row["epsilon"]) else f"{row['epsilon']:.3g}"
-        lines.append(f"| {task} | {row['metric']} | {epsilon} | {row['floor']:.4f} | {row['individual']:.4f} | "
-                     f"{row['merged']:.4f} | {cell(row['retention'])} | {cell(row['gain_retained'])} | "
-                     f"{row['num_examples']} |")
-    return "\n".join(lines) + "\n"
+    return [[task, row["metric"], "∞" if math.isinf(row["epsilon"]) else f"{row['epsilon']:.3g}",
+             f"{row['floor']:.4f}", f"{row['individual']:.4f}", f"{row['merged']:.4f}", share(row["gain_retained"]),
+             share(row["retention"]), str(row["num_examples"])] for task, row in evaluation["tasks"].items()]
 
 
 def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, merge: MergeRecipe,
@@ -71,57 +56,15 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
                             local_roots)
     data = ModelCardData(license=license, base_model=hub_base, base_model_relation="merge" if hub_base else None,
                          pipeline_tag=PIPELINE_TAG, tags=[*CARD_TAGS, "causal-lm"], library_name="transformers")
-    tasks = ", ".join(f"`{task}`" for task in records)
-    all_private = all(r.dp and math.isfinite(r.epsilon) for r in records.values())
-    kind = "differentially private (DP-SGD) LoRA adapters" if all_private else "LoRA adapters"
-    notes = "".join(f"\n{note}\n" for note in (seeded_warning(records), public_eval_note(records)) if note)
-    fingerprint = _fingerprint_text(records)
-    verbalisers = "\n".join(f"- `{task}`: {', '.join(r.extra.get('verbalisers') or [])}"
-                            for task, r in records.items())
-    merge_text = (f"Method: `{merge.method or 'unknown'}`. The configuration `{merge.source}`, verbatim:\n\n"
-                  f"```yaml\n{merge.text.rstrip()}\n```\n" if merge.text else
-                  "No merge configuration was found next to the merged model.\n")
-    body = f"""---
-{data.to_yaml()}
----
-
-# {repo_id.split("/")[-1]}
-
-This causal language model merges {len(records)} {kind}{f" on top of `{hub_base}`" if hub_base else ""}{
-    f" with mergekit's `{merge.method}` method" if merge.method else ""}, one per task: {tasks}. Each task was
-trained as an instruction (the task's question about the text; the answer is the label's verbaliser) with
-`hf_dpmerge`; the loss covered the answer tokens only. Each task's privacy record is `<task>/dp_privacy.json`.
-
-## Privacy
-
-Per task, as recorded at training time in `dp_privacy.json` (ε, δ, the accountant that computed them, and N, the
-number of training examples):
-
-{privacy_statement(records)}
-{notes}{f"{chr(10)}{fingerprint}{chr(10)}" if fingerprint else ""}
-**Not covered by the guarantee.** The guarantee covers the released weights. It does not cover anything else
-computed on private data: the evaluation numbers below, training diagnostics and any hyper-parameter selection
-done on private data each release information outside (ε, δ).
-
-## Merge
-
-{merge_text}
-## Evaluation
-
-{_evaluation_section(evaluation)}
-## Usage
-
-The labels each task answers with:
-
-{verbalisers}
-
-```python
-from transformers import pipeline
-
-generate = pipeline("text-generation", model="{repo_id}")
-```
-"""
-    return ModelCard(body)
+    statement = PrivacyStatement.from_records(records)
+    return render_card(
+        "causal_merged", data, statement, title=repo_id.split("/")[-1], tasks=list(records),
+        kind="differentially private (DP-SGD) LoRA adapters" if statement.private else "LoRA adapters",
+        base_model=hub_base, method=merge.method, merge_text=merge.text.rstrip() if merge.text else None,
+        merge_source=merge.source, fingerprint_text=_fingerprint_text(records), evaluation=evaluation,
+        evaluation_rows=_evaluation_rows(evaluation) if evaluation else [], repo_id=repo_id,
+        verbalisers={task: r.extra.get("verbalisers") or [] for task, r in records.items()},
+    )
 
 
 def _stage(folder: Path, merged_dir: Path, adapters: Mapping[str, Path], card_text: str) -> None:
