@@ -64,6 +64,7 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
         merge_source=merge.source, fingerprint_text=_fingerprint_text(records), evaluation=evaluation,
         evaluation_rows=_evaluation_rows(evaluation) if evaluation else [], repo_id=repo_id,
         verbalisers={task: r.extra.get("verbalisers") or [] for task, r in records.items()},
+        base_source=_common([r.extra.get("base_model_source") for r in records.values()]),
     )
 
 

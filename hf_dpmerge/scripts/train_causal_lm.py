@@ -149,7 +149,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
     record.task = task
     record.extra.update(model_kind=CAUSAL_LM, label_names=list(spec.label_names),
                         verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
-                        base_model_hub_id=script.base_hub_id())
+                        base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
     record.save(adapter_dir)
     score = task_score(trainer.model.eval(), tokenizer, spec, splits["test"], script.max_length,
                        script.eval_batch_size)

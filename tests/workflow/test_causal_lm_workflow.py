@@ -103,14 +103,15 @@ def test_merged_llm_loads_with_stock_transformers_and_scores_as_evaluate_does(pr
 
 @pytest.mark.slow
 def test_individual_and_floor_scores_are_the_adapter_and_the_base(project):
-    from peft import AutoPeftModelForCausalLM
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     results = json.loads((project / "eval" / "causal_task_arithmetic" / "results.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(project / "runs_causal" / "base")
     floor_model = AutoModelForCausalLM.from_pretrained(project / "runs_causal" / "base").eval()
     for task in TASKS:
-        adapter = AutoPeftModelForCausalLM.from_pretrained(project / "runs_causal" / task / "adapter").eval()
+        base = AutoModelForCausalLM.from_pretrained(project / "runs_causal" / "base")
+        adapter = PeftModel.from_pretrained(base, project / "runs_causal" / task / "adapter").eval()
         row = results["tasks"][task]
         assert row["individual"] == pytest.approx(naive_accuracy(adapter, tokenizer, task, 24, 48), abs=1e-12)
         assert row["floor"] == pytest.approx(naive_accuracy(floor_model, tokenizer, task, 24, 48), abs=1e-12)
