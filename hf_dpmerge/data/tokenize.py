@@ -33,11 +33,17 @@ def tokenize_task(
         encoded["labels"] = [float(x) for x in labels] if spec.is_regression else labels
         return encoded
 
+    return dsd.map(encode, batched=True, remove_columns=dropped_columns(dsd, spec, keep_columns),
+                   desc=f"tokenizing {spec.name}")
+
+
+def dropped_columns(dsd: datasets.Dataset | datasets.DatasetDict, spec: TaskSpec,
+                    keep_columns: tuple[str, ...]) -> list[str]:
+    """The columns of ``dsd`` that tokenizing removes: all but ``keep_columns``, each of which must exist."""
     columns = dsd.column_names
     if isinstance(columns, dict):
         columns = next(iter(columns.values()), [])
     missing = [column for column in keep_columns if column not in columns]
     if missing:
         raise ValueError(f"{spec.name} has no column {missing} to keep (its columns: {columns})")
-    dropped = [column for column in columns if column not in keep_columns]
-    return dsd.map(encode, batched=True, remove_columns=dropped, desc=f"tokenizing {spec.name}")
+    return [column for column in columns if column not in keep_columns]

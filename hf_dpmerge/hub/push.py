@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -273,11 +273,32 @@ def push_merged_model(
         selection=find_selection_record(merged_dir),
     )
     card_text = str(card)
+    return release_staged(
+        lambda stage: _stage(stage, merged_dir, heads, adapter_dirs, card_text), merged_dir, repo_id,
+        private=private, dry_run=dry_run, token=token, commit_message=commit_message, staging_dir=staging_dir,
+        endpoint=endpoint,
+    )
 
+
+def release_staged(
+    stage: Callable[[Path], None],
+    merged_dir: Path,
+    repo_id: str,
+    *,
+    private: bool,
+    dry_run: bool,
+    token: str | None,
+    commit_message: str,
+    staging_dir: str | os.PathLike | None,
+    endpoint: str | None,
+) -> PushResult:
+    """Fill a folder with ``stage(folder)``; a dry run keeps it at ``staging_dir`` (default ``<merged_dir>-hub``),
+    otherwise it goes up in one ``upload_folder`` call to a repository created private unless ``private`` is
+    False (an existing public repository is refused when ``private``)."""
     if dry_run:
         target = Path(staging_dir) if staging_dir is not None else default_staging_dir(merged_dir)
         _prepare_staging_dir(target, merged_dir)
-        _stage(target, merged_dir, heads, adapter_dirs, card_text)
+        stage(target)
         (target / STAGING_MARKER).write_text("written by hf-dpmerge push --dry-run; safe to delete\n")
         return PushResult(repo_id, private, True, files=_listing(target), staging_dir=target)
 
@@ -290,10 +311,10 @@ def push_merged_model(
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
     api = HfApi(endpoint=endpoint.rstrip("/") if endpoint else None, token=token)
     with tempfile.TemporaryDirectory(prefix="hf_dpmerge-push-") as tmp:
-        stage = Path(tmp) / "repo"
-        stage.mkdir()
-        _stage(stage, merged_dir, heads, adapter_dirs, card_text)
-        files = _listing(stage)
+        folder = Path(tmp) / "repo"
+        folder.mkdir()
+        stage(folder)
+        files = _listing(folder)
         repo_url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
         if private:
             info = api.repo_info(repo_id, repo_type="model")
@@ -303,7 +324,7 @@ def push_merged_model(
                     "private release (pass --public / private=False to push to it)"
                 )
         commit = api.upload_folder(
-            repo_id=repo_id, folder_path=stage, repo_type="model", commit_message=commit_message
+            repo_id=repo_id, folder_path=folder, repo_type="model", commit_message=commit_message
         )
     return PushResult(
         repo_id,

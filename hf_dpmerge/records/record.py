@@ -23,6 +23,7 @@ from typing import Any
 from hf_dpmerge.utils.io import write_text_atomic
 
 PRIVACY_RECORD_NAME = "dp_privacy.json"
+CAUSAL_LM = "causal_lm"  # extra["model_kind"] of a causal-LM adapter (examples/train_causal_lm.py); else a classifier
 SCHEMA_VERSION = 2
 EXAMPLE_UNIT = "example"
 UNIT_PREFIX = "unit:"

@@ -7,7 +7,8 @@ When the merged inputs are laid out as training writes them (``<runs>/<task>/enc
 encoder with that task's head and labels (:func:`hf_dpmerge.modeling.stock_release.write_task_model`) and the
 task's ``dp_privacy.json``, so ``pipeline("text-classification", model=out, model_kwargs={"subfolder": task},
 trust_remote_code=True)`` computes what ``hf-dpmerge evaluate`` scores. The remote code also goes to
-``<out>/`` (transformers reads it at the root when given a subfolder).
+``<out>/`` (transformers reads it at the root when given a subfolder). Causal-LM adapters get no folder: the
+merged causal LM is the whole model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.merging.inputs import input_settings
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, head_label_names, write_task_model
-from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 
 ADAPTER_DIR = "adapter"
 
@@ -55,6 +56,8 @@ def write_task_folders(merged_dir: str | Path, config: MergeConfiguration) -> li
     written = []
     for task, adapter in task_adapters(config).items():
         record = PrivacyRecord.load(adapter)
+        if record.extra.get("model_kind") == CAUSAL_LM:  # a merged causal LM is whole: no per-task head
+            continue
         write_task_model(merged_dir, adapter, label_names(task, adapter, record), merged_dir / task)
         shutil.copyfile(adapter / PRIVACY_RECORD_NAME, merged_dir / task / PRIVACY_RECORD_NAME)
         if (merged_dir / task / REMOTE_CODE_FILE).is_file():

@@ -80,21 +80,22 @@ REFUSED_FLAGS = {
 }
 
 
-def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str]) -> None:
+def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,
+                         script: str = "train_glue.py") -> None:
     """Refuse a non-default value of a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it (the
     values as parsed, before DPSAMConfig checks combinations)."""
-    given = vars(parser.parse_known_args([*DP_DEFAULTS, *argv])[0])  # an unknown flag: refused by the full parse
-    default = vars(parser.parse_known_args(DP_DEFAULTS)[0])
+    given = vars(parser.parse_known_args([*defaults, *argv])[0])  # an unknown flag: refused by the full parse
+    default = vars(parser.parse_known_args(defaults)[0])
     for name, why in REFUSED_FLAGS.items():
         if given[name] != default[name]:
-            raise ValueError(f"--{name} is not used by train_glue.py: {why}")
+            raise ValueError(f"--{name} is not used by {script}: {why}")
 
 
-def refuse_non_private_step_flags(config: DPSAMConfig) -> None:
+def refuse_non_private_step_flags(config: DPSAMConfig, script: str = "train_glue.py") -> None:
     """With ``--no_dp`` DPSAMTrainer ignores the flags its step does not implement (under DP DPSAMConfig refuses
     them); the script refuses them in both cases."""
     if not config.dp and (problems := config.step_problems()):
-        raise ValueError("train_glue.py --no_dp: " + "; ".join(problems))
+        raise ValueError(f"{script} --no_dp: " + "; ".join(problems))
 
 
 def resume_point(config: DPSAMConfig, tasks: list[str]) -> str | bool | None:
@@ -224,15 +225,15 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
-def argument_parser() -> HfArgumentParser:
-    """The script's command-line parser: :class:`ScriptArguments` and :class:`DPSAMConfig`, its defaults the
-    values the script runs with (the recipe of :data:`DP_DEFAULTS`, not TrainingArguments'), so ``--help`` shows
-    them, and the refused flags of :data:`REFUSED_FLAGS` left out of ``--help``."""
+def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS) -> HfArgumentParser:
+    """The script's command-line parser: ``arguments`` (:class:`ScriptArguments`) and :class:`DPSAMConfig`, its
+    defaults the values the script runs with (the recipe of ``defaults``, not TrainingArguments'), so ``--help``
+    shows them, and the refused flags of :data:`REFUSED_FLAGS` left out of ``--help``."""
     import argparse
 
-    parser = HfArgumentParser((ScriptArguments, DPSAMConfig))
-    recipe = parser.parse_known_args(DP_DEFAULTS)[0]
-    given = {action.dest for action in parser._actions if set(action.option_strings) & set(DP_DEFAULTS)}
+    parser = HfArgumentParser((arguments, DPSAMConfig))
+    recipe = parser.parse_known_args(defaults)[0]
+    given = {action.dest for action in parser._actions if set(action.option_strings) & set(defaults)}
     parser.set_defaults(**{name: getattr(recipe, name) for name in given})
     for action in parser._actions:
         if action.dest in REFUSED_FLAGS:
@@ -240,12 +241,13 @@ def argument_parser() -> HfArgumentParser:
     return parser
 
 
-def parse_arguments(argv: list[str]) -> tuple[ScriptArguments, DPSAMConfig]:
-    """The script's flags after the defaults (``DP_DEFAULTS`` first, so every later flag overrides them)."""
-    parser = argument_parser()
-    refuse_ignored_flags(parser, argv)
-    script, config = parser.parse_args_into_dataclasses(args=[*DP_DEFAULTS, *argv])
-    refuse_non_private_step_flags(config)
+def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
+                    script_name: str = "train_glue.py") -> tuple[ScriptArguments, DPSAMConfig]:
+    """The script's flags after the defaults (``defaults`` first, so every later flag overrides them)."""
+    parser = argument_parser(arguments, defaults)
+    refuse_ignored_flags(parser, argv, defaults, script_name)
+    script, config = parser.parse_args_into_dataclasses(args=[*defaults, *argv])
+    refuse_non_private_step_flags(config, script_name)
     return script, config
 
 

@@ -11,6 +11,8 @@ from transformers import (
     BertForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
 
@@ -26,12 +28,20 @@ CORPUS = [
 ]
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
+# the words of the instruction prompts and verbalisers of hf_dpmerge.data.instructions, for tiny causal LMs
+INSTRUCTION_WORDS = [
+    "review : is this review fresh or rotten ? answer :",
+    "tweet : was this tweet written by clinton or trump ?",
+]
+
+
+def tiny_tokenizer(corpus: list[str] = CORPUS, eos: bool = False) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer of ``corpus``'s words (``eos``: with an ``[EOS]`` end-of-sequence token)."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    tok.train_from_iterator(CORPUS, trainer)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(["[EOS]"] if eos else [])]
+    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="[PAD]",
@@ -39,7 +49,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
+        **({"eos_token": "[EOS]"} if eos else {}),
     )
+
+
+def tiny_causal_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny tokenizer with the instruction words and an end-of-sequence token (no chat template)."""
+    return tiny_tokenizer(CORPUS + INSTRUCTION_WORDS, eos=True)
 
 
 def tiny_bert(num_labels: int = 2, seed: int = 0, dropout: float = 0.0) -> BertForSequenceClassification:
@@ -71,6 +87,29 @@ def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
         attn_pdrop=0.0,
     )
     return GPT2LMHeadModel(config)
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    """A 2-layer random Llama (grouped-query attention, untied embeddings) over the tiny causal tokenizer."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tiny_causal_tokenizer()),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def save_tiny_llama(directory: Path, seed: int = 0) -> Path:
+    """Save a tiny random Llama and its tokenizer, loadable with AutoModelForCausalLM / AutoTokenizer."""
+    tiny_llama(seed).save_pretrained(directory)
+    tiny_causal_tokenizer().save_pretrained(directory)
+    return directory
 
 
 def save_tiny_bert(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:

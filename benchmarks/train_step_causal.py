@@ -1,0 +1,116 @@
+"""Cost of a private causal-LM step: time and peak RSS of a DP step vs a non-private one on SmolLM2-135M.
+
+Model: the float32 base ``examples/train_causal_lm.py`` builds (``<runs_causal>/base``, built here once from
+the packaged GGUF when missing) with the example's LoRA (r = 8 on q_proj/v_proj of the top half of the layers);
+one micro-batch of the example's ``physical_batch_size`` sequences of L tokens, labels on the last
+``ANSWER_TOKENS`` only (the response). Modes: ``non_private`` (dp=False, no SAM, no alignment) and ``dp``
+(the example's defaults: DP-SGD with per-sample clipping, dp_sat, alignment λ = 0.05). Each measurement runs in
+a fresh subprocess (peak RSS is that mode's own); modes alternate round by round so machine load affects them
+alike. A step of the example (``per_device_train_batch_size`` B) is B/physical micro-batches, so time per
+adapter ≈ step × B/physical × steps.
+
+    python benchmarks/train_step_causal.py [--rounds 1] [--steps 2] [--batch 8] [--length 80]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODES = {
+    "non_private": dict(dp=False, sam_mode="none", align_lambda=0.0),
+    "dp": {},
+}
+ANSWER_TOKENS = 3  # verbaliser + end of sequence, as in hf_dpmerge.data.instructions
+
+
+def measure(mode: str, base: str, steps: int, batch: int, length: int) -> dict[str, float]:
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+
+    from hf_dpmerge import DPSAMConfig, DPSAMTrainer
+    from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
+
+    torch.manual_seed(0)
+    model = lora_causal_lm(base, r=8, alpha=16, target_modules=["q_proj", "v_proj"], layers="top_half")
+    vocab = model.config.vocab_size
+    labels = torch.full((batch, length), -100)
+    ids = torch.randint(1000, vocab, (batch, length))
+    labels[:, -ANSWER_TOKENS:] = ids[:, -ANSWER_TOKENS:]
+    data = Dataset.from_dict({"input_ids": ids.repeat(10, 1).tolist(), "labels": labels.repeat(10, 1).tolist()})
+    args = DPSAMConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, physical_batch_size=batch,
+                       max_steps=steps + 1, report_to="none", use_cpu=True, dp_seed=0, accountant="rdp",
+                       noise_multiplier=1.0, **MODES[mode])
+    trainer = DPSAMTrainer(model=model, args=args, train_dataset=data)
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    times = []
+    for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
+        start = time.perf_counter()
+        trainer.training_step(trainer.model, inputs)
+        trainer.optimizer.step()
+        trainer.model.zero_grad()
+        if i:
+            times.append(time.perf_counter() - start)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb}
+
+
+def ensure_base(runs_dir: Path) -> Path:
+    """``<runs_dir>/base`` as the training example builds it (from the packaged GGUF) when missing."""
+    from hf_dpmerge.scripts.train_causal_lm import CausalScriptArguments, shared_causal_base
+
+    return shared_causal_base(CausalScriptArguments(runs_dir=str(runs_dir)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs_dir", default="runs_causal", help="where the example's base is (or is built)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8, help="one micro-batch (the example's physical_batch_size)")
+    parser.add_argument("--length", type=int, default=80, help="tokens per sequence (prompt + answer)")
+    parser.add_argument("--example_batch", type=int, default=64, help="the example's per_device_train_batch_size")
+    parser.add_argument("--example_steps", type=int, default=30, help="the example's max_steps")
+    parser.add_argument("--_mode", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    base = ensure_base(Path(args.runs_dir))
+    if args._mode:
+        print(json.dumps(measure(args._mode, str(base), args.steps, args.batch, args.length)))
+        return
+    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    for round_index in range(args.rounds):
+        for mode in MODES:
+            out = subprocess.run(
+                [sys.executable, __file__, "--_mode", mode, "--runs_dir", args.runs_dir, "--steps", str(args.steps),
+                 "--batch", str(args.batch), "--length", str(args.length)],
+                check=True, capture_output=True, text=True,
+            ).stdout.strip().splitlines()[-1]
+            results[mode].append(json.loads(out))
+            print(f"round {round_index + 1}/{args.rounds} {mode}: {results[mode][-1]}", file=sys.stderr)
+    base_time = statistics.median(r["step_s"] for r in results["non_private"])
+    base_rss = statistics.median(r["peak_rss_mb"] for r in results["non_private"])
+    micro_batches = args.example_batch / args.batch
+    print(f"SmolLM2-135M, LoRA r=8 q/v top half; micro-batch {args.batch} × {args.length} tokens, "
+          f"median of {args.rounds} rounds × {args.steps} steps")
+    print(f"{'mode':<12} {'step s':>8} {'time ×':>7} {'peak RSS MB':>12} {'RSS ×':>6} {'adapter min':>12}")
+    for mode, runs in results.items():
+        step = statistics.median(r["step_s"] for r in runs)
+        rss = statistics.median(r["peak_rss_mb"] for r in runs)
+        adapter_min = step * micro_batches * args.example_steps / 60
+        print(f"{mode:<12} {step:>8.2f} {step / base_time:>7.2f} {rss:>12.0f} {rss / base_rss:>6.2f} "
+              f"{adapter_min:>12.1f}")
+    print(f"adapter min: {args.example_steps} steps of {args.example_batch} examples "
+          f"({micro_batches:g} micro-batches each), extrapolated from the micro-batch step")
+
+
+if __name__ == "__main__":
+    main()

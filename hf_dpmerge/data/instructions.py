@@ -1,0 +1,140 @@
+"""Classification tasks written as instructions for a causal language model (docs/design.md §14).
+
+Each example becomes ``prompt → response``: the prompt asks the task's question about the text (through the
+tokenizer's chat template when it has one, else ``<question>\\nAnswer:``), the response is the label's
+*verbaliser* (``"fresh"``) followed by the end-of-sequence token. For training, the labels of the prompt
+tokens are -100, so the causal-LM loss is the response's alone; one example (prompt + response) is one row,
+hence one privacy unit unless a unit column says otherwise. For evaluation, :func:`verbaliser_choices` gives
+each example's prompt and every label's response, which the model scores by log-likelihood
+(:func:`hf_dpmerge.modeling.verbaliser_scoring.verbaliser_predictions`).
+
+The text is truncated (in tokens) so that prompt + the longest response fit in ``max_length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.data.tokenize import dropped_columns
+
+IGNORE_INDEX = -100  # the label of a token that carries no loss (transformers' and torch's convention)
+_TEXT_SLOT = "\u2063TEXT\u2063"  # stands for the text while the prompt is rendered, then split around
+
+
+@dataclass(frozen=True)
+class InstructionFormat:
+    """How a task is asked: the text's field name(s), the question, and one verbaliser per label."""
+
+    fields: tuple[str, ...]
+    question: str
+    verbalisers: tuple[str, ...]
+
+
+def _listed(words: Sequence[str]) -> str:
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+def _plain(label: str) -> str:
+    return label.replace("_", " ").replace(".", " ").replace("-", " ")
+
+
+_FORMATS = {
+    "rotten_tomatoes": InstructionFormat(("Review",), "Is this review fresh or rotten?", ("rotten", "fresh")),
+    "election_tweets": InstructionFormat(("Tweet",), "Was this tweet written by Clinton or Trump?",
+                                         ("Clinton", "Trump")),
+    "bbc_news": InstructionFormat(
+        ("Article",), "Which section is this article from: business, entertainment, politics, sports or tech?",
+        ("business", "entertainment", "politics", "sports", "tech")),
+    "reuters_r8": InstructionFormat(
+        ("Newswire",), "Which topic is this newswire about: acquisition, crude oil, earnings, grain, interest "
+        "rates, currency, shipping or trade?",
+        ("acquisition", "crude oil", "earnings", "grain", "interest rates", "currency", "shipping", "trade")),
+}
+
+
+def instruction_format(spec: TaskSpec) -> InstructionFormat:
+    """The task's format: a hand-written one for the quickstart tasks, else the label names as verbalisers."""
+    if spec.is_regression:
+        raise ValueError(f"{spec.name} is a regression task: a causal LM is trained on classification tasks only")
+    if spec.name in _FORMATS:
+        return _FORMATS[spec.name]
+    words = tuple(_plain(label) for label in spec.label_names)
+    fields = ("Text",) if not spec.is_pair else ("First", "Second")
+    return InstructionFormat(fields, f"Which label fits: {_listed(words)}?", words)
+
+
+def _prompt_parts(tokenizer: PreTrainedTokenizerBase, fmt: InstructionFormat) -> list[str]:
+    """The rendered prompt cut at each text: ``[before, between…, after]`` (one more part than fields)."""
+    content = "\n".join(f"{name}: {_TEXT_SLOT}" for name in fmt.fields) + f"\n{fmt.question}"
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                 add_generation_prompt=True)
+    else:
+        rendered = f"{content}\nAnswer: "
+    return rendered.split(_TEXT_SLOT)
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str) -> list[int]:
+    """The response's tokens: the verbaliser, then the end-of-sequence token (when the tokenizer has one)."""
+    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return _ids(tokenizer, verbaliser) + end
+
+
+class InstructionEncoder:
+    """Token ids of a task's prompts and responses for one tokenizer and ``max_length``."""
+
+    def __init__(self, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int):
+        self.spec, self.format = spec, instruction_format(spec)
+        self.parts = [_ids(tokenizer, part) for part in _prompt_parts(tokenizer, self.format)]
+        self.responses = [response_ids(tokenizer, word) for word in self.format.verbalisers]
+        self.tokenizer = tokenizer
+        self.text_budget = max_length - sum(map(len, self.parts)) - max(map(len, self.responses))
+        if self.text_budget < len(self.format.fields):
+            raise ValueError(f"--max_length {max_length} leaves no room for {spec.name}'s text after its prompt "
+                             f"and answer ({max_length - self.text_budget} tokens): raise --max_length")
+
+    def prompt(self, texts: Sequence[str]) -> list[int]:
+        """The prompt's ids, each text cut to an equal share of the budget."""
+        share = self.text_budget // len(texts)
+        ids = list(self.parts[0])
+        for text, part in zip(texts, self.parts[1:]):
+            ids += _ids(self.tokenizer, text)[:share] + part
+        return ids
+
+
+def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128,
+                          keep_columns: tuple[str, ...] = ()):
+    """Training rows (``input_ids``, ``attention_mask``, ``labels``) of every split of ``dsd``: prompt + the
+    gold label's response, ``labels`` -100 on the prompt. Other columns except ``keep_columns`` are dropped.
+    Pad per batch with ``DataCollatorForSeq2Seq`` (labels padded with -100)."""
+    encoder = InstructionEncoder(spec, tokenizer, max_length)
+
+    def encode(batch: dict) -> dict:
+        rows = {"input_ids": [], "attention_mask": [], "labels": []}
+        for i, label in enumerate(batch["label"]):
+            prompt = encoder.prompt([batch[column][i] for column in spec.text_columns])
+            response = encoder.responses[label]
+            rows["input_ids"].append(prompt + response)
+            rows["attention_mask"].append([1] * (len(prompt) + len(response)))
+            rows["labels"].append([IGNORE_INDEX] * len(prompt) + response)
+        return rows
+
+    return dsd.map(encode, batched=True, remove_columns=dropped_columns(dsd, spec, keep_columns),
+                   desc=f"instructions for {spec.name}")
+
+
+def verbaliser_choices(dataset: datasets.Dataset, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase,
+                       max_length: int = 128) -> tuple[list[list[int]], list[list[int]]]:
+    """(each example's prompt ids, each label's response ids) of a loaded split, for scoring."""
+    encoder = InstructionEncoder(spec, tokenizer, max_length)
+    prompts = [encoder.prompt([row[column] for column in spec.text_columns]) for row in dataset]
+    return prompts, encoder.responses

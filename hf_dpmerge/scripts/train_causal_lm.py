@@ -1,0 +1,184 @@
+"""Train private LoRA adapters of a causal language model on classification tasks written as instructions: the
+workflow behind ``examples/train_causal_lm.py`` (:func:`shared_causal_base`, :func:`train_causal_task`,
+:func:`main`).
+
+    accelerate launch examples/train_causal_lm.py       # rotten_tomatoes, packaged SmolLM2-135M-Instruct, ε = 8
+    accelerate launch examples/train_causal_lm.py --tasks rotten_tomatoes,election_tweets --max_train_samples 2000
+    accelerate launch examples/train_causal_lm.py --model_name_or_path HuggingFaceTB/SmolLM2-360M-Instruct  # Hub
+
+Each example is ``prompt → verbaliser`` (:mod:`hf_dpmerge.data.instructions`); the loss is the causal-LM loss
+of the response tokens only (the prompt's labels are -100) and one example, prompt and response together, is
+one privacy unit (per-sample clipping over the whole sequence), or ``--privacy_unit_column`` groups them.
+The DP step, its accounting, ``--sam_mode`` and ``--align_lambda`` are DPSAMTrainer's, as for classifiers, and
+every DPSAMConfig / TrainingArguments field is a flag, honoured or refused as in ``examples/train_glue.py``.
+
+All adapters start from one float32 base saved once under ``<runs_dir>/base`` (the packaged GGUF dequantised,
+or the given model), so mergekit applies them with ``<runs_dir>/base+<runs_dir>/<task>/adapter``. Per task it
+writes ``<runs_dir>/<task>/adapter/`` (LoRA + ``dp_privacy.json``; the record's ``extra`` holds the
+verbalisers and ``max_length``) and ``eval_metrics.json`` (the test split scored by verbaliser log-likelihood;
+evaluation on private data is not covered by the DP guarantee).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq
+
+from hf_dpmerge.analysis.causal_evaluation import task_score
+from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, tokenize_instructions
+from hf_dpmerge.data.load import load_task
+from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_gguf
+from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec, parse_task_list
+from hf_dpmerge.modeling.causal_base import save_causal_base
+from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
+from hf_dpmerge.scripts.arguments import LoraArguments
+from hf_dpmerge.scripts.train import parse_arguments, resume_point
+from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
+from hf_dpmerge.training.release import check_release_target
+from hf_dpmerge.utils.io import require_model_source, staged_directory
+
+SCRIPT = "train_causal_lm.py"
+BASE_MARKER = "hf_dpmerge_base.json"
+# The DP recipe for the packaged SmolLM2 at ε = 8 (README "Causal language models"); any later flag overrides it.
+CAUSAL_DP_DEFAULTS: list[str] = [
+    "--per_device_train_batch_size", "64",
+    "--physical_batch_size", "8",
+    "--max_steps", "30",
+    "--learning_rate", "2e-3",
+    "--lr_scheduler_type", "constant",
+    "--weight_decay", "0.0",
+    "--per_sample_max_grad_norm", "1.0",
+    "--target_epsilon", "8",
+    "--logging_steps", "5",
+    "--save_strategy", "no",
+    "--report_to", "none",
+    "--seed", "0",
+]
+
+
+@dataclass
+class CausalScriptArguments(LoraArguments):
+    """The causal-LM script's flags besides DPSAMConfig's: tasks and base, LoRA, and the run's outputs."""
+
+    task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
+    tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
+    model_name_or_path: str | None = field(default=None, metadata={
+        "help": "Base causal LM (Hub id, directory or .gguf file); default: the packaged SmolLM2-135M-Instruct."})
+    runs_dir: str = field(default="runs_causal", metadata={"help": "Where base/ and <task>/ are written."})
+    max_length: int = field(default=128, metadata={"help": "Prompt + answer length in tokens (the text is cut)."})
+    max_train_samples: int | None = field(default=None, metadata={
+        "help": "Train on a seeded stratified subset of the training split of this size."})
+    max_eval_samples: int | None = field(default=None, metadata={
+        "help": "Score a seeded stratified subset of the test split of this size."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
+    lora_target_modules: str = field(default="q_proj,v_proj", metadata={"help": "Comma-separated modules given LoRA."})
+
+    def model_source(self) -> str:
+        """The base to load (``--model_name_or_path``, else the packaged GGUF), refused if it is missing."""
+        if self.model_name_or_path is None:
+            return str(default_causal_gguf())
+        if not self.model_name_or_path.endswith(".gguf"):
+            require_model_source(self.model_name_or_path)
+        elif not Path(self.model_name_or_path).is_file():
+            raise FileNotFoundError(f"--model_name_or_path {self.model_name_or_path}: no such GGUF file")
+        return self.model_name_or_path
+
+    def base_hub_id(self) -> str | None:
+        """The Hub id of the base (for a card's ``base_model``): the packaged model's origin, a Hub id, or None."""
+        source = self.model_name_or_path
+        if source is None:
+            return DEFAULT_CAUSAL_HUB_ID
+        return None if Path(source).exists() else source
+
+
+def shared_causal_base(script: CausalScriptArguments) -> Path:
+    """Save the float32 base once; later runs reuse it (and refuse a different source)."""
+    source = script.model_source()
+    base_dir = Path(script.runs_dir) / "base"
+    marker = base_dir / BASE_MARKER
+    if marker.exists():
+        saved = json.loads(marker.read_text())
+        if saved.get("source") != source or saved.get("model_kind") != CAUSAL_LM:
+            kind = saved.get("model_kind", "a sequence classifier")
+            raise ValueError(f"{base_dir} was built from {saved.get('source')!r} ({kind}), not the causal LM "
+                             f"{source!r}: use another --runs_dir")
+        return base_dir
+    if base_dir.exists() and any(base_dir.iterdir()):
+        raise FileExistsError(f"{base_dir} exists but was not built by this script (no {BASE_MARKER}): "
+                              "use another --runs_dir")
+    with staged_directory(base_dir) as staged:  # a killed run leaves no half-written base
+        save_causal_base(source, staged)
+        (staged / BASE_MARKER).write_text(json.dumps({"source": source, "model_kind": CAUSAL_LM}))
+    return base_dir
+
+
+def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMConfig, base_dir: Path,
+                      resume: str | bool | None = None) -> dict | None:
+    """Train one task; returns its summary on the process that writes the outputs, None on the others."""
+    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
+        splits, spec = load_task(task, max_train_samples=script.max_train_samples,
+                                 max_eval_samples=script.max_eval_samples)
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        unit = config.privacy_unit_column
+        if unit is not None and unit not in splits["train"].column_names:
+            raise ValueError(f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
+                             f"{splits['train'].column_names})")
+        train = tokenize_instructions(splits["train"], spec, tokenizer, script.max_length,
+                                      keep_columns=(unit,) if unit is not None else ())
+    # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
+    model = lora_causal_lm(base_dir.resolve(), r=script.lora_r, alpha=script.lora_alpha,
+                           target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
+    out = Path(script.runs_dir) / task
+    trainer = DPSAMTrainer(model=model, args=dataclasses.replace(config, output_dir=str(out / "checkpoints")),
+                           train_dataset=train,
+                           data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX))
+    trainer.train(resume_from_checkpoint=resume)
+    adapter_dir = out / "adapter"
+    trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
+    if not config.should_save:
+        return None
+    record = PrivacyRecord.load(adapter_dir)
+    record.task = task
+    record.extra.update(model_kind=CAUSAL_LM, label_names=list(spec.label_names),
+                        verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
+                        base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
+    record.save(adapter_dir)
+    score = task_score(trainer.model.eval(), tokenizer, spec, splits["test"], script.max_length,
+                       script.eval_batch_size)
+    summary = {"task": task, "test": {spec.metric: score}, "epsilon": record.epsilon, "delta": record.delta,
+               "privacy_unit": record.privacy_unit, "steps": record.steps, "num_samples": record.num_samples,
+               "num_units": record.num_units}
+    (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"[{task}] test {spec.metric} = {score:.4f} (verbaliser scoring), ε = {record.epsilon:.3g}, "
+          f"δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train every task of ``argv`` (default: the command line) from one shared causal-LM base."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script, config = parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+    tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
+    for task in tasks:  # a regression task is refused before any training
+        instruction_format(get_task_spec(task))
+    resume = resume_point(config, tasks)
+    for task in tasks:  # refuse to replace a release before training anything, not after
+        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
+    with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
+        base_dir = shared_causal_base(script)
+    for task in tasks:
+        train_causal_task(task, script, config, base_dir, resume)
+    config.distributed_state.wait_for_everyone()
+    config.distributed_state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

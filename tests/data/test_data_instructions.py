@@ -1,0 +1,36 @@
+"""Tasks written as instructions: one distinct verbaliser per label, regression refused, the answer always fits."""
+
+import pytest
+from datasets import Dataset
+
+from hf_dpmerge.data.instructions import InstructionEncoder, instruction_format, tokenize_instructions
+from hf_dpmerge.data.tasks import TASKS, get_task_spec
+from tests.utils.tiny_models import tiny_causal_tokenizer
+
+
+@pytest.mark.parametrize("name", [name for name, spec in TASKS.items() if not spec.is_regression])
+def test_every_classification_task_has_one_distinct_verbaliser_per_label(name):
+    spec = get_task_spec(name)
+    verbalisers = instruction_format(spec).verbalisers
+    assert len(verbalisers) == spec.num_labels and len(set(verbalisers)) == spec.num_labels
+
+
+def test_a_regression_task_is_refused():
+    with pytest.raises(ValueError, match="stsb is a regression task"):
+        instruction_format(get_task_spec("stsb"))
+
+
+def test_a_max_length_without_room_for_the_text_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="raise --max_length"):
+        InstructionEncoder(get_task_spec("rotten_tomatoes"), tiny_causal_tokenizer(), max_length=12)
+
+
+def test_sentence_pairs_share_the_text_budget_and_keep_both_texts():
+    tokenizer = tiny_causal_tokenizer()
+    spec = get_task_spec("mrpc")
+    first, second = " ".join(["the film was a delight"] * 20), " ".join(["markets rallied"] * 40)
+    rows = tokenize_instructions(Dataset.from_dict({"sentence1": [first], "sentence2": [second], "label": [1]}),
+                                 spec, tokenizer, max_length=40)
+    ids = rows[0]["input_ids"]
+    assert len(ids) <= 40
+    assert tokenizer.convert_tokens_to_ids("delight") in ids and tokenizer.convert_tokens_to_ids("markets") in ids

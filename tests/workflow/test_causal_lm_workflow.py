@@ -1,0 +1,136 @@
+"""The causal-LM chain on a tiny random Llama: train_causal_lm.py → mergekit-yaml (stock and our methods) →
+stock loading → hf-dpmerge evaluate → hf-dpmerge push --dry-run."""
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from opacus.accountants.utils import create_accountant
+
+from hf_dpmerge import PrivacyRecord
+from hf_dpmerge.data.instructions import verbaliser_choices
+from hf_dpmerge.data.load import load_task
+from tests.utils.subprocess_helpers import run_offline as run
+from tests.utils.tiny_models import save_tiny_llama
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = ("rotten_tomatoes", "election_tweets")
+TINY_TRAINING = ["--max_train_samples", "64", "--max_eval_samples", "24", "--per_device_train_batch_size", "16",
+                 "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--max_length", "48",
+                 "--accountant", "rdp", "--learning_rate", "5e-2", "--use_cpu", "true"]
+CONFIGS = ("causal_task_arithmetic", "causal_dp", "causal_cauchy_poe")
+
+
+def naive_accuracy(model, tokenizer, task: str, samples: int, max_length: int) -> float:
+    """One (example, label) sequence at a time, unpadded: the summed log-probability of the label's response."""
+    splits, spec = load_task(task, max_eval_samples=samples)
+    test = splits["test"]
+    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length)
+    correct = 0
+    for prompt, label in zip(prompts, test["label"]):
+        scores = []
+        for response in responses:
+            ids = torch.tensor([prompt + response])
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), dim=-1)
+            targets = ids[0, len(prompt):]
+            scores.append(log_probs[len(prompt) - 1:].gather(1, targets[:, None]).sum().item())
+        correct += int(np.argmax(scores) == label)
+    return correct / len(prompts)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("causal")
+    base = save_tiny_llama(root / "tiny-llama")
+    shutil.copytree(REPO / "merge_configs", root / "merge_configs")
+    run([sys.executable, str(REPO / "examples" / "train_causal_lm.py"), "--tasks", ",".join(TASKS),
+         "--model_name_or_path", str(base), *TINY_TRAINING], cwd=root)
+    for name in CONFIGS:
+        run(["mergekit-yaml", f"merge_configs/{name}.yaml", f"merged/{name}", "--lora-merge-cache",
+             "runs_causal/lora-cache"], cwd=root)
+    return root
+
+
+@pytest.mark.slow
+def test_each_release_records_the_accountants_epsilon(project):
+    for task in TASKS:
+        record = PrivacyRecord.load(project / "runs_causal" / task / "adapter")
+        accountant = create_accountant("rdp")
+        for _ in range(record.steps):
+            accountant.step(noise_multiplier=record.effective_noise_multiplier, sample_rate=record.sample_rate)
+        assert record.steps == 3 and record.task == task and record.extra["model_kind"] == "causal_lm"
+        assert record.epsilon == pytest.approx(accountant.get_epsilon(delta=record.delta), rel=1e-9)
+        assert 0 < record.epsilon <= 8.0 and record.sample_rate == pytest.approx(16 / record.num_samples)
+        metrics = json.loads((project / "runs_causal" / task / "eval_metrics.json").read_text())
+        assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONFIGS)
+def test_merged_llm_loads_with_stock_transformers_and_scores_as_evaluate_does(project, name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    merged = project / "merged" / name
+    output = project / "eval" / name
+    run(["hf-dpmerge", "evaluate", "--runs", "runs_causal", "--merged", f"merged/{name}", "--max_eval_samples",
+         "24", "--output", f"eval/{name}"], cwd=project)
+    results = json.loads((output / "results.json").read_text())
+    assert results["model_kind"] == "causal_lm" and set(results["tasks"]) == set(TASKS)
+
+    model = AutoModelForCausalLM.from_pretrained(merged).eval()
+    base = AutoModelForCausalLM.from_pretrained(project / "runs_causal" / "base")
+    changed = {n for n, p in model.state_dict().items() if not torch.equal(p, base.state_dict()[n])}
+    assert changed and all(".q_proj." in n or ".v_proj." in n for n in changed)  # LoRA targets only
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    for task, row in results["tasks"].items():
+        assert row["merged"] == pytest.approx(naive_accuracy(model, tokenizer, task, 24, 48), abs=1e-12)
+        if row["individual"] > row["floor"]:
+            gain = (row["merged"] - row["floor"]) / (row["individual"] - row["floor"])
+            assert row["gain_retained"] == pytest.approx(gain)
+        else:  # the adapter does not beat the zero-shot floor: no share of a gain to report
+            assert row["gain_retained"] is None
+    generate = pipeline("text-generation", model=str(merged))
+    text = generate("review : the film was a delight", max_new_tokens=2, do_sample=False)[0]["generated_text"]
+    assert text.startswith("review : the film was a delight")
+
+
+@pytest.mark.slow
+def test_individual_and_floor_scores_are_the_adapter_and_the_base(project):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    results = json.loads((project / "eval" / "causal_task_arithmetic" / "results.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(project / "runs_causal" / "base")
+    floor_model = AutoModelForCausalLM.from_pretrained(project / "runs_causal" / "base").eval()
+    for task in TASKS:
+        base = AutoModelForCausalLM.from_pretrained(project / "runs_causal" / "base")
+        adapter = PeftModel.from_pretrained(base, project / "runs_causal" / task / "adapter").eval()
+        row = results["tasks"][task]
+        assert row["individual"] == pytest.approx(naive_accuracy(adapter, tokenizer, task, 24, 48), abs=1e-12)
+        assert row["floor"] == pytest.approx(naive_accuracy(floor_model, tokenizer, task, 24, 48), abs=1e-12)
+        assert not math.isnan(row["floor"])
+
+
+@pytest.mark.slow
+def test_push_dry_run_stages_the_merged_llm_with_its_privacy_card(project):
+    run(["hf-dpmerge", "push", "merged/causal_dp", "--repo_id", "me/tiny-llm", "--runs", "runs_causal",
+         "--eval_json", "eval/causal_task_arithmetic/results.json", "--dry-run", "--staging_dir", "staged",
+         "--base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+        cwd=project)
+    staged = project / "staged"
+    card = (staged / "README.md").read_text()
+    metadata = yaml.safe_load(card.split("---")[1])
+    assert metadata["pipeline_tag"] == "text-generation" and metadata["base_model_relation"] == "merge"
+    assert metadata["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "dp_aware" in card and all(task in card for task in TASKS) and "gain retained" in card
+    for task in TASKS:
+        assert (staged / task / "dp_privacy.json").read_bytes() == (
+            project / "runs_causal" / task / "adapter" / "dp_privacy.json").read_bytes()
+    assert (staged / "model.safetensors").is_file() and (staged / "config.json").is_file()
