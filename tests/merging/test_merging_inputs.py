@@ -129,7 +129,7 @@ def test_missing_record_is_an_error_and_noise_estimate_is_refused(runs: Path) ->
     full = ModelReference.parse(str(runs / "base"))  # has no record
     with pytest.raises(PrivacyRecordError, match="noise_std"):
         input_noise_variance(full, QUERY, {})
-    config = _config(runs, [runs / "sentiment" / "encoder_adapter"], parameters={"noise": "estimate"})
+    config = _config(runs, [runs / "sentiment" / "encoder_adapter"], parameters={"noise": "estimate", "lambda": 1.0})
     with pytest.raises(ValueError, match="`noise: estimate` is not supported.*delete the `noise` key"):
         check_config(config, "cache")
 
