@@ -116,6 +116,9 @@ def load_saved_adapter(adapter_dir: str | os.PathLike) -> SavedAdapter:
             key_b = key.replace(".lora_A.", ".lora_B.")
             factors[f"{module}.weight"] = LoraFactor(f"{module}.weight", value, tensors[key_b], scaling,
                                                       bool(config.fan_in_fan_out), key, key_b)
-        elif ".lora_B." not in key:
-            trained[f"{module.split('.lora_')[0].replace('.modules_to_save.default', '')}.weight"] = key
+        elif ".lora_B." not in key:  # a trained weight keeps its own leaf name (classifier.bias ≠ classifier.weight)
+            name = without_peft_prefix(key).replace(".modules_to_save.default", "")
+            if ".lora_" in name:  # another PEFT parameter of a LoRA layer changes that layer's weight
+                name = f"{name.split('.lora_')[0]}.weight"
+            trained[name] = key
     return SavedAdapter(config, factors, trained, tensors)

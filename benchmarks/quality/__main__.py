@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                         "trained with other flags rerun")
     parser.add_argument("--keep-models", action="store_true", help="keep merged models (default: delete each "
                         "after it is scored; adapters are always kept)")
+    parser.add_argument("--seed-test-subsets", action="store_true", help="stress grids: score each seed on its "
+                        "own seeded stratified test subset (default: one fixed subset for every seed, as the stored "
+                        "results were made); seeds then add distinct test examples")
     parser.add_argument("--plan", action="store_true", help="print the cells and the estimated time; run nothing")
     parser.add_argument("--report-only", action="store_true", help="regenerate the report from stored results")
     args = parser.parse_args(argv)
@@ -135,6 +138,11 @@ def _customised(grid: Grid, args: argparse.Namespace) -> Grid:
     grid = dataclasses.replace(grid, tasks=tasks, epsilons=epsilons,
                                trainers=names(args.trainers, TRAINERS, grid.trainers),
                                merges=names(args.merges, SPACES if grid.stress else MERGE_CONFIGS, grid.merges))
+    if args.seed_test_subsets:
+        if grid.stress is None:
+            raise SystemExit("--seed-test-subsets applies to the stress grids only (--grid stress, stress-full, "
+                             "stress-smoke)")
+        grid = dataclasses.replace(grid, stress=dataclasses.replace(grid.stress, seed_test_subsets=True))
     return _with_train_flags(grid, args.train_flags) if args.train_flags else grid
 
 

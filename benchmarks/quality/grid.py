@@ -43,13 +43,16 @@ class Stress:
     :mod:`.merge_space`'s points, a head-only floor, and the noise-injection arm at ``noise_levels`` (σ of the
     Gaussian noise added to the non-private adapters' LoRA factors, on their first ``noise_seeds`` seeds).
     ``headline_trainers`` at ε = 4 (and non-private) run every seed; ``floor_every_seed`` runs the floor on every
-    seed of the headline cells (else on the first)."""
+    seed of the headline cells (else on the first). ``seed_test_subsets``: each seed scores its own seeded
+    stratified subset of ≤ ``max_eval_samples`` test examples per task (every group of a seed the same one),
+    instead of one subset (the split seed's) shared by every seed."""
 
     validation_samples: int
     noise_levels: tuple[float, ...]
     noise_seeds: int
     headline_trainers: tuple[str, ...] = ("dp_sgd", "dp_merging")
     floor_every_seed: bool = True
+    seed_test_subsets: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 For each task of a cell: the individual model (base + the task's adapter) and the merged encoder with the task's
 own head (:mod:`hf_dpmerge.analysis.task_models`, as ``hf-dpmerge evaluate`` scores them), on the same seeded
-stratified subset of the validation split (for tuning) or the test split (reported). Every stress task's primary
-metric is accuracy, so a model's score is the mean of its 0/1 vector.
+stratified subset of the validation split (for tuning) or the test split (reported). The test subset is the
+split seed's (shared by every seed of the grid) unless ``test_subset_seed`` draws one per seed; then the
+chosen example indices are kept (:attr:`Scorer.example_ids`) so a report counts distinct examples. Every stress
+task's primary metric is accuracy, so a model's score is the mean of its 0/1 vector.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import predictions_from_logits
+from hf_dpmerge.data.splits import stratified_subsample
 
 Correct = dict[str, np.ndarray]  # task → 0/1 per example
 
@@ -31,7 +34,8 @@ class TaskExamples:
 class Scorer:
     """Scores models of one cell on its tasks; each split's examples are loaded and tokenized once."""
 
-    def __init__(self, runs_dir: Path, base_dir: Path, tasks: list[str], caps: dict[str, int | None]):
+    def __init__(self, runs_dir: Path, base_dir: Path, tasks: list[str], caps: dict[str, int | None],
+                 test_subset_seed: int | None = None):
         self.runs = task_runs(runs_dir, tasks)
         for run in self.runs:
             if run.spec.metric != "accuracy":
@@ -40,13 +44,22 @@ class Scorer:
         self.base_dir, self.caps = base_dir, caps
         self.tokenizer = find_tokenizer([self.runs[0].adapter_dir, base_dir])
         self.device = resolve_device(None)
+        self.test_subset_seed = test_subset_seed
+        self.example_ids: dict[str, list[int]] = {}  # task → test indices, when drawn per seed
         self._examples: dict[str, list[TaskExamples]] = {}
 
     def examples(self, split: str) -> list[TaskExamples]:
         if split not in self._examples:
             loaded = []
+            per_seed = split == "test" and self.test_subset_seed is not None
             for run in self.runs:
-                data = load_split(run, split, self.tokenizer, max_samples=self.caps[split])
+                data = load_split(run, split, self.tokenizer, max_samples=None if per_seed else self.caps[split])
+                if per_seed and self.caps[split] is not None:
+                    ids = stratified_subsample(np.asarray(data["labels"]), self.caps[split], self.test_subset_seed)
+                    data = data.select(ids)
+                    self.example_ids[run.task] = [int(i) for i in ids]
+                elif per_seed:
+                    self.example_ids[run.task] = list(range(len(data)))
                 loaded.append(TaskExamples(run, data, np.asarray(data["labels"])))
             self._examples[split] = loaded
         return self._examples[split]

@@ -4,12 +4,15 @@ Accuracies are in percent on the test subsets, unweighted means over tasks; "± 
 over seeds. Gain retained = (merged − floor)/(individual − floor) per seed on the task-averaged accuracies
 (:mod:`.floor`), then averaged over seeds; undefined where the adapters do not beat the floor.
 Each merge is its method's point chosen on validation (:mod:`.tuning`); "best" among methods is also decided on
-the validation means, never on test. Paired comparisons pool tasks and seeds as strata (:mod:`.significance`).
+the validation means, never on test. Paired comparisons treat seeds as the unit and examples as samples within
+a seed, and every comparison of a report is one Holm family (:mod:`.significance`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -18,17 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from .floor import floor_group, gain_retained
+from hf_dpmerge.data.metrics import gain_retained
+
+from .floor import floor_group
 from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, NON_PRIVATE_FLOOR_FLAGS, Cell, Grid
-from .merge_space import BUDGET, SPACES, point_label
+from .merge_space import BUDGET, FIXED, SCALE, SPACES, grid_edges, point_label
 from .scoring import decode
-from .significance import ALPHA, Comparison, compare
+from .significance import ALPHA, Comparison, adjust, compare
 from .store import Store
 
 Group = tuple[str, float | None]  # (trainer, ε) or ("noise", σ)
 Settings = Callable[[Cell, str], dict[str, Any]]
 OURS = ("cauchy_poe", "dp_aware")
 REPORT_NAME = "BENCHMARKS_STRESS.md"
+EVIDENCE_NAME = "recommend_evidence.json"  # what hf-dpmerge recommend reads (its data/benchmark_evidence.json)
 
 
 def group_of(cell: Cell) -> Group:
@@ -125,6 +131,14 @@ class StressResults:
         values = [r["trials"][r["selected"]]["mean"] for r in rows]
         return statistics.fmean(values) if values else None
 
+    def example_ids(self, group: Group) -> dict[tuple[int, str], list[int]] | None:
+        """Per (seed, task), the test examples the group was scored on (indices into the task's test split),
+        or None for results scored on the fixed subset every seed shares (stored without indices)."""
+        rows = self.individual.get(group, {})
+        if not rows or any("examples" not in row for row in rows.values()):
+            return None
+        return {(seed, task): ids for seed, row in rows.items() for task, ids in row["examples"]["test"].items()}
+
     def correct(self, group: Group, method: str | None) -> dict[tuple[int, str], np.ndarray]:
         """Per (seed, task), the test 0/1 vector of the group's merge (``method``) or own adapters (None)."""
         rows = (self.individual.get(group, {}) if method is None
@@ -155,7 +169,13 @@ def comparison(results: StressResults, first: tuple[Group, str | None], second: 
     if not common:
         return None
     names = [f"{label(group)} {method or 'individual'}" for group, method in (first, second)]
-    return compare(names[0], {k: a[k] for k in common}, names[1], {k: b[k] for k in common})
+    ids = results.example_ids(first[0])
+    return compare(names[0], {k: a[k] for k in common}, names[1], {k: b[k] for k in common},
+                   example_ids=None if ids is None else {k: ids[k] for k in common})
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def _fmt(values: list[float], spec: str = ".1f") -> str:
@@ -172,8 +192,20 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
 
 def _describe(c: Comparison) -> str:
     verdict = "significant" if c.significant else "not significant"
-    return (f"{c.difference:+.1f} points (95 % CI {c.ci_low:+.1f} to {c.ci_high:+.1f}; McNemar p = {c.p_value:.3g}, "
-            f"{c.first_only} vs {c.second_only} discordant of {c.examples}; {verdict})")
+    counts = f"; {c.first_only} vs {c.second_only} discordant" if c.test == "exact McNemar" else ""
+    return (f"{c.difference:+.1f} points (95 % cluster-bootstrap CI {c.ci_low:+.1f} to {c.ci_high:+.1f}; "
+            f"{c.test} p = {c.p_value:.3g}, Holm-adjusted over {c.family} comparisons p = {c.p_adjusted:.3g}; "
+            f"{c.seeds} seed{'s' if c.seeds != 1 else ''}, {c.distinct_examples} distinct test examples{counts}; "
+            f"{verdict})")
+
+
+def _choice(method: str, point: dict[str, Any]) -> str:
+    """The chosen point, flagged where it sits at an end of its grid."""
+    return point_label(point) + (" **(edge)**" if grid_edges(method, point) else "")
+
+
+def _margin(versus: str, c: Comparison) -> str:
+    return f"vs {versus}: {c.difference:+.1f} ({'significant' if c.significant else 'n.s.'})"
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -195,8 +227,9 @@ def headline_comparisons(results: StressResults) -> list[tuple[str, Comparison]]
     return out
 
 
-def targets(results: StressResults, comparisons: list[tuple[str, Comparison]]) -> list[str]:
-    """The issue's three targets, each judged on the paired comparisons (holds / does not hold, and why)."""
+def targets(comparisons: list[tuple[str, Comparison]], rows: list[list[str]]) -> list[str]:
+    """The issue's three targets, each judged on the (Holm-adjusted) paired comparisons; ``rows``: the
+    "which method when" table."""
     by_title = dict(comparisons)
     lines = []
     ties = by_title.get("ties, ε = 4: DP-Merging vs DP-SGD")
@@ -227,20 +260,24 @@ def targets(results: StressResults, comparisons: list[tuple[str, Comparison]]) -
         lines.append("2. Better of cauchy_poe / dp_aware ≥ best stock + 1 point, significant, on DP adapters at "
                      f"ε ∈ {{1, 4}}; not worse on non-private: {'**holds**' if overall else '**does not hold**'}")
         lines += [f"  - {t}: {'holds' if ok else 'does not hold'} — {_describe(c)}" for t, ok, c in checks]
-    rows = which_method_when(results)
     lines.append("3. A \"which method when\" table drawn from measured results: "
                  + ("**holds** — see below (the README links to it)" if rows else "not measured in this grid"))
     return lines
 
 
-def which_method_when(results: StressResults) -> list[list[str]]:
+Margin = tuple[int, str, Comparison]  # (row, the model compared against, its comparison): the row's margin cell
+
+
+def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Margin], list[dict[str, Any]]]:
     """Per privacy level (and noise level): the trainer and merge a user should pick, from the validation means,
     with the merge's test accuracy, the interference it leaves, and its margin over the runner-up merge.
 
     The floor at the same ε (base encoder + each task's own head: a multi-task model that needs no merge) is a
     candidate too; where its validation mean beats every merge's, it is the recommendation and the margin is
-    its paired test difference to the best merge."""
-    rows = []
+    its paired test difference to the best merge. The margins' comparisons are returned apart, for the report's
+    Holm family (:func:`fill_margins` writes them into the rows), and the rows as data for
+    ``hf-dpmerge recommend`` (:func:`evidence`)."""
+    rows, margins, entries = [], [], []
     levels: dict[Any, list[Group]] = defaultdict(list)
     for group in results.groups():
         levels[("noise", group[1]) if group[0] == "noise" else ("ε", group[1])].append(group)
@@ -254,28 +291,71 @@ def which_method_when(results: StressResults) -> list[list[str]]:
         setting = f"noise σ = {level:g} (non-private adapters)" if kind == "noise" else (
             "non-private" if level is None else f"ε = {level:g}")
         floor_validation = results.floor_validation_mean(group)
+        floor_accuracy = results.floor_accuracy(group)
+        entry = {"epsilon": level if kind == "ε" else None, "noise_std": level if kind == "noise" else None,
+                 "floor": None if floor_accuracy is None else 100 * statistics.fmean(floor_accuracy.values()),
+                 "individual": _mean(results.per_seed_mean(results.individual_accuracy(group))),
+                 "max_abs_cosine": None}  # the stress grid does not measure its adapters' similarity
         if floor_validation is not None and floor_validation > candidates[0][0]:
             floor = floor_group(group)
+            entries.append({**entry, "choice": "floor", "trainer": floor[0], "merge": None, "point": None,
+                            "accuracy": entry["floor"]})
             found = comparison(results, (floor, None), (group, method))
-            margin = "–" if found is None else (
-                f"vs {group[0]} + {method}: {found.difference:+.1f} ({'significant' if found.significant else 'n.s.'})")
+            if found is not None:
+                margins.append((len(rows), f"{group[0]} + {method}", found))
             rows.append([setting, str(len(results.grid.tasks)), "0 (no merge)", f"{floor[0]} (LoRA frozen)",
                          "none: base encoder + each task's head",
-                         _fmt(results.per_seed_mean(results.individual_accuracy(floor))), margin])
+                         _fmt(results.per_seed_mean(results.individual_accuracy(floor))), "–"])
             continue
         runner = next((c for c in candidates[1:] if c[1] == group), None)
         merged = results.per_seed_mean(results.merged_accuracy(group, method))
         individual = results.per_seed_mean(results.individual_accuracy(group))
         interference = (f"{statistics.fmean(individual) - statistics.fmean(merged):.1f}"
                         if merged and individual else "–")
-        margin = "–"
         if runner is not None:
             found = comparison(results, (group, method), (group, runner[2]))
             if found is not None:
-                margin = f"vs {runner[2]}: {found.difference:+.1f} ({'significant' if found.significant else 'n.s.'})"
+                margins.append((len(rows), runner[2], found))
         rows.append([setting, str(len(results.grid.tasks)), interference, group[0] if kind != "noise" else "–",
-                     method, _fmt(merged), margin])
+                     method, _fmt(merged), "–"])
+        points = [point_label(r["point"]) for r in results.tuned[group][method].values()]
+        chosen = max(results.tuned[group][method].values(), key=lambda r: points.count(point_label(r["point"])))
+        entries.append({**entry, "choice": "merge", "trainer": group[0], "merge": method, "point": chosen["point"],
+                        "accuracy": _mean(merged)})
+    return rows, margins, entries
+
+
+def evidence(entries: list[dict[str, Any]], margins: list[Margin], report: str, configuration: str
+             ) -> dict[str, Any]:
+    """The "Which method when" rows as ``hf-dpmerge recommend`` reads them (its ``benchmark_evidence.json``
+    ``settings``), each with its (Holm-adjusted) margin."""
+    rows = [{"report": report, "configuration": configuration, **entry, "versus": None, "difference": None,
+             "significant": None, "test": None, "seeds": None} for entry in entries]
+    for row, versus, found in margins:
+        rows[row].update(versus=versus, difference=found.difference, significant=found.significant,
+                         test=f"{found.test}, Holm-adjusted p = {found.p_adjusted:.3g} over {found.family}",
+                         seeds=found.seeds)
+    return {"settings": rows}
+
+
+def fill_margins(rows: list[list[str]], margins: list[Margin]) -> list[list[str]]:
+    """``rows`` with each margin cell written from its (adjusted) comparison."""
+    for row, versus, found in margins:
+        rows[row][-1] = _margin(versus, found)
     return rows
+
+
+def one_family(comparisons: list[tuple[str, Comparison]], margins: list[Margin]
+               ) -> tuple[list[tuple[str, Comparison]], list[Margin]]:
+    """Every comparison the report states, Holm-adjusted as one family (a pair of models stated twice, e.g. a
+    headline comparison that is also a margin, counts once)."""
+    stated = [c for _, c in comparisons] + [c for _, _, c in margins]
+    unique = {frozenset((c.first, c.second)): c for c in stated}
+    corrected = dict(zip(unique, adjust(list(unique.values()))))
+    adjusted = [dataclasses.replace(c, p_adjusted=corrected[key].p_adjusted, family=len(unique))
+                for c in stated for key in [frozenset((c.first, c.second))]]
+    return ([(title, c) for (title, _), c in zip(comparisons, adjusted)],
+            [(row, versus, c) for (row, versus, _), c in zip(margins, adjusted[len(comparisons):])])
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -342,13 +422,18 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         "",
         "### How every merge was tuned",
         "",
-        f"Each method has the same budget of {BUDGET} points; per cell the point with the best mean validation "
-        "accuracy is chosen and only that merge is scored on test. Spaces:",
+        f"Each method has the same budget of {BUDGET} points, and methods on the same λ scale the same λ grid; "
+        "per cell the point with the best mean validation accuracy is chosen and only that merge is scored on "
+        "test. Spaces:",
         "",
-        _table(["method", "points"], [[m, "; ".join(point_label(p) for p in SPACES[m])] for m in merges]),
+        _table(["method", "scale", "points", "fixed"],
+               [[m, SCALE.get(m, "–"), "; ".join(point_label(p) for p in SPACES[m]),
+                 point_label(FIXED[m]) if m in FIXED else "–"] for m in merges]),
     ]
-    comparisons = headline_comparisons(results)
-    out += ["", "## Targets", "", *targets(results, comparisons)]
+    rows, margins, entries = which_method_when(results)
+    comparisons, margins = one_family(headline_comparisons(results), margins)
+    rows = fill_margins(rows, margins)
+    out += ["", "## Targets", "", *targets(comparisons, rows)]
 
     floor_row = [_fmt([100 * statistics.fmean(f.values())]) if (f := results.floor_accuracy(g)) else "–"
                  for g in groups]
@@ -366,15 +451,26 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
             _table(["adapters", *merges], [[label(g), *(("below floor" if results.below_floor(g) else
                                                           _fmt(results.gain(g, m))) for m in merges)]
                                            for g in groups])]
+    chosen = [(m, r["point"]) for g in groups for m in merges for r in results.tuned.get(g, {}).get(m, {}).values()]
+    edges = sorted({m for m, point in chosen if grid_edges(m, point)})
+    at_edge = sum(bool(grid_edges(m, point)) for m, point in chosen)
     out += ["", "## Selected hyper-parameters (per seed, chosen on validation)", "",
+            "**(edge)**: the choice is the smallest or largest value of its grid axis, so the optimum may lie "
+            "outside the grid; " + (f"{at_edge} of {len(chosen)} choices are at an edge ({', '.join(edges)})."
+                                    if edges else "no choice is."), "",
             _table(["adapters", *merges],
-                   [[label(g), *(" / ".join(point_label(r["point"]) for _, r in sorted(
+                   [[label(g), *(" / ".join(_choice(m, r["point"]) for _, r in sorted(
                        results.tuned.get(g, {}).get(m, {}).items())) or "–" for m in merges)] for g in groups])]
     out += ["", "## Significance of the headline comparisons", "",
-            f"Paired over the same test examples (strata: task × seed); significant = 95 % bootstrap CI excludes 0 "
-            f"and McNemar p < {ALPHA:g}.", ""]
+            "Paired (both models on the same test examples of each seed and task). Seeds are the unit: the test "
+            "is the paired t-test on the seeds' task-averaged accuracies (one seed: exact McNemar on its "
+            "examples); the CI is a cluster bootstrap that resamples seeds, then examples within each seed. "
+            + ("Every seed was scored on the same fixed test subset, so the distinct examples are those of one "
+               "seed. " if not results.grid.stress.seed_test_subsets else
+               "Each seed was scored on its own seeded stratified test subset. ")
+            + f"Significant = Holm-adjusted p < {ALPHA:g} over the family of every comparison this report states "
+            "(these and the margins of \"Which method when\"; a pair stated twice counts once).", ""]
     out += [f"- {title}: {_describe(c)}" for title, c in comparisons] or ["- not measured in this grid"]
-    rows = which_method_when(results)
     out += ["", "## Which method when", "",
             "Drawn from the measured results: per privacy level, the trainer and merge with the best validation "
             "mean, the floor (LoRA frozen, each task's head on the shared base encoder: nothing to merge) included "
@@ -389,4 +485,6 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         out += ["", f"![gain retained per merge]({path.relative_to(report_dir).as_posix()})"]
     path = report_dir / REPORT_NAME
     path.write_text("\n".join(out) + "\n")
+    found = evidence(entries, margins, REPORT_NAME, f"{', '.join(grid.tasks)}; {grid.reductions}")
+    (report_dir / EVIDENCE_NAME).write_text(json.dumps(found, indent=1, allow_nan=True) + "\n")
     return path

@@ -42,6 +42,8 @@ def stress_settings(ctx: Context, cell: Cell, unit: str) -> dict[str, Any]:
     inputs = [stress_settings(ctx, cell, f"{'noise' if cell.noise_std is not None else 'train'}_{task}")
               for task in ctx.grid.tasks]
     caps = {"validation_samples": stress.validation_samples, "max_eval_samples": ctx.grid.max_eval_samples}
+    if stress.seed_test_subsets:  # only then: results stored with the shared subset stay valid
+        caps["test_subset_seed"] = cell.seed
     if kind == "individual":
         return {"inputs": inputs, **caps}
     if kind == "tune":  # noise cells add each input's per-tensor noise_std, a function of the inputs and σ
@@ -54,7 +56,8 @@ def stress_settings(ctx: Context, cell: Cell, unit: str) -> dict[str, Any]:
 
 def _scorer(ctx: Context, cell: Cell) -> Scorer:
     caps = {VALIDATION: ctx.grid.stress.validation_samples, TEST: ctx.grid.max_eval_samples}
-    return Scorer(ctx.runs_dir(cell), ctx.base_dir, list(ctx.grid.tasks), caps)
+    return Scorer(ctx.runs_dir(cell), ctx.base_dir, list(ctx.grid.tasks), caps,
+                  test_subset_seed=cell.seed if ctx.grid.stress.seed_test_subsets else None)
 
 
 def noise_unit(ctx: Context, cell: Cell, task: str) -> None:
@@ -80,6 +83,7 @@ def individual_unit(ctx: Context, cell: Cell, scorer: Scorer) -> None:
     ctx.store.save(cell, "individual", settings, {
         "accuracy": {split: accuracy(correct) for split, correct in scores.items()},
         "correct": {split: encode(correct) for split, correct in scores.items()},
+        **({"examples": {TEST: scorer.example_ids}} if scorer.example_ids else {}),
         "seconds": {"scoring": time.perf_counter() - start}, "host": _host(),
     })
 

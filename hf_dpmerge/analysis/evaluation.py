@@ -2,11 +2,17 @@
 
 Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split (or the
 validation split, for choices made before the test split is touched), it
-scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
+scores the three models of :mod:`hf_dpmerge.analysis.task_models`:
 
+- **floor** — the unmodified base encoder with that task's own (released) head: a multi-task model that needs
+  no adapter and no merge, what the adapters and the merge must beat;
 - **individual** — the base with that task's adapter (LoRA + head) applied;
 - **merged** — the merged encoder with that task's own head put in place of the merged model's head;
-- **retention** = merged / individual (1.0: merging lost nothing; undefined when individual ≤ 0);
+- **gain retained** = (merged − floor) / (individual − floor) (1: the merge keeps all the adapter adds over the
+  floor; undefined, "below floor", when the adapter does not beat the floor);
+- **retention** = merged / individual (1.0: merging lost nothing; undefined when individual ≤ 0), only ever
+  shown beside the floor: where the base encoder with the head alone does as well, retention above 100 %
+  measures nothing the adapters did;
 - **interference** = individual − merged, in points of the task's primary metric (positive: the merged
   model is worse on this task). It is the whole drop from the task's own model to the merge, i.e. what
   sharing one encoder with the other tasks costs, including the merge method's own shrinkage (e.g. task
@@ -15,8 +21,9 @@ scores the two models of :mod:`hf_dpmerge.analysis.task_models`:
 Both come from the shipped ``merge_retention`` evaluate module (``retention_and_interference``), so they
 equal ``evaluate.load(<merge_retention>).compute(...)`` on the same predictions.
 
-Averages are unweighted means over tasks. ε is each adapter's recorded ε (∞ for non-private adapters);
-the merged release is (max ε_t, δ)-DP per dataset when the task datasets are disjoint.
+Averages are unweighted means over tasks; the average gain retained is the formula on the averaged scores (a
+mean of per-task ratios explodes where an adapter barely beats its floor). ε is each adapter's recorded ε (∞
+for non-private adapters); the merged release is (max ε_t, δ)-DP per dataset when the task datasets are disjoint.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ import torch
 from hf_dpmerge.analysis.batching import length_sorted_batches
 from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
-from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits, retention_and_interference
+from hf_dpmerge.data.metrics import (
+    compute_metrics,
+    gain_retained,
+    predictions_from_logits,
+    retention_and_interference,
+)
 
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"
@@ -43,7 +55,8 @@ CHART_NAME = "retention.png"
 
 @dataclass
 class TaskEvaluation:
-    """One task's scores (its primary ``metric``) for its own adapter and for the merged model."""
+    """One task's scores (its primary ``metric``) for its own adapter, the merged model and the floor (None in
+    results written before the floor was scored)."""
 
     task: str
     metric: str
@@ -54,6 +67,19 @@ class TaskEvaluation:
     num_examples: int
     individual_metrics: dict[str, float] = field(default_factory=dict)
     merged_metrics: dict[str, float] = field(default_factory=dict)
+    floor: float | None = None
+    floor_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def below_floor(self) -> bool:
+        """The adapter does not beat the base encoder with its own head: there is no gain to retain."""
+        return self.floor is not None and self.individual <= self.floor
+
+    @property
+    def gain_retained(self) -> float:
+        """(merged − floor) / (individual − floor); NaN below the floor or without a floor."""
+        gain = None if self.floor is None else gain_retained(self.merged, self.individual, self.floor)
+        return math.nan if gain is None else gain
 
     @property
     def retention(self) -> float:
@@ -81,9 +107,15 @@ class EvaluationReport:
             values = [v for v in values if _defined(v)]
             return float(np.mean(values)) if values else None
 
+        individual, merged = mean([t.individual for t in self.tasks]), mean([t.merged for t in self.tasks])
+        floor = mean([t.floor for t in self.tasks]) if all(t.floor is not None for t in self.tasks) else None
+        gain = None if None in (floor, individual, merged) else gain_retained(merged, individual, floor)
         return {
-            "individual": mean([t.individual for t in self.tasks]),
-            "merged": mean([t.merged for t in self.tasks]),
+            "floor": floor,
+            "individual": individual,
+            "merged": merged,
+            "gain_retained": gain,
+            "below_floor": None if floor is None or individual is None else individual <= floor,
             "retention": mean([t.retention for t in self.tasks]),
             "interference": mean([t.interference for t in self.tasks]),
         }
@@ -95,8 +127,11 @@ class EvaluationReport:
                 t.task: {
                     "metric": t.metric,
                     "epsilon": t.epsilon,
+                    "floor": t.floor,
                     "individual": t.individual,
                     "merged": t.merged,
+                    "gain_retained": t.gain_retained if _defined(t.gain_retained) else None,
+                    "below_floor": t.below_floor,
                     "retention": t.retention if _defined(t.retention) else None,
                     "interference": t.interference,
                     "num_examples": t.num_examples,
@@ -104,8 +139,8 @@ class EvaluationReport:
                 for t in self.tasks
             },
             "average": self.averages(),
-            "metrics": {t.task: {"individual": t.individual_metrics, "merged": t.merged_metrics}
-                        for t in self.tasks},
+            "metrics": {t.task: {"floor": t.floor_metrics, "individual": t.individual_metrics,
+                                 "merged": t.merged_metrics} for t in self.tasks},
             "deltas": {t.task: t.delta for t in self.tasks},
             "max_epsilon": max((t.epsilon for t in self.tasks), default=None),
             "merged_model": self.merged_model,
@@ -113,7 +148,11 @@ class EvaluationReport:
             "max_eval_samples": self.max_eval_samples,
             "split": self.split,
             "definitions": {
-                "retention": "merged / individual (primary metric; null when individual <= 0)",
+                "floor": "the unmodified base encoder with the task's own head (no adapter, no merge)",
+                "gain_retained": "(merged - floor) / (individual - floor) (null when individual <= floor: below "
+                                 "floor; the average is the formula on the averaged scores)",
+                "retention": "merged / individual (primary metric; null when individual <= 0; read it beside the "
+                             "floor)",
                 "interference": "individual - merged (primary metric; positive = the merge is worse)",
                 "epsilon": "recorded epsilon of the task's adapter (Infinity = non-private)",
             },
@@ -121,7 +160,8 @@ class EvaluationReport:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "evaluation results") -> EvaluationReport:
-        """The report :meth:`to_dict` wrote (retention and interference are recomputed from the scores)."""
+        """The report :meth:`to_dict` wrote (gain retained, retention and interference are recomputed from the
+        scores; results without a floor read as floor None)."""
         try:
             metrics, deltas = data.get("metrics") or {}, data.get("deltas") or {}
             tasks = [
@@ -132,6 +172,8 @@ class EvaluationReport:
                     num_examples=int(row["num_examples"]),
                     individual_metrics=dict((metrics.get(task) or {}).get("individual") or {}),
                     merged_metrics=dict((metrics.get(task) or {}).get("merged") or {}),
+                    floor=None if row.get("floor") is None else float(row["floor"]),
+                    floor_metrics=dict((metrics.get(task) or {}).get("floor") or {}),
                 )
                 for task, row in data["tasks"].items()
             ]
@@ -163,14 +205,18 @@ class EvaluationReport:
         return json_path, plot_retention(self, directory / CHART_NAME)
 
     def table(self) -> str:
-        """A plain-text table of every task and the averages."""
-        lines = [_row("task", "metric", "ε", "individual", "merged", "retention", "interference")]
+        """A plain-text table of every task and the averages; retention only beside the floor."""
+        lines = [_row("task", "metric", "ε", "floor", "individual", "merged", "gain retained", "retention",
+                      "interference")]
         lines.append("-" * len(lines[0]))
         for t in self.tasks:
             eps = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.2f}"
-            lines.append(_row(t.task, t.metric, eps, t.individual, t.merged, t.retention, t.interference))
+            lines.append(_row(t.task, t.metric, eps, t.floor, t.individual, t.merged, _gain(t.gain_retained,
+                              t.below_floor), t.retention, t.interference))
         avg = self.averages()
-        lines.append(_row("average", "", "", avg["individual"], avg["merged"], avg["retention"], avg["interference"]))
+        lines.append(_row("average", "", "", avg["floor"], avg["individual"], avg["merged"],
+                          _gain(avg["gain_retained"], bool(avg["below_floor"])), avg["retention"],
+                          avg["interference"]))
         return "\n".join(lines)
 
 
@@ -178,23 +224,35 @@ def _defined(value: float | None) -> bool:
     return value is not None and not math.isnan(value)
 
 
-def _row(task: str, metric: str, eps: str, individual, merged, retention, interference) -> str:
+def _gain(gain: float | None, below_floor: bool) -> str | float | None:
+    """``below floor`` where the adapter does not beat its floor, else the gain (– when unmeasured)."""
+    return "below floor" if below_floor else gain
+
+
+def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, retention, interference) -> str:
     def num(x, spec: str) -> str:
         return x if isinstance(x, str) else (format(x, spec) if _defined(x) else "–")
 
-    cells = (num(individual, ".4f"), num(merged, ".4f"), num(retention, ".1%"), num(interference, "+.4f"))
-    return f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {cells[3]:>12}"
+    cells = (num(floor, ".4f"), num(individual, ".4f"), num(merged, ".4f"), num(gain, ".1%"), num(retention, ".1%"),
+             num(interference, "+.4f"))
+    return (f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>8} {cells[1]:>10} {cells[2]:>8} {cells[3]:>13} "
+            f"{cells[4]:>9} {cells[5]:>12}")
 
 
 # ---------------------------------------------------------------------------------------------- scoring
 
 
 @torch.inference_mode()
-def predict_logits(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 32) -> np.ndarray:
-    """Logits for a tokenized dataset, batched by length (padding is per batch), in dataset order."""
+def predict_logits(model: torch.nn.Module, dataset, tokenizer, batch_size: int = 32,
+                   progress: str | None = None) -> np.ndarray:
+    """Logits for a tokenized dataset, batched by length (padding is per batch), in dataset order; ``progress``:
+    the description of a progress bar over the batches (none when None)."""
+    from tqdm.auto import tqdm
+
     device = next(model.parameters()).device
     outputs = np.empty(len(dataset), dtype=object)
-    for batch in length_sorted_batches(dataset, tokenizer, batch_size):
+    batches = length_sorted_batches(dataset, tokenizer, batch_size)
+    for batch in tqdm(batches, desc=progress, unit="batch", leave=False, disable=progress is None):
         inputs, _ = batch.to(device)
         logits = model(**inputs).logits.float().cpu().numpy()
         for i, row in zip(batch.indices, logits, strict=True):
@@ -217,6 +275,7 @@ def evaluate_runs(
     glue_path: str | None = None,
     device: str | torch.device | None = None,
     log=print,
+    progress: bool = True,
 ) -> EvaluationReport:
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``
     (test by default; validation when the scores select something, e.g. a merge weight).
@@ -225,23 +284,29 @@ def evaluate_runs(
     one with an adapter and privacy record); the dataset is
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
-    Models run on ``device`` (default: CUDA when available, else CPU).
+    Models run on ``device`` (default: CUDA when available, else CPU). ``progress`` shows tqdm bars on stderr, per
+    task and per batch of each of its three models.
     """
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
     check_model_dirs(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
-    for run in task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir):
+    from tqdm.auto import tqdm
+
+    runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
+    for run in tqdm(runs, desc="tasks", unit="task", disable=not progress):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(examples["labels"])
         scores = {}
-        for kind, loader, directory in (("individual", load_individual_model, base_dir),
+        for kind, loader, directory in (("floor", load_merged_with_head, base_dir),  # base encoder + own head
+                                        ("individual", load_individual_model, base_dir),
                                         ("merged", load_merged_with_head, merged_dir)):
             model = loader(directory, run.adapter_dir, spec).to(device)
-            predictions = predictions_from_logits(spec, predict_logits(model, examples, tok, batch_size))
+            logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
+            predictions = predictions_from_logits(spec, logits)
             scores[kind] = compute_metrics(spec, predictions, references)
             del model
         epsilon = record.epsilon if record.dp else math.inf
@@ -249,9 +314,10 @@ def evaluate_runs(
             task=run.task, metric=spec.metric, epsilon=float(epsilon), delta=record.delta if record.dp else None,
             individual=scores["individual"][spec.metric], merged=scores["merged"][spec.metric],
             num_examples=len(examples), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
+            floor=scores["floor"][spec.metric], floor_metrics=scores["floor"],
         )
-        log(f"{run.task}: individual {result.individual:.4f}, merged {result.merged:.4f} ({spec.metric}, "
-            f"n={len(examples)})")
+        log(f"{run.task}: floor {result.floor:.4f}, individual {result.individual:.4f}, merged {result.merged:.4f} "
+            f"({spec.metric}, n={len(examples)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
                             max_eval_samples=max_eval_samples, split=split)
@@ -261,7 +327,8 @@ def evaluate_runs(
 
 
 def plot_retention(report: EvaluationReport, path: str | os.PathLike) -> Path:
-    """Grouped bars (individual vs merged per task, plus the average), retention written above each pair."""
+    """Grouped bars (floor, individual and merged per task, plus the average), gain retained written above each
+    group ("below floor" where the adapter does not beat its floor)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -269,22 +336,26 @@ def plot_retention(report: EvaluationReport, path: str | os.PathLike) -> Path:
 
     avg = report.averages()
     labels = [f"{t.task}\nε={'∞' if math.isinf(t.epsilon) else f'{t.epsilon:g}'}" for t in report.tasks]
+    floor = [math.nan if t.floor is None else t.floor for t in report.tasks] + [avg["floor"] or math.nan]
     individual = [t.individual for t in report.tasks] + [avg["individual"] or 0.0]
     merged = [t.merged for t in report.tasks] + [avg["merged"] or 0.0]
-    retention = [t.retention for t in report.tasks] + [math.nan if avg["retention"] is None else avg["retention"]]
+    gains = [_gain(t.gain_retained, t.below_floor) for t in report.tasks]
+    gains.append(_gain(avg["gain_retained"], bool(avg["below_floor"])))
     labels.append("average")
     x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * len(labels)), 4.5))
-    ax.bar(x - 0.2, individual, 0.4, label="individual (own adapter)")
-    ax.bar(x + 0.2, merged, 0.4, label="merged encoder + own head")
-    for xi, top, ret in zip(x, np.maximum(individual, merged), retention, strict=True):
-        if not math.isnan(ret):
-            ax.text(xi, top + 0.01, f"{100 * ret:.0f}%", ha="center", va="bottom", fontsize=8)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(labels)), 4.5))
+    ax.bar(x - 0.27, floor, 0.27, label="floor (base encoder + own head)", color="0.7")
+    ax.bar(x, individual, 0.27, label="individual (own adapter)")
+    ax.bar(x + 0.27, merged, 0.27, label="merged encoder + own head")
+    for xi, top, gain in zip(x, np.fmax(np.fmax(floor, individual), merged), gains, strict=True):
+        text = gain if isinstance(gain, str) else (f"{100 * gain:.0f}%" if _defined(gain) else "")
+        ax.text(xi, top + 0.01, text, ha="center", va="bottom", fontsize=8)
+    scores = [v for v in (*floor, *individual, *merged) if not math.isnan(v)]
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("test score (primary metric)")
-    ax.set_ylim(min(0.0, *individual, *merged), max(1.0, *individual, *merged) * 1.1)
-    ax.set_title("Individual vs merged; retention = merged / individual")
-    fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
+    ax.set_ylim(min(0.0, *scores), max(1.0, *scores) * 1.1)
+    ax.set_title("Floor, individual and merged; gain retained = (merged − floor) / (individual − floor)")
+    fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -1,7 +1,9 @@
 """Evaluate each task's adapter and the merged model (with that task's own head) on the task's test split.
 
-Prints and saves (``<output>/results.json``, ``<output>/retention.png``) per task: the individual score,
-the merged score, retention = merged / individual, interference = individual − merged, and the adapter's
+Prints and saves (``<output>/results.json``, ``<output>/retention.png``) per task: the floor (the unmodified
+base encoder with the task's own head: no adapter, no merge), the individual score, the merged score, gain
+retained = (merged − floor) / (individual − floor) ("below floor" where the adapter does not beat the floor),
+retention = merged / individual (read beside the floor), interference = individual − merged, and the adapter's
 ε (∞ when non-private); plus averages over tasks.
 
 Example::

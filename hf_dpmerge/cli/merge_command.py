@@ -1,11 +1,12 @@
 """Merge models or adapters from a mergekit YAML config (alias of ``mergekit-yaml``, atomic output).
 
 ``hf-dpmerge merge CONFIG OUT [mergekit-yaml options]``: every option after the two paths (``--lora-merge-cache
-DIR``, ``--cuda``, …) goes to mergekit unchanged. The merge is written into a temporary directory beside
-OUT and renamed into place only when it succeeded, so a failed or killed merge leaves nothing at OUT; an
-existing non-empty OUT is refused, and with ``--overwrite`` replaced only if it holds a previous merge;
-``cauchy_poe``/``dp_aware`` inputs are checked before anything is written. This policy is this command's:
-plain ``mergekit-yaml`` keeps mergekit's own behaviour. ``hf-dpmerge merge --list-methods`` lists the
+DIR``, ``--cuda``, …) goes to mergekit unchanged. It runs :func:`hf_dpmerge.merging.run.merge`: the merge is
+written into a temporary directory beside OUT and renamed into place only when it succeeded, so a failed or
+killed merge leaves nothing at OUT; an existing non-empty OUT is refused, and with ``--overwrite`` replaced only if
+it holds a previous merge; misspelt keys are refused and ``cauchy_poe``/``dp_aware`` inputs are checked before
+anything is written. This policy is this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour.
+``hf-dpmerge merge --list-methods`` lists the
 merge methods mergekit knows, ours included.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,29 +41,37 @@ def list_methods() -> list[str]:
     ]
 
 
+def _click_command(overwrite: bool):
+    """``mergekit-yaml``'s command line (its CONFIG OUT arguments and every merge option, from mergekit's own
+    ``add_merge_options``) running :func:`hf_dpmerge.merging.run.merge` with each task's folder written."""
+    import click
+    from mergekit.options import PrettyPrintHelp, add_merge_options
+
+    from hf_dpmerge.merging.run import merge
+    from hf_dpmerge.scripts.task_folders import write_task_folders
+
+    @click.command("hf-dpmerge merge", cls=PrettyPrintHelp)
+    @click.argument("config_file")
+    @click.argument("out_path")
+    @add_merge_options
+    def command(merge_options, config_file: str, out_path: str) -> None:
+        merge_options.apply_global_options()
+        merge(config_file, out_path, options=merge_options, overwrite=overwrite, finish=write_task_folders)
+
+    return command
+
+
 def run(args: argparse.Namespace) -> int:
     import click
-    import mergekit.scripts.run_yaml as run_yaml
-
-    from hf_dpmerge.merging.config_edit import load_config_mapping
-    from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_allowed
-    from hf_dpmerge.merging.registration import activate
-    from hf_dpmerge.scripts.task_folders import write_task_folders
 
     if args.list_methods:
         print("\n".join(list_methods()))
         return 0
     if args.config is None or args.out_path is None:
         raise ValueError("give the merge CONFIG and the OUT directory (or --list-methods)")
-    config = Path(args.config)
-    load_config_mapping(config)
-    check_merge_output(args.out_path, args.overwrite)
-    activate(finish=write_task_folders)
     try:
-        with overwrite_allowed(args.overwrite):
-            code = run_yaml.main.main(
-                [str(config), args.out_path, *args.extra], prog_name="hf-dpmerge merge", standalone_mode=False
-            )
+        code = _click_command(args.overwrite).main([args.config, args.out_path, *args.extra],
+                                                   prog_name="hf-dpmerge merge", standalone_mode=False)
     except click.ClickException as err:
         print(f"hf-dpmerge merge: {err.format_message()}", file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@
 Each RUN is a run folder (``runs/<task>``) or a peft adapter folder with its ``dp_privacy.json``. Measures
 the pairwise cosine similarity and sign-conflict rate of the task vectors, each adapter's trainer and ε, and
 the noise-to-signal ratio its privacy record predicts, then prints the measurements and the advice of the
-rules that apply, each with the measurement that triggered it and the benchmark figure behind it
-(BENCHMARKS.md). Reads released adapters and records only: no privacy cost.
+rules that apply (the head-only check first where the benchmark's floor won at that ε), each with the
+measurement that triggered it and the benchmark figure behind it, read from the benchmarks' stored results
+(``hf_dpmerge/merging/data/benchmark_evidence.json``). Reads released adapters and records only: no privacy cost.
 
 Example::
 

@@ -65,6 +65,15 @@ def retention_and_interference(individual: float, merged: float) -> dict[str, fl
     return load_metric("merge_retention").from_scores(float(individual), float(merged))
 
 
+def gain_retained(merged: float, individual: float, floor: float) -> float | None:
+    """(merged − floor) / (individual − floor): the share of what the adapter adds over the ``floor`` (the base
+    encoder with the task's own head) that the merge keeps; 1 keeps all of it, 0 none (docs/design.md §11).
+    None when the adapter does not beat its floor (individual ≤ floor): there is no gain to retain."""
+    if individual <= floor:
+        return None
+    return (merged - floor) / (individual - floor)
+
+
 def trainer_compute_metrics(spec: TaskSpec) -> Callable:
     """A ``compute_metrics`` callable for ``transformers.Trainer`` (takes an ``EvalPrediction``)."""
 

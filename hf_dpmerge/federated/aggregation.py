@@ -73,7 +73,7 @@ def merge_updates(
         variances = [tensor_noise_variance(u.record, name) if method == "dp_aware" else 0.0 for u in updates]
         merged[name] = dp_aware_merge(
             base, [u.state[name] for u in updates], variances, weights=weights, lam=server_learning_rate,
-            weighting="random_effects" if method == "dp_aware" else "task_arithmetic",
+            weighting="random_effects" if method == "dp_aware" else "task_arithmetic", shrinkage="soft_threshold",
         )
     return merged
 
@@ -85,7 +85,8 @@ def client_contribution(global_state: State, update: ClientUpdate, method: str) 
         delta = update.state[name].float() - base.float()
         if method == "dp_aware":
             variance = tensor_noise_variance(update.record, name)
-            delta = dp_aware_merge(torch.zeros_like(delta), [delta], [variance], weights=[1.0], lam=1.0)
+            delta = dp_aware_merge(torch.zeros_like(delta), [delta], [variance], weights=[1.0], lam=1.0,
+                                   shrinkage="soft_threshold")
         contribution[name] = delta
     return contribution
 

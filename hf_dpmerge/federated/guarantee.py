@@ -130,23 +130,3 @@ def released_guarantee(
         },
         "client_level": client_level_guarantee(client_dp, rounds) if hidden else None,
     }
-
-
-def federated_statement(released: Mapping[str, Any]) -> str:
-    """The model card's paragraph on how the federated guarantees arose (both levels, from
-    :func:`released_guarantee`)."""
-    example = released["example_level"]
-    text = (
-        "Trained by federated learning: each client trained on its own data with DPSAMTrainer and the server "
-        f"aggregated their updates. Example level: (ε = {example['epsilon']:.3g}, δ = {example['delta']:.3g}), "
-        f"steps accounted: {example['steps_accounted']}."
-    )
-    client = released["client_level"]
-    if client is None:
-        return text + " Client level: no guarantee (the server added no noise).\n"
-    return text + (
-        f" Client level (a client's whole data): (ε = {client['epsilon']:.3g}, δ = {client['delta']:.3g}) over "
-        f"{client['rounds']} rounds, each client update clipped to {client['clip_norm']:g} and Gaussian noise of "
-        f"multiplier {client['noise_multiplier']:g} added to their sum, clients sampled with probability "
-        f"{client['sample_rate']:g}.\n"
-    )

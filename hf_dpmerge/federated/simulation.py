@@ -36,21 +36,14 @@ from hf_dpmerge.federated.federation import (
     task_data,
     trainable_state,
 )
-from hf_dpmerge.federated.guarantee import (
-    client_example_level,
-    federated_guarantee,
-    federated_statement,
-    released_guarantee,
-)
+from hf_dpmerge.federated.guarantee import client_example_level, federated_guarantee, released_guarantee
 from hf_dpmerge.federated.strategy import FederatedDPStrategy
+from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.training.dp.accounting import replace_one_epsilon
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.training.release import (
-    adapter_card,
-    check_release_target,
-    release_adapter,
-)
+from hf_dpmerge.training.release import check_release_target, release_adapter
+from hf_dpmerge.utils.adapter_files import set_adapter_base
 from hf_dpmerge.utils.io import write_text_atomic
 
 FEDERATED_RECORD_NAME = "federated_privacy.json"
@@ -178,9 +171,9 @@ def _release(setup: FederatedSetup, model, state: dict, record: PrivacyRecord, o
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
-        card = adapter_card(record, f"{setup.task} (federated)") + "\n" + federated_statement(record.extra["federated"])
-        (directory / "README.md").write_text(card, encoding="utf-8")
+        set_adapter_base(directory, record.base_model)  # a Hub id or nothing: no path of this machine
         record.save(directory)
+        write_adapter_card(directory, record, f"{setup.task} (federated)")  # both levels, from the record
 
     release_adapter(output_dir / "adapter", write, overwrite)
     export_encoder_adapter(output_dir / "adapter", output_dir / "encoder_adapter")

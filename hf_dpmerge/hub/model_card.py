@@ -1,20 +1,19 @@
 """The Hub model card of a merged private model: metadata, per-task privacy, merge recipe, evaluation.
 
-Built with ``huggingface_hub.ModelCard.from_template`` from ``model_card_template.md`` (beside this file) and
-``ModelCardData`` (``base_model`` + ``base_model_relation: merge`` when the base is a Hub id, ``datasets``
-where a record names its Hub dataset (``extra.dataset_hub_id``: GLUE tasks), ``pipeline_tag``, ``tags``,
-``eval_results``). The card quotes each
-task's (ε, δ, accountant, N) from its ``dp_privacy.json`` and the composed guarantee from
-:func:`hf_dpmerge.records.statement.privacy_statement`; it never computes privacy itself. The evaluation is
-read through :class:`hf_dpmerge.analysis.evaluation.EvaluationReport`, the type ``hf-dpmerge evaluate``
-writes. Local paths never enter the card.
+Rendered by :func:`hf_dpmerge.records.card.render_card` from the ``merged`` template
+(``hf_dpmerge/records/card_templates/merged.md``) with ``ModelCardData`` (``base_model`` +
+``base_model_relation: merge`` when the base is a Hub id, ``datasets`` where a record names its Hub dataset
+(``extra.dataset_hub_id``: GLUE tasks), ``pipeline_tag``, ``tags``, ``eval_results``). Every privacy sentence
+is the :class:`~hf_dpmerge.records.statement.PrivacyStatement` of the records (composed with the selection of
+a tuned merge); the card never computes privacy itself. The evaluation is read through
+:class:`hf_dpmerge.analysis.evaluation.EvaluationReport`, the type ``hf-dpmerge evaluate`` writes. Local paths
+never enter the card.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,19 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hf_dpmerge.records.card import PIPELINE_TAG, hub_model_id, render_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
-from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
+from hf_dpmerge.records.statement import PrivacyStatement
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"
-TEMPLATE_PATH = Path(__file__).with_name("model_card_template.md")
-PIPELINE_TAG = "text-classification"
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
 
 
 @dataclass
@@ -83,21 +79,6 @@ def _merge_method(text: str) -> str | None:
     return str(method) if method is not None else None
 
 
-def hub_model_id(candidate: str | None, local_roots: Sequence[str | os.PathLike] = ()) -> str | None:
-    """``candidate`` if it can be a Hub model id, None for local paths (which must not go in metadata).
-
-    A relative path such as ``runs/base`` looks like a Hub id; it counts as local when it, or its first
-    component, exists under the working directory or one of ``local_roots``.
-    """
-    if not candidate or not isinstance(candidate, str) or not _HUB_ID.match(candidate):
-        return None
-    first = candidate.split("/")[0]
-    for root in [Path.cwd(), *map(Path, local_roots)]:
-        if (root / candidate).exists() or ("/" in candidate and (root / first).is_dir()):
-            return None
-    return candidate
-
-
 DATASET_KEY = "dataset_hub_id"  # a record's extra: the Hub dataset it trained on, when there is one (GLUE)
 
 
@@ -106,7 +87,7 @@ def _eval_results(evaluation: EvaluationReport | None, datasets: Mapping[str, st
         return None
     return [
         EvalResult(task_type=PIPELINE_TAG, dataset_type=datasets.get(t.task) or t.task, dataset_name=t.task,
-                   dataset_config=t.task if datasets.get(t.task) else None, dataset_split="test",
+                   dataset_config=t.task if datasets.get(t.task) else None, dataset_split=evaluation.split,
                    metric_type=t.metric, metric_value=t.merged)
         for t in evaluation.tasks
     ]
@@ -116,9 +97,10 @@ def _evaluation_rows(evaluation: EvaluationReport) -> list[list[str]]:
     rows = []
     for t in evaluation.tasks:
         retention = "–" if math.isnan(t.retention) else f"{t.retention:.1%}"
+        gain = "below floor" if t.below_floor else "–" if math.isnan(t.gain_retained) else f"{t.gain_retained:.1%}"
         epsilon = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.3g}"
-        rows.append([t.task, t.metric, epsilon, f"{t.individual:.4f}", f"{t.merged:.4f}", retention,
-                     f"{t.interference:+.4f}", str(t.num_examples)])
+        rows.append([t.task, t.metric, epsilon, "–" if t.floor is None else f"{t.floor:.4f}", f"{t.individual:.4f}",
+                     f"{t.merged:.4f}", gain, retention, f"{t.interference:+.4f}", str(t.num_examples)])
     return rows
 
 
@@ -181,20 +163,19 @@ def build_model_card(
         model_name=title if evaluation is not None else None,
         eval_results=_eval_results(evaluation, task_datasets),
     )
-    all_private = all(r.dp and math.isfinite(r.epsilon) for r in records.values())
-    return ModelCard.from_template(
+    statement = (PrivacyStatement.from_selection(selection, records) if selection is not None
+                 else PrivacyStatement.from_records(records))
+    return render_card(
+        "merged",
         card_data,
-        template_path=str(TEMPLATE_PATH),
+        statement,
         title=title,
         tasks=tasks,
-        kind="differentially private (DP-SGD) LoRA adapters" if all_private else "LoRA adapters",
+        kind="differentially private (DP-SGD) LoRA adapters" if statement.private else "LoRA adapters",
         base_model=hub_base,
         method=merge.method,
         merge_text=merge.text.rstrip() if merge.text is not None else None,
         merge_source=merge.source,
-        privacy_statement=privacy_statement(records),
-        selection_statement=selection.statement() if selection is not None else None,
-        privacy_notes=[note for note in (seeded_warning(records), public_eval_note(records)) if note],
         fingerprint_text=_fingerprint_text(records),
         heads=list((heads or {}).values()),
         evaluation=evaluation,

@@ -7,8 +7,10 @@
   (``RECORD_OVERRIDES``);
 - :mod:`.validation`: checks of a merge configuration and its inputs before anything is written;
 - :mod:`.lora_cache`: stale ``--lora-merge-cache`` entries are dropped before a merge;
-- :mod:`.registration`: start-up-hook callbacks and the guarded ``run_merge``; :mod:`.privacy_section`: the
-  README privacy section; :mod:`.output_dir`: when an existing merge output may be replaced;
+- :mod:`.run`: :func:`~.run.merge`, the one merge entry point (``hf-dpmerge merge``, ``tune``, benchmarks);
+  :mod:`.registration`: start-up-hook callbacks and the checks of a config using our methods;
+  :mod:`.privacy_section`: the README privacy section; :mod:`.output_dir`: when an existing merge output may be
+  replaced;
 - :mod:`.task_similarity`, :mod:`.merge_groups`, :mod:`.merge_recommendation`: which adapters to merge together
   and with what (``hf-dpmerge similarity`` / ``recommend``); :mod:`.merge_config`: generated mergekit configs.
 

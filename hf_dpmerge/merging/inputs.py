@@ -24,12 +24,18 @@ from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance, stats_noise_variance
+from hf_dpmerge.merging.noise_variance import (
+    capped_variance,
+    lora_noise_variance,
+    record_noise_variance,
+    stats_noise_variance,
+)
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
 
 NOISE_STD = "noise_std"
+_ZERO_B_INITS = (True, "gaussian")  # peft's init_lora_weights values that start B at zero
 _OPTIMIZER_KEYS: dict[str, type] = {"name": str, "lr": float, "momentum": float, "weight_decay": float}
 
 
@@ -149,13 +155,14 @@ def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
 def _parameter_variance(
     reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
 ) -> torch.Tensor | float:
-    """s² of one directly trained tensor: from the shipped statistics, else the record's formula (warned)."""
+    """s² of one saved tensor: from the shipped statistics (0 for a tensor they do not list: it was frozen, as
+    FFA-LoRA's A, so never noised), else the record's formula (warned)."""
     stats = input_noise_stats(reference)
-    variance = None if stats is None else stats_noise_variance(record, stats, saved_name)
-    if variance is not None:
-        return variance
+    if stats is not None:
+        variance = stats_noise_variance(record, stats, saved_name)
+        return 0.0 if variance is None else variance
     warnings.warn(  # one message per input: stacklevel 1 gives every call one location, shown once per message
-        f"input {reference}: no {NOISE_STATS_NAME} (or it lacks a trained tensor): using the record's "
+        f"input {reference}: no {NOISE_STATS_NAME}: using the record's "
         "noise-dominated formula, which over-states the noise of informative Adam coordinates",
         stacklevel=1,
     )
@@ -189,9 +196,10 @@ def input_lora_noise(
     record = _input_record(reference, values)
     if not record.dp:
         return None
-    return factors, _parameter_variance(reference, record, factors.saved_a), _parameter_variance(
-        reference, record, factors.saved_b
-    )
+    variance_b = _parameter_variance(reference, record, factors.saved_b)
+    if adapter_weights(input_directory(reference)).config.init_lora_weights in _ZERO_B_INITS:
+        variance_b = capped_variance(variance_b, factors.lora_b)  # B started at zero: B̃ is its task vector
+    return factors, _parameter_variance(reference, record, factors.saved_a), variance_b
 
 
 def is_private(record: PrivacyRecord | None) -> bool:
@@ -220,9 +228,12 @@ def require_private(method: str, reference: Any, allow_non_private: bool) -> Non
 
 
 def input_noise_variance(
-    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any], task_vector: torch.Tensor | None = None
 ) -> torch.Tensor | float:
     """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
+
+    ``task_vector`` (W_i − W_0, when the caller has it) caps a head's or full model's s² from the record by
+    its mean square (:func:`~hf_dpmerge.merging.noise_variance.capped_variance`); LoRA B is capped by B̃ itself.
 
     Order: the per-model ``noise_std``; else the input's record with its per-model overrides (σ, C, B_exp and,
     for the fallback formula, ``sum_lr_squared``/``optimizer.*``) and its noise statistics
@@ -236,14 +247,14 @@ def input_noise_variance(
     if not record.dp:
         return 0.0
     if not reference.lora:
-        return _parameter_variance(reference, record, tensor_name)
-    lora = input_lora_noise(reference, tensor_name, values)
-    if lora is not None:
+        variance = _parameter_variance(reference, record, tensor_name)
+    elif (lora := input_lora_noise(reference, tensor_name, values)) is not None:
         return factor_noise_variance(*lora)
-    adapter = adapter_weights(input_directory(reference))
-    if tensor_name in adapter.trained:
-        return _parameter_variance(reference, record, adapter.trained[tensor_name], head=True)
-    return 0.0
+    elif tensor_name in (adapter := adapter_weights(input_directory(reference))).trained:
+        variance = _parameter_variance(reference, record, adapter.trained[tensor_name], head=True)
+    else:
+        return 0.0
+    return variance if task_vector is None else capped_variance(variance, task_vector)
 
 
 def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:

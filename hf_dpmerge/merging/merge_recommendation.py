@@ -1,4 +1,4 @@
-"""Which trainer and merge method, from measured interference and noise, per the project's benchmark.
+"""Which trainer and merge method, from measured interference and noise and the benchmarks' stored results.
 
 Measured on the adapters (post-processing of released weights and records, no privacy cost):
 
@@ -7,45 +7,59 @@ Measured on the adapters (post-processing of released weights and records, no pr
 - noise: the noise-to-signal ratio of each task vector, √(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F, with the per-coordinate
   DP-SGD noise variance its privacy record predicts (:mod:`hf_dpmerge.merging.noise_variance`, docs/design.md
   §6; an upper bound where curvature damps the walk);
-- the trainer each record names: non-private, DP-SGD (no SAM, λ = 0) or DP-Merging (DP-SAT and/or λ > 0).
+- the trainer each record names: non-private, DP-SGD (no SAM, λ = 0) or DP-Merging (DP-SAT and/or λ > 0), and ε.
 
-:data:`RULES` maps those measurements to advice. Every rule cites the measurement that triggers it and the
-benchmark figure behind it: BENCHMARKS.md (``python benchmarks/quality.py --grid cpu --seeds 3``, four
-packaged tasks, MiniLM + LoRA r = 8, ε ∈ {4, 8}) and, for the interference range, the packaged adapters
-measured in the README section "Task grouping"; the head-only caution cites BENCHMARKS_STRESS.md
-(``python -m benchmarks.quality --grid stress``, six packaged tasks, LoRA r = 16 on every module, ε ∈ {1, 4, 8});
-the non-private merge rule cites it and its interference configuration
-(``benchmarks/reports/stress-interference/BENCHMARKS_STRESS.md``: [CLS] pooling, LoRA r = 64, where merging
-costs 3–6 points). Outside the measured range a rule says so instead of extrapolating.
+:data:`RULES` maps those measurements to advice. Every benchmark figure a rule cites is read from
+``data/benchmark_evidence.json`` (:data:`EVIDENCE`): the stress reports' "Which method when" rows (written by
+``benchmarks/quality/stress_report.py`` as ``recommend_evidence.json``), the interference each ranking was
+measured at, and BENCHMARKS.md's figures. The merge is the one measured at the adapters' privacy level (the
+nearest measured ε) and at an interference at least theirs; where that setting's choice was the floor (the base
+encoder with each task's head), the head-only comparison comes first. Every threshold has a tolerance
+(:func:`above`, :func:`below`): a measurement within :data:`TOLERANCE` of it does not cross it. Outside the
+measured range a rule says so instead of extrapolating.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from typing import Any
 
 import numpy as np
 
 from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance
 from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
 
-BENCHMARK_EPSILONS = (4.0, 8.0)
-"""ε values of the benchmark's private cells."""
-BENCHMARK_MAX_ABS_COSINE = 0.011
-"""Largest |cos| between private packaged-task adapters (rotten_tomatoes, reuters_r8, reuters_r52, bbc_news;
-DP-Merging, ε = 8; README "Task grouping": 0.0104, rounded up): the interference under which BENCHMARKS.md
-ranked the merge methods, whose LoRA adapters come from the same recipe (independent A initialisations)."""
-NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE = 0.081
-"""Largest |cos| between the non-private adapters of the stress benchmark's interference configuration
-(reuters_r8 vs reuters_r52, which share documents: 0.080, rounded up): the interference under which it ranked the
-merge methods on non-private adapters."""
-BENCHMARK_MAX_SIGN_CONFLICT = 0.501
-"""Largest sign-conflict rate between the same adapters (0.4999, rounded up): unrelated vectors' ≈ 0.5."""
+EVIDENCE: dict[str, Any] = json.loads(
+    resources.files("hf_dpmerge.merging").joinpath("data", "benchmark_evidence.json").read_text(encoding="utf-8"))
+TOLERANCE = 0.01
+"""Relative tolerance of every threshold: cosines and sign-conflict rates are sample statistics of finite
+vectors (a sign-conflict rate of unrelated vectors scatters around 0.5)."""
+BENCHMARK_MAX_ABS_COSINE = EVIDENCE["interference"]["private"]["max_abs_cosine"]
+"""Largest |cos| between the private adapters the benchmark ranked merges at (the evidence file says which)."""
+NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE = EVIDENCE["interference"]["non_private"]["max_abs_cosine"]
+"""Largest |cos| between the non-private adapters the stress benchmark ranked merges at."""
+BENCHMARK_MAX_SIGN_CONFLICT = EVIDENCE["interference"]["private"]["max_sign_conflict"]
+"""Largest sign-conflict rate between the same adapters: unrelated vectors' ≈ 0.5."""
+MEASURED_EPSILONS = sorted({e for e in [*EVIDENCE["quality"]["epsilons"],
+                                        *(row["epsilon"] for row in EVIDENCE["settings"])] if e is not None})
 NOISE_TO_SIGNAL_FLOOR = 0.05
 """Below this predicted noise-to-signal ratio dp_aware's SURE threshold is ≈ 0 and it reduces to task arithmetic."""
 ANTI_ALIGNED_COSINE = -0.1
 """A pair with cos below this pulls against each other: a sum cancels part of both task vectors."""
+
+
+def above(value: float, limit: float) -> bool:
+    """``value`` exceeds ``limit`` by more than :data:`TOLERANCE` of it."""
+    return value > limit + TOLERANCE * abs(limit)
+
+
+def below(value: float, limit: float) -> bool:
+    """``value`` falls short of ``limit`` by more than :data:`TOLERANCE` of it."""
+    return value < limit - TOLERANCE * abs(limit)
 
 
 @dataclass(frozen=True)
@@ -127,10 +141,10 @@ def measure(vectors: Sequence[TaskVector], report: SimilarityReport) -> Measurem
 class Rule:
     """One row of the table: when ``applies``, advise ``advice`` ``because`` (formatted with the measurements)."""
 
-    topic: str  # "trainer" | "merge": the first rule that applies wins; "caution": every one that applies
+    topic: str  # "first" | "trainer" | "merge": the first rule that applies wins; "caution": every one that applies
     name: str
     applies: Callable[[Measurements], bool]
-    advice: str
+    advice: str | Callable[[Measurements], str]
     because: Callable[[Measurements], str]
 
 
@@ -140,18 +154,91 @@ def measured_max_abs_cosine(m: Measurements) -> float:
     return NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE if m.all_non_private else BENCHMARK_MAX_ABS_COSINE
 
 
+def nearest_settings(m: Measurements) -> list[dict[str, Any]]:
+    """The stored settings at ``m``'s privacy level: non-private rows when every record says non-private, else
+    the rows at the measured ε nearest (on a log scale) to the adapters' largest ε."""
+    rows = [row for row in EVIDENCE["settings"] if row["noise_std"] is None]
+    if m.all_non_private:
+        return [row for row in rows if row["epsilon"] is None]
+    private = [row for row in rows if row["epsilon"] is not None]
+    if not private or math.isinf(m.max_epsilon):
+        return []
+    nearest = min(private, key=lambda row: abs(math.log(row["epsilon"] / m.max_epsilon)))["epsilon"]
+    return [row for row in private if row["epsilon"] == nearest]
+
+
+def measured_merge(m: Measurements) -> dict[str, Any] | None:
+    """The stored merge choice at ``m``'s privacy level measured at an interference at least ``m``'s (the
+    least such), or None."""
+    covering = [row for row in nearest_settings(m) if row["choice"] == "merge" and row["max_abs_cosine"] is not None
+                and not above(m.max_abs_cosine, row["max_abs_cosine"])]
+    return min(covering, key=lambda row: row["max_abs_cosine"]) if covering else None
+
+
+def floor_won(m: Measurements) -> list[dict[str, Any]]:
+    """The stored settings at ``m``'s ε where the floor beat every merge (every one there, else none)."""
+    rows = nearest_settings(m) if m.any_private else []
+    return rows if rows and all(row["choice"] == "floor" for row in rows) else []
+
+
+def _point(point: dict[str, Any] | None) -> str:
+    return ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in (point or {}).items())
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    return f"{row['difference']:+.1f} points, {'significant' if row['significant'] else 'n.s.'} ({row['test']})"
+
+
+def _floor_because(m: Measurements) -> str:
+    return "; ".join(f"{row['report']} ({row['configuration']}), ε = {row['epsilon']:g}: the base encoder with each "
+                     f"task's DP head {row['floor']:.1f} vs the best merge ({row['versus']}) {_verdict(row)}"
+                     for row in floor_won(m))
+
+
+def _merge_because(m: Measurements) -> str:
+    row = measured_merge(m)
+    return (f"no DP noise, max |cos| {m.max_abs_cosine:.3f} ≤ {row['max_abs_cosine']:.3f} measured in {row['report']} "
+            f"({row['configuration']}): {row['merge']} at {_point(row['point'])} (chosen on validation) was the most "
+            f"accurate merge, {row['accuracy']:.1f} vs {row['versus']} {_verdict(row)}; floor {row['floor']:.1f}, "
+            f"each task's own adapter {row['individual']:.1f}")
+
+
+QUALITY = EVIDENCE["quality"]
+
+
 def _names(m: Measurements, trainer: str) -> str:
     return ", ".join(n for n, t in zip(m.names, m.trainers, strict=True) if t == trainer)
 
 
+def _geometry() -> str:
+    g, gain = QUALITY["geometry_eps4"], QUALITY["dp_merging_gain_eps4"]
+    return (f"in {QUALITY['report']} at ε = 4 DP-Merging cut sharpness {g['sharpness'][0]} → {g['sharpness'][1]}, "
+            f"top Hessian eigenvalue {g['hessian_top_eigenvalue'][0]} → {g['hessian_top_eigenvalue'][1]}, LoRA drift "
+            f"{g['drift_ratio']}× and the ties merge gap {g['ties_merge_gap'][0]} → {g['ties_merge_gap'][1]}, at the "
+            "same ε; merged accuracy " + ", ".join(f"{v:+.1f} points with {k}" for k, v in gain.items()))
+
+
+def _private_merges() -> str:
+    merged = QUALITY["merged_eps4"]
+    gap = QUALITY["dp_aware_vs_task_arithmetic_max_gap"]
+    return (f"in {QUALITY['report']} dp_aware and task_arithmetic are within {gap} points in every private cell "
+            f"(ε = 4: {merged['dp_sgd']['dp_aware'][0]} vs "
+            f"{merged['dp_sgd']['task_arithmetic'][0]} DP-SGD, {merged['dp_merging']['dp_aware'][0]} vs "
+            f"{merged['dp_merging']['task_arithmetic'][0]} DP-Merging)")
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("first", "compare_with_head_only_first",
+         lambda m: bool(floor_won(m)),
+         "first compare each private adapter with a head-only release (train_glue.py --train_lora false) on public "
+         "validation data: at this ε the benchmark's floor beat every merge; both trained on the same private data "
+         "compose their ε",
+         lambda m: f"adapters' ε up to {m.max_epsilon:g}; {_floor_because(m)}"),
     Rule("trainer", "retrain_dp_sgd_with_dp_merging",
          lambda m: "dp_sgd" in m.trainers,
          "retrain the DP-SGD adapters with the DP-Merging trainer (sam_mode dp_sat, align_lambda 0.05)",
-         lambda m: f"{_names(m, 'dp_sgd')} trained with DP-SGD (no SAM, λ = 0); in the benchmark (ε = 4, 3 seeds) "
-                   "DP-Merging cut sharpness 0.054 → 0.036, top Hessian eigenvalue 15.9 → 10.8, LoRA drift 2.5× and "
-                   "the ties merge gap 0.109 → 0.081, at the same ε; merged accuracy +0.6 points with ties, +1.3 with "
-                   "cauchy_poe, ±0 with task_arithmetic"),
+         lambda m: f"{_names(m, 'dp_sgd')} trained with DP-SGD (no SAM, λ = 0); {_geometry()}"),
     Rule("trainer", "keep_dp_merging",
          lambda m: m.any_private and all(t in ("dp_merging", "non_private") for t in m.trainers),
          "keep the DP-Merging trainer",
@@ -162,60 +249,59 @@ RULES: tuple[Rule, ...] = (
          "no DP trainer advice: the adapters are not private",
          lambda m: "no adapter's record says dp; DP-Merging's geometry gains are a DP effect in the benchmark"),
     Rule("merge", "noisy_private_dp_aware",
-         lambda m: m.any_private and "unknown" not in m.trainers and m.max_noise_to_signal >= NOISE_TO_SIGNAL_FLOOR,
+         lambda m: m.any_private and "unknown" not in m.trainers
+         and not below(m.max_noise_to_signal, NOISE_TO_SIGNAL_FLOOR),
          "merge with dp_aware (merge_configs/dp.yaml; task_arithmetic is as accurate)",
          lambda m: f"predicted noise-to-signal up to {m.max_noise_to_signal:.2f} (≥ {NOISE_TO_SIGNAL_FLOOR}): the "
-                   "task vectors carry DP noise dp_aware can shrink; in the benchmark dp_aware and task_arithmetic "
-                   "are within 0.4 points in every private cell (ε = 4: 84.3 vs 84.4 DP-SGD, 84.2 vs 84.4 "
-                   "DP-Merging) and dp_aware has the smallest merge gap (0.019–0.036 vs 0.059–0.084)"),
+                   f"task vectors carry DP noise dp_aware can shrink; {_private_merges()}, and dp_aware has the "
+                   f"smallest merge gap ({QUALITY['merge_gap']['dp_aware'][0]}–{QUALITY['merge_gap']['dp_aware'][1]} "
+                   f"vs {QUALITY['merge_gap']['others'][0]}–{QUALITY['merge_gap']['others'][1]})"),
     Rule("merge", "quiet_private_task_arithmetic",
          lambda m: m.any_private or "unknown" in m.trainers,
          "merge with task_arithmetic (merge_configs/task_arithmetic.yaml)",
          lambda m: f"predicted noise-to-signal {m.max_noise_to_signal:.2f} < {NOISE_TO_SIGNAL_FLOOR} (or unknown): "
-                   "dp_aware would reduce to task arithmetic (and needs every record); task_arithmetic was within "
-                   "0.4 points of the best method in every private benchmark cell (ε = 4: 84.4 ± 0.4 DP-SGD, "
-                   "84.4 ± 0.3 DP-Merging)"),
-    Rule("merge", "non_private_cauchy_poe",
+                   f"dp_aware would reduce to task arithmetic (and needs every record); {_private_merges()}"),
+    Rule("merge", "measured_non_private_merge",
+         lambda m: measured_merge(m) is not None,
+         lambda m: (f"merge with {measured_merge(m)['merge']} at {_point(measured_merge(m)['point'])} "
+                    f"(merge_configs/{measured_merge(m)['merge']}.yaml with those parameters)"),
+         _merge_because),
+    Rule("merge", "unmeasured_task_arithmetic",
          lambda m: True,
-         "merge with cauchy_poe at lambda 0.5 (merge_configs/cauchy_poe.yaml with lambda: 0.5)",
-         lambda m: "no DP noise: on the stress benchmark's six tasks cauchy_poe, at λ = 0.5 in every seed (chosen on "
-                   "validation), was the most accurate merge where merging costs accuracy (80.6 ± 0.8 vs the best "
-                   "stock merge, ties, 79.7 ± 1.3: +0.9 points, significant; 3 seeds, [CLS] pooling, r = 64) and "
-                   "tied where it does not (+0.4, n.s.); on the four-task grid every method was within 0.1 points"),
+         "merge with task_arithmetic and validate it yourself (merge_configs/task_arithmetic.yaml)",
+         lambda m: f"max |cos| {m.max_abs_cosine:.3f} is beyond every non-private ranking the benchmark stored "
+                   f"(up to {NON_PRIVATE_BENCHMARK_MAX_ABS_COSINE:.3f}): task arithmetic is the plain sum"),
     Rule("caution", "unknown_records",
          lambda m: "unknown" in m.trainers,
          "release the adapters with their dp_privacy.json (train with DPSAMTrainer)",
          lambda m: f"{_names(m, 'unknown')} carry no privacy record: trainer and noise are unknown"),
-    Rule("caution", "compare_with_head_only",
-         lambda m: m.any_private,
-         "before merging, check that each private adapter beats a head-only release (train_glue.py --train_lora "
-         "false) on public validation data; both trained on the same private data compose their ε",
-         lambda m: "private adapters: on the stress grid (6 tasks, LoRA r = 16 on every module, 60 steps of 32) the "
-                   "base encoder with each task's DP head beat every DP LoRA adapter and every merge of them at "
-                   "ε = 1, 4 and 8 (ε = 4: 73.4 vs adapters 69.6 and best merge 67.9, significant)"),
     Rule("caution", "avoid_cauchy_poe_on_private",
          lambda m: m.any_private,
          "avoid cauchy_poe at λ = 1 on these adapters",
-         lambda m: "private adapters: cauchy_poe at merge_configs' λ = 1 was 2.0 points below the better of "
-                   "task_arithmetic/ties on DP-SGD adapters and 0.8 on DP-Merging adapters (ε = 4, 3 seeds)"),
+         lambda m: "private adapters: in " + QUALITY["report"] + " cauchy_poe at merge_configs' λ = 1 was "
+                   + " and ".join(f"{v} points below the better of task_arithmetic/ties on {k} adapters"
+                                  for k, v in QUALITY["cauchy_poe_lambda1_below_best"].items()) + " (ε = 4)"),
     Rule("caution", "avoid_ties_on_dp_sgd",
          lambda m: "dp_sgd" in m.trainers,
          "avoid ties on DP-SGD adapters",
-         lambda m: "ties was 0.9 points below task_arithmetic on DP-SGD adapters at ε = 4 (83.5 vs 84.4) and "
-                   "1.0 at ε = 8"),
+         lambda m: f"in {QUALITY['report']} ties was below task_arithmetic on DP-SGD adapters by "
+                   + ", ".join(f"{v} points at ε = {k}"
+                               for k, v in QUALITY["ties_below_task_arithmetic_dp_sgd"].items())),
     Rule("caution", "epsilon_outside_benchmark",
-         lambda m: any(p and e < min(BENCHMARK_EPSILONS) for p, e in zip(m.private, m.epsilons, strict=True)),
+         lambda m: any(p and below(e, MEASURED_EPSILONS[0]) for p, e in zip(m.private, m.epsilons, strict=True)),
          "validate the merge yourself: ε below the benchmarked range",
-         lambda m: f"smallest ε {min(m.epsilons):.3g} < {min(BENCHMARK_EPSILONS):g}; the benchmark measured "
-                   "ε ∈ {4, 8} only, where noise matters less"),
+         lambda m: f"smallest ε {min(m.epsilons):.3g} < {MEASURED_EPSILONS[0]:g}; the benchmarks measured "
+                   f"ε ∈ {{{', '.join(f'{e:g}' for e in MEASURED_EPSILONS)}}} only"),
     Rule("caution", "interference_outside_benchmark",
-         lambda m: m.max_abs_cosine > measured_max_abs_cosine(m) or m.max_sign_conflict > BENCHMARK_MAX_SIGN_CONFLICT,
+         lambda m: above(m.max_abs_cosine, measured_max_abs_cosine(m))
+         or above(m.max_sign_conflict, BENCHMARK_MAX_SIGN_CONFLICT),
          "group first (hf-dpmerge similarity) and validate each group's merge",
          lambda m: f"max |cos| {m.max_abs_cosine:.3f} / max sign conflict {m.max_sign_conflict:.3f} exceed the "
-                   f"benchmarked adapters' {measured_max_abs_cosine(m):.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f}, the "
-                   "interference the benchmark ranked the methods at: no measured evidence ranks them here"),
+                   f"benchmarked adapters' {measured_max_abs_cosine(m):.3f} / {BENCHMARK_MAX_SIGN_CONFLICT:.3f} "
+                   f"(beyond a {TOLERANCE:.0%} tolerance), the interference the benchmark ranked the methods at: "
+                   "no measured evidence ranks them here"),
     Rule("caution", "anti_aligned_pair",
-         lambda m: m.min_cosine < ANTI_ALIGNED_COSINE,
+         lambda m: below(m.min_cosine, ANTI_ALIGNED_COSINE),
          "do not merge the anti-aligned pair into one model",
          lambda m: f"min cos {m.min_cosine:.3f} < {ANTI_ALIGNED_COSINE}: a weighted sum cancels part of both task "
                    "vectors (arithmetic, not a benchmark result)"),
@@ -231,11 +317,13 @@ class Recommendation:
 
 
 def recommend(measurements: Measurements, rules: Sequence[Rule] = RULES) -> list[Recommendation]:
-    """The first trainer rule and first merge rule that apply, then every caution that applies."""
+    """The first rule that applies of each topic ("first": what to check before anything, then "trainer",
+    "merge"), then every caution that applies."""
     chosen, decided = [], set()
     for rule in rules:
         if (rule.topic in decided and rule.topic != "caution") or not rule.applies(measurements):
             continue
         decided.add(rule.topic)
-        chosen.append(Recommendation(rule.name, rule.topic, rule.advice, rule.because(measurements)))
+        advice = rule.advice(measurements) if callable(rule.advice) else rule.advice
+        chosen.append(Recommendation(rule.name, rule.topic, advice, rule.because(measurements)))
     return chosen

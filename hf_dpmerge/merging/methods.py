@@ -144,7 +144,8 @@ class CauchyPoEMethod(_TaskVectorMethod):
         variances = None
         if parameters["dp_calibrated"]:
             variances = [
-                float(torch.as_tensor(input_noise_variance(e.id, name, _overrides(parameters, e.id))).mean())
+                float(torch.as_tensor(input_noise_variance(
+                    e.id, name, _overrides(parameters, e.id), e.tensor.float() - base.float())).mean())
                 for e in entries
             ]
         return cauchy_poe_merge(
@@ -181,6 +182,7 @@ class DPAwareMethod(_TaskVectorMethod):
                 _shared("lambda", float, MISSING),
                 _shared("consensus", Literal["none", "precision_sign"], "none"),
                 _shared("weighting", Literal["task_arithmetic", "random_effects"], "task_arithmetic"),
+                _shared("shrinkage", Literal["scale", "soft_threshold"], "scale"),
                 _shared("noise", Literal["record", "estimate"], "record"),  # "estimate" is refused: see check_settings
                 _shared(ALLOW_NON_PRIVATE, bool, False),
             ),
@@ -209,14 +211,14 @@ class DPAwareMethod(_TaskVectorMethod):
             overrides = _overrides(parameters, entry.id)
             lora = input_lora_noise(entry.id, name, overrides)
             if lora is None:
-                variances.append(input_noise_variance(entry.id, name, overrides))
+                variances.append(input_noise_variance(entry.id, name, overrides, entry.tensor.float() - base.float()))
                 denoised.append(None)
                 continue
             factors, variance_a, variance_b = lora
             variances.append(factor_noise_variance(factors, variance_a, variance_b))
-            denoised.append(lora_factor_estimate(
+            denoised.append(None if parameters["shrinkage"] == "scale" else lora_factor_estimate(
                 factors.lora_a, factors.lora_b, factors.scaling, variance_b, factors.fan_in_fan_out
-            ))
+            ))  # the scale needs only Σ Var(ΔW_ij): the dense delta's, exactly
         return dp_aware_merge(
             base,
             [entry.tensor for entry in entries],
@@ -226,6 +228,7 @@ class DPAwareMethod(_TaskVectorMethod):
             consensus=parameters["consensus"],
             weighting=parameters["weighting"],
             denoised=denoised,
+            shrinkage=parameters["shrinkage"],
         )
 
 

@@ -8,13 +8,24 @@ in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.opti
   coordinate): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) s_k² = S(r̂_k), the simulated variance at
   the coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0). Heads (``modules_to_save``) use their
   own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
+* capped by the released weights (:func:`capped_variance`): E[τ̃_k²] = τ_k² + s_k² for a task vector τ̃ = τ + noise
+  whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
+  is an upper bound on its mean s², tight when the tensor carries little signal. The model above is a random
+  walk, another upper bound: curvature pulls the weights back, most where Adam's steps η/√v̂ are large (small
+  σ_g). Taking the smaller matched 8 noise-only re-runs (tiny BERT, r = 4, AdamW, 20 steps) within 5 % for
+  lora_B, where the walk alone over-stated the variance up to 2.1× (σ = 0.25, B_exp = 20; docs/design.md §6).
 * without it (older releases, full models), from the record alone, with a warning: SGD
   s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
   informative coordinates); heads scaled by (head_lr/lr)².
 
 A LoRA delta ΔW = s·B·A with independent noise of variances V_A, V_B (per coordinate) in its factors has
 
-    Var(ΔW_ij) ≈ s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj].
+    Var(ΔW_ij) = s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj]
+
+in the clean factors. Only the released, noisy B̃, Ã are known, and E[B̃²] = B² + V_B, E[Ã²] = A² + V_A, so
+the unbiased plug-in is s²·[Σ_r B̃_ir²·V_A,rj + Σ_r V_B,ir·Ã_rj² − Σ_r V_B,ir·V_A,rj] (clipped at 0; putting
+the noisy factors into the first form over-states it by 2·s²·V_B·V_A). A frozen A (FFA-LoRA: not trained,
+not noised, V_A = 0) leaves exactly s²·Σ_r V_B,ir·A_rj²: the noise of ΔW is s·noise_B·A.
 """
 
 from __future__ import annotations
@@ -82,9 +93,20 @@ def lora_noise_variance(
     variance_a: torch.Tensor | float,
     variance_b: torch.Tensor | float,
 ) -> torch.Tensor:
-    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in), independent noise of variances V_A, V_B."""
+    """Var(ΔW_ij) for ΔW = scaling·B·A (B: d_out×r, A: r×d_in) from the released (noisy) factors and their
+    independent noise variances V_A, V_B: the unbiased plug-in of the module docstring (V_A = 0: frozen A)."""
     a, b = lora_a.double(), lora_b.double()
     v_a = torch.as_tensor(variance_a, dtype=torch.float64, device=a.device).expand_as(a)
     v_b = torch.as_tensor(variance_b, dtype=torch.float64, device=b.device).expand_as(b)
-    variance = b.square() @ v_a + v_b @ a.square() + v_b @ v_a
-    return (scaling**2 * variance).float()
+    variance = b.square() @ v_a + v_b @ a.square() - v_b @ v_a
+    return (scaling**2 * variance.clamp_(min=0)).float()
+
+
+def capped_variance(variance: torch.Tensor | float, task_vector: torch.Tensor) -> torch.Tensor | float:
+    """s² scaled down, if need be, so that its mean over the tensor is at most the mean of τ̃² (τ̃: the released
+    task vector, from a known start): s² · min(1, mean(τ̃²)/mean(s²)). Unchanged when s² = 0."""
+    mean = float(torch.as_tensor(variance, dtype=torch.float64).expand(task_vector.shape).mean())
+    if mean <= 0:
+        return variance
+    bound = float(task_vector.double().square().mean())
+    return variance if bound >= mean else variance * (bound / mean)

@@ -1,8 +1,9 @@
-"""The "Differential privacy" section appended to a merged model's README (mergekit's model card).
+"""The "Differential privacy" section of a merged model's README (mergekit's model card).
 
-It states the merge method with its resolved shared parameters and per-model settings, and each input's
-(ε, δ) from its privacy record (with per-model YAML overrides applied, and listed), followed by the
-composed guarantee of :func:`~hf_dpmerge.records.statement.privacy_statement`.
+It states the merge method with its resolved shared parameters and per-model settings, then the
+:class:`~hf_dpmerge.records.statement.PrivacyStatement` of the inputs' privacy records (per-model YAML
+overrides applied, and listed) — composed with the private selection when ``hf-dpmerge tune`` chose the
+merge. Rendered from the ``merge_section`` template (:func:`hf_dpmerge.records.card.render_card`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import ModelCardData
 from mergekit import merge_methods
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, apply_overrides, input_record, input_settings
+from hf_dpmerge.records.card import CARD_NAME, render_card
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.statement import privacy_statement, privacy_table
+from hf_dpmerge.records.selection_record import SelectionRecord
+from hf_dpmerge.records.statement import PrivacyStatement
 
 HEADING = "## Differential privacy"
 
@@ -30,8 +34,9 @@ def _shared_parameters(config: MergeConfiguration) -> dict[str, Any]:
     return resolved
 
 
-def privacy_section(config: MergeConfiguration) -> str | None:
-    """Markdown for the merge ``config``, or None when no input has a privacy record."""
+def privacy_section(config: MergeConfiguration, selection: SelectionRecord | None = None) -> str | None:
+    """Markdown for the merge ``config`` (chosen by ``selection`` when tuned), or None when no input has a
+    privacy record."""
     records: dict[str, PrivacyRecord] = {}
     missing: list[str] = []
     settings_lines: list[str] = []
@@ -52,29 +57,24 @@ def privacy_section(config: MergeConfiguration) -> str | None:
         records[str(reference)] = apply_overrides(record, overrides)
     if not records:
         return None
-    parameters = ", ".join(f"`{key}`={value!r}" for key, value in _shared_parameters(config).items()) or "defaults"
-    lines = [HEADING, "", f"Merged with **{config.merge_method}** ({parameters})."]
-    if settings_lines:
-        lines += ["", "Per-model settings (they override the inputs' privacy-record values):", *settings_lines]
-    lines.append("")
-    if missing:
-        lines += [
-            privacy_table(records),
-            "",
-            f"No privacy record was found for {', '.join(missing)}: the merged model carries **no** "
-            f"differential-privacy guarantee.",
-        ]
+    if selection is not None and not missing:
+        statement = PrivacyStatement.from_selection(selection, records)
     else:
-        lines.append(privacy_statement(records).rstrip())
-    return "\n".join(lines) + "\n"
+        statement = PrivacyStatement.from_records(records, tuple(missing))
+    parameters = ", ".join(f"`{key}`={value!r}" for key, value in _shared_parameters(config).items()) or "defaults"
+    card = render_card("merge_section", ModelCardData(), statement, method=config.merge_method,
+                       parameters=parameters, settings_lines=settings_lines)
+    return card.text.strip() + "\n"
 
 
-def append_privacy_section(out_path: str | Path, config: MergeConfiguration) -> None:
-    """Append :func:`privacy_section` to ``out_path/README.md`` when there is one to state."""
-    section = privacy_section(config)
+def write_privacy_section(out_path: str | Path, config: MergeConfiguration,
+                          selection: SelectionRecord | None = None) -> None:
+    """Put :func:`privacy_section` at the end of ``out_path/README.md`` when there is one to state, replacing
+    the section an earlier call wrote (``hf-dpmerge tune`` restates it with the selection)."""
+    section = privacy_section(config, selection)
     if section is None:
         return
-    readme = Path(out_path) / "README.md"
+    readme = Path(out_path) / CARD_NAME
     text = readme.read_text(encoding="utf-8") if readme.exists() else ""
-    readme.write_text(f"{text.rstrip()}\n\n{section}" if text else section, encoding="utf-8")
-
+    text = text.split(f"\n{HEADING}\n", 1)[0] if not text.startswith(HEADING) else ""
+    readme.write_text(f"{text.rstrip()}\n\n{section}" if text.strip() else section, encoding="utf-8")

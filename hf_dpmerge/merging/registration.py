@@ -1,34 +1,22 @@
-"""Plugging hf_dpmerge into mergekit: method registration, and the guarded ``run_merge`` of ``hf-dpmerge merge``.
+"""Plugging hf_dpmerge into mergekit: method registration, and the checks of a configuration that uses our methods.
 
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
 imported. That only registers ``cauchy_poe`` and ``dp_aware``: stock mergekit (``mergekit-yaml``,
 ``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
 
-The output-directory policy lives in hf_dpmerge's own command: ``hf-dpmerge merge`` calls :func:`activate`,
-which wraps ``run_merge`` in that process only (:func:`guard_run_merge`). There, for any method: an unknown
-method name is refused up front, a non-empty output directory is refused unless overwriting a previous merge
-was asked for (:mod:`.output_dir`), the merge is written into a scratch directory and renamed into place at
-the end (a failed or killed merge leaves no output), stale ``--lora-merge-cache`` entries are dropped,
-when inputs carry privacy records the model card gets a privacy section, and ``finish(staged, config)``
-adds what the caller writes into the output before it appears (hf-dpmerge merge: each task's folder for
-stock loaders, :mod:`hf_dpmerge.scripts.task_folders`). For ``cauchy_poe`` and
-``dp_aware`` every input is also checked before anything is written; for ``safe_merge``, its keys and
-unwanted inputs. Under plain ``mergekit-yaml`` our
-methods check each input when they merge its first tensor (mergekit's own output handling applies).
+:func:`check_config` is what ``hf-dpmerge merge`` (:func:`hf_dpmerge.merging.run.merge`) checks before writing
+anything: an unknown method name, and for ``cauchy_poe``/``dp_aware`` unknown parameter keys, a missing scale and
+every input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods check each
+input when they merge its first tensor (mergekit's own output handling applies).
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 import types
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-_WRAPPED = "__hf_dpmerge_guarded__"
 
 
 def register_methods() -> None:
@@ -52,6 +40,27 @@ def check_method_name(name: str) -> None:
         raise ValueError(f"unknown merge_method {name!r}{hint}; known methods: {known}")
 
 
+def check_parameter_values(merge_config: Any) -> None:
+    """Refuse a plain parameter value the method cannot take (``lambda: abc``), naming the key and where it is set;
+    mergekit would report only "1 validation error for float", after loading the inputs. Gradients (lists) and
+    conditional values are left to mergekit."""
+    from mergekit.merge_methods import get
+    from pydantic import ValidationError
+
+    specs = {p.name: p for p in get(merge_config.merge_method).spec.parameters}
+    places = [("parameters", merge_config.parameters or {})]
+    places += [(f"models[{i}].parameters", m.parameters or {}) for i, m in enumerate(merge_config.models or [])]
+    for where, settings in places:
+        for key, value in settings.items():
+            if key not in specs or not isinstance(value, str | int | float | bool):
+                continue
+            try:
+                specs[key].validate(value)
+            except ValidationError as err:
+                problem = err.errors()[0]["msg"]
+                raise ValueError(f"{merge_config.merge_method}: {where}.{key} = {value!r}: {problem}") from None
+
+
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.inputs import input_settings, require_private
@@ -60,6 +69,7 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 
     check_method_name(merge_config.merge_method)
+    check_parameter_values(merge_config)
     if merge_config.merge_method == safe_merge.spec.name:
         check_safe_merge_config(merge_config)
         return
@@ -83,50 +93,6 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     check_inputs(merge_config, lambda per_model: method.needs_noise(shared, per_model), lora_merge_cache)
 
 
-def guard_run_merge(
-    run_merge: Callable[..., Any], finish: Callable[[Path, Any], Any] | None = None
-) -> Callable[..., Any]:
-    """``run_merge`` with the output-directory policy, the checks above, atomic output, the privacy card and
-    ``finish(staged_output, merge_config)`` before the output is renamed into place."""
-    if getattr(run_merge, _WRAPPED, False):
-        return run_merge
-
-    @functools.wraps(run_merge)
-    def guarded(merge_config: Any, out_path: str, *args: Any, **kwargs: Any) -> Any:
-        from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
-        from hf_dpmerge.merging.output_dir import check_merge_output, overwrite_requested
-        from hf_dpmerge.merging.privacy_section import append_privacy_section
-        from hf_dpmerge.utils.io import staged_directory
-
-        options = kwargs["options"] if "options" in kwargs else args[0]
-        check_merge_output(out_path, overwrite_requested())
-        check_config(merge_config, options.lora_merge_cache)
-        if options.lora_merge_cache:
-            drop_stale_lora_merges(merge_config, options.lora_merge_cache)
-        with staged_directory(out_path) as staged:  # same basename: mergekit titles the model card after it
-            result = run_merge(merge_config, str(staged), *args, **kwargs)
-            if not staged.is_dir():
-                raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
-            if options.write_model_card:
-                append_privacy_section(str(staged), merge_config)
-            if finish is not None:
-                finish(staged, merge_config)
-        return result
-
-    setattr(guarded, _WRAPPED, True)
-    return guarded
-
-
 def on_merge_methods_import(_module: types.ModuleType) -> None:
     """The start-up hook's only action: register our methods (nothing of mergekit's own is changed)."""
     register_methods()
-
-
-def activate(finish: Callable[[Path, Any], Any] | None = None) -> None:
-    """``hf-dpmerge merge``'s set-up, in its own process: our methods registered, ``mergekit-yaml``'s
-    ``run_merge`` guarded with ``finish`` (idempotent)."""
-    import mergekit.scripts.run_yaml as run_yaml
-
-    register_methods()
-    run_yaml.run_merge = guard_run_merge(run_yaml.run_merge, finish)
-

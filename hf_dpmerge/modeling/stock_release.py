@@ -12,9 +12,10 @@ the training-time class; without it transformers refuses the unknown ``model_typ
 A task adapter (``runs/<task>/adapter/``) carries its base for stock loaders in ``adapter/base/``: the
 shared base's weights with the task's head shape and values (public weights plus the head the adapter
 releases anyway) under the release config; ``adapter_config.json``'s ``base_model_name_or_path`` names that
-folder by absolute path (the shared base has no Hub id). ``AutoPeftModelForSequenceClassification`` and
-``pipeline(model=adapter)`` load it, then the adapter; the privacy record keeps the shared base it was
-trained on. (A base inside the adapter folder itself would make transformers load the adapter twice.)
+folder by its path relative to the adapter folder, ``base`` (the shared base has no Hub id, and a path of the
+training machine would not exist where the adapter is downloaded). ``AutoPeftModelForSequenceClassification``
+and ``pipeline(model=".")`` run in the adapter folder load it, then the adapter. (A base inside the adapter
+folder itself would make transformers load the adapter twice.)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from transformers import PreTrainedModel
 from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
@@ -39,7 +41,6 @@ AUTO_MAP = {
     "AutoConfig": f"{_MODULE}.{remote_code.MeanPoolingBertConfig.__name__}",
     "AutoModelForSequenceClassification": f"{_MODULE}.{remote_code.MeanPoolingBertForSequenceClassification.__name__}",
 }
-ADAPTER_BASE_DIR = "base"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -113,13 +114,10 @@ def write_task_model(
 def make_adapter_stock_loadable(
     adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str]
 ) -> None:
-    """Write the stock base into ``adapter_dir/base/`` and point ``base_model_name_or_path`` at it."""
-    adapter_dir = Path(adapter_dir).resolve()
+    """Write the stock base into ``adapter_dir/base/`` and point ``base_model_name_or_path`` at it (relative)."""
+    adapter_dir = Path(adapter_dir)
     stock_base = adapter_dir / ADAPTER_BASE_DIR
     save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
     for directory in (stock_base, adapter_dir):
         copy_tokenizer(base_dir, directory)
-    config_path = adapter_dir / "adapter_config.json"
-    adapter_config = json.loads(config_path.read_text())
-    adapter_config["base_model_name_or_path"] = str(stock_base)
-    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    set_adapter_base(adapter_dir, ADAPTER_BASE_DIR)

@@ -92,26 +92,6 @@ class SelectionRecord:
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
 
-    def statement(self) -> str:
-        """Markdown for a model card: what was selected, at which cost, and the composed total."""
-        settings = ", ".join(f"`{k}` = {v}" for k, v in self.candidates[self.chosen].items())
-        rule = ("sequential composition (the validation data may belong to the training individuals): "
-                "ε_total = max_t ε_t + ε_sel" if self.composition == "sequential" else
-                "parallel composition (the user declared the validation individuals disjoint from the training "
-                "individuals): ε_total = max(max_t ε_t, ε_sel)")
-        total = ("∞: at least one adapter is not differentially private" if not math.isfinite(self.total_epsilon)
-                 else f"**({self.total_epsilon:.3g}, {self.total_delta:.3g})-DP**")
-        sizes = set(self.validation_size.values())
-        size = (f"n = {sizes.pop()} per task" if len(sizes) == 1 else
-                "n = " + ", ".join(f"{task}: {n}" for task, n in self.validation_size.items()))
-        return (
-            f"The merge hyper-parameters were selected on private validation data by the {self.mechanism} "
-            f"mechanism among {len(self.candidates)} candidates ({settings} was chosen), at ε_sel = "
-            f"{self.epsilon:.3g} (pure ε-DP under the {self.relation} of one {self.unit}; utility: "
-            f"{self.utility}, public validation size {size}, sensitivity Δ = {self.sensitivity:.3g}). "
-            f"Composed with the adapters by {rule}, the released model is {total}.\n"
-        )
-
 
 def find_selection_record(directory: str | os.PathLike) -> SelectionRecord | None:
     """The selection record in ``directory`` if there is one (``hf-dpmerge tune`` writes it into its output)."""

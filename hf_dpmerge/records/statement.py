@@ -1,106 +1,329 @@
-"""The privacy statement quoted by merged-model READMEs and Hub model cards.
+"""The one privacy statement every model card quotes: :class:`PrivacyStatement`.
 
-Releases trained on disjoint datasets compose in parallel: the set {w_t} is (max_t ε_t, δ)-DP with respect
-to one privacy unit's data (each unit lives in one dataset), and merging released weights is
-post-processing (DP-Merging paper, §3.1), so the merged model inherits that guarantee.
+A card (adapter, merged, tuned, federated; :mod:`hf_dpmerge.records.card`) states privacy only through a
+statement built from the records by one of its classmethods, so every ε it prints is a recorded or composed
+value and it states one final (ε, δ):
 
-The statement says what ε covers (docs/design.md §9): the privacy unit of each input (one
-training row, or all rows sharing a value of a unit column, e.g. an author) and both neighbouring
-relations: ε for add/remove-one (the calibrated one) and for replace-one. A per-row ε does not protect a
-person, author or film with many rows: group privacy scales it by up to the number of their rows.
+- one adapter: its record's (ε, δ), accounted over its DP-SGD steps;
+- a merge: releases trained on disjoint datasets compose in parallel, (max_t ε_t, max_t δ_t) per privacy unit
+  (each unit lives in one dataset), and merging released weights is post-processing (DP-Merging paper, §3.1);
+- a tuned merge: that composition is one component, the private selection of the merge hyper-parameters
+  (ε_sel, pure ε-DP) the other; the total is the selection record's (docs/design.md §13);
+- a federated adapter: the example-level guarantee of its record, with the client-level one (a different
+  unit: a client's whole data) from ``extra["federated"]``.
+
+What ε covers (docs/design.md §9): the privacy unit (one training row, or all rows sharing a value of a unit
+column) and both neighbouring relations, each with its own computed ε (add/remove-one: the calibrated one;
+replace-one: always from the PLD accountant). A per-row ε does not protect an entity with many rows: group
+privacy scales it by up to their number of rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import ADD_REMOVE_ONE, REPLACE_ONE, PrivacyRecord
+from hf_dpmerge.records.selection_record import SelectionRecord
 
-
-def _format_epsilon(record: PrivacyRecord) -> str:
-    return "∞ (not private)" if not record.dp or not math.isfinite(record.epsilon) else f"{record.epsilon:.3g}"
-
-
-def _format_replace_one(record: PrivacyRecord) -> str:
-    if not record.dp or not math.isfinite(record.epsilon):
-        return "∞"
-    return "not computed" if record.epsilon_replace_one is None else f"{record.epsilon_replace_one:.3g}"
+FEDERATED_KEY = "federated"  # PrivacyRecord.extra key of a federated global adapter's two levels
 
 
-def describe_unit(record: PrivacyRecord) -> str:
-    """What one privacy unit of ``record`` is, in words."""
-    column = record.unit_column
-    if column is None:
-        return "one training example (row)"
-    return f"all training rows sharing one value of `{column}`"
+def number(value: float | None) -> str:
+    """How a card prints a privacy number: 3 significant digits, ∞ for an infinite ε."""
+    if value is None:
+        return "not computed"
+    return "∞" if math.isinf(value) else f"{value:.3g}"
 
 
-def privacy_table(records: Mapping[str, PrivacyRecord]) -> str:
-    """A markdown table: one row per input with (ε add/remove-one, δ, accountant, N rows, steps, σ, sam mode,
-    ε replace-one, privacy unit, N units)."""
-    lines = [
-        (
-            "| input | ε (add/remove-one) | δ | accountant | N rows | steps | σ (effective) | SAM mode | "
-            "ε (replace-one) | privacy unit | N units |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rec in records.items():
-        delta = f"{rec.delta:.3g}" if rec.dp else "–"
-        lines.append(
-            f"| {name} | {_format_epsilon(rec)} | {delta} | {rec.accountant if rec.dp else '–'} | "
-            f"{rec.num_samples} | {rec.steps} | {rec.effective_noise_multiplier:.4g} | {rec.sam_mode} | "
-            f"{_format_replace_one(rec)} | {rec.privacy_unit} | {rec.num_units} |"
+@dataclass(frozen=True)
+class InputPrivacy:
+    """One adapter's accounted training as its ``dp_privacy.json`` states it (σ is the effective one)."""
+
+    name: str
+    dp: bool
+    epsilon: float
+    delta: float
+    epsilon_replace_one: float | None
+    accountant: str
+    sigma: float
+    sample_rate: float
+    steps: int
+    num_samples: int
+    num_units: int | None
+    unit_column: str | None
+    sam_mode: str
+    seeded: bool | None
+    eval_data_is_public: bool
+
+    @classmethod
+    def from_record(cls, name: str, record: PrivacyRecord) -> InputPrivacy:
+        private = record.dp and math.isfinite(record.epsilon)
+        return cls(
+            name=name, dp=private, epsilon=record.epsilon if private else math.inf, delta=record.delta,
+            epsilon_replace_one=record.epsilon_replace_one if private else math.inf, accountant=record.accountant,
+            sigma=record.effective_noise_multiplier, sample_rate=record.sample_rate, steps=record.steps,
+            num_samples=record.num_samples, num_units=record.num_units, unit_column=record.unit_column,
+            sam_mode=record.sam_mode, seeded=record.seeded, eval_data_is_public=record.eval_data_is_public,
         )
-    return "\n".join(lines)
+
+    @property
+    def unit(self) -> str:
+        """What one privacy unit is, in words."""
+        if self.unit_column is None:
+            return "one training example (row)"
+        return f"all training rows sharing one value of `{self.unit_column}`"
 
 
-def privacy_scope(records: Mapping[str, PrivacyRecord]) -> str:
-    """What ε covers: per which unit, under which neighbouring relation, and what it does not protect."""
-    units = sorted({describe_unit(r) for r in records.values()})
-    unit_text = "; ".join(units)
-    example_level = any(r.unit_column is None for r in records.values())
-    text = (
-        f"**What ε covers.** The privacy unit is {unit_text}. ε (add/remove-one) bounds what the release "
-        "reveals about whether one unit's data was in the training set; ε (replace-one) bounds what it "
-        "reveals when one unit's data is swapped for other data (both computed by an accountant for the same "
-        "run; replace-one is the larger)."
-    )
-    if example_level:
+@dataclass(frozen=True)
+class SelectionPrivacy:
+    """The private choice of the merge hyper-parameters (a ``dp_selection.json``): its ε_sel and how it composes."""
+
+    mechanism: str
+    epsilon: float
+    sensitivity: float
+    utility: str
+    relation: str
+    unit: str
+    composition: str
+    num_candidates: int
+    chosen: dict[str, Any]
+    validation_size: dict[str, int]
+    """The public validation size n_t of each task (never the private sizes)."""
+
+
+@dataclass(frozen=True)
+class PrivacyStatement:
+    """The privacy a release states: ONE final (``epsilon``, ``delta``) under ``relation`` per ``unit``
+    (``epsilon_replace_one`` under replace-one, None when not computed), how it arose from its ``inputs``
+    (``composition``: ``"single"``, ``"parallel"`` across adapters, ``"sequential"``/``"parallel"`` with a
+    ``selection``), and the inputs' own accounting (accountant, σ, q, steps, seeding) for the table.
+
+    ``missing`` names merge inputs without a record (then there is no guarantee). ``adapters_epsilon`` /
+    ``adapters_delta`` are the adapters' composition when it is a component of a larger total (a tuned merge).
+    ``client_level`` is a federated run's guarantee for a client's whole data; ``steps_accounted`` says which
+    steps its example-level ε counts.
+    """
+
+    epsilon: float
+    delta: float
+    relation: str
+    epsilon_replace_one: float | None
+    inputs: tuple[InputPrivacy, ...]
+    composition: str
+    missing: tuple[str, ...] = ()
+    selection: SelectionPrivacy | None = None
+    adapters_epsilon: float | None = None
+    adapters_delta: float | None = None
+    client_level: dict[str, Any] | None = None
+    steps_accounted: str | None = None
+
+    # ------------------------------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_record(cls, name: str, record: PrivacyRecord) -> PrivacyStatement:
+        """One adapter: its record's guarantee (a federated global adapter's adds the client level)."""
+        item = InputPrivacy.from_record(name, record)
+        federated = record.extra.get(FEDERATED_KEY)
+        return cls(
+            epsilon=item.epsilon, delta=item.delta, relation=ADD_REMOVE_ONE,
+            epsilon_replace_one=item.epsilon_replace_one, inputs=(item,), composition="single",
+            client_level=federated.get("client_level") if federated else None,
+            steps_accounted=federated["example_level"].get("steps_accounted") if federated else None,
+        )
+
+    @classmethod
+    def from_records(cls, records: Mapping[str, PrivacyRecord], missing: tuple[str, ...] = ()) -> PrivacyStatement:
+        """A merge of the adapters whose ``records`` are given: parallel composition, (max_t ε_t, max_t δ_t)."""
+        if not records:
+            raise ValueError("no privacy records to state a guarantee from")
+        inputs = tuple(InputPrivacy.from_record(name, record) for name, record in records.items())
+        private = all(item.dp for item in inputs) and not missing
+        replace = [item.epsilon_replace_one for item in inputs]
+        return cls(
+            epsilon=max(item.epsilon for item in inputs) if private else math.inf,
+            delta=max(item.delta for item in inputs), relation=ADD_REMOVE_ONE,
+            epsilon_replace_one=(max(replace) if None not in replace else None) if private else math.inf,
+            inputs=inputs, composition="parallel", missing=tuple(missing),
+        )
+
+    @classmethod
+    def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
+        """A tuned merge: the selection record's composed total, the adapters' composition one component of it."""
+        adapters = cls.from_records(records)
+        return cls(
+            epsilon=selection.total_epsilon, delta=selection.total_delta, relation=ADD_REMOVE_ONE,
+            epsilon_replace_one=None, inputs=adapters.inputs, composition=selection.composition,
+            selection=SelectionPrivacy(
+                mechanism=selection.mechanism, epsilon=selection.epsilon, sensitivity=selection.sensitivity,
+                utility=selection.utility, relation=selection.relation, unit=selection.unit,
+                composition=selection.composition, num_candidates=len(selection.candidates),
+                chosen=dict(selection.candidates[selection.chosen]), validation_size=dict(selection.validation_size),
+            ),
+            adapters_epsilon=adapters.epsilon, adapters_delta=adapters.delta,
+        )
+
+    # ------------------------------------------------------------------------------------------ facts
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    @property
+    def unit(self) -> str:
+        """The privacy unit(s) of the inputs, in words."""
+        return "; ".join(sorted({item.unit for item in self.inputs}))
+
+    @property
+    def seeded(self) -> list[str]:
+        """The private inputs whose noise was seeded, or whose record predates the ``seeded`` field."""
+        return [item.name for item in self.inputs if item.dp and item.seeded is not False]
+
+    # ------------------------------------------------------------------------------------------ sentences
+
+    def guarantee(self) -> str:
+        """The final guarantee, once, with ε under each neighbouring relation."""
+        if self.missing:
+            return (f"No privacy record was found for {', '.join(f'`{m}`' for m in self.missing)}: the merged "
+                    "model carries **no** differential-privacy guarantee.")
+        if not self.private:
+            plain = ", ".join(f"`{item.name}`" for item in self.inputs if not item.dp)
+            return (f"{plain} {'was' if len(self.inputs) == 1 else 'were'} trained **without differential "
+                    "privacy**: the release carries **no** differential-privacy guarantee.")
+        text = (f"**Guarantee: (ε = {number(self.epsilon)}, δ = {number(self.delta)})-DP** per privacy unit, "
+                f"{self.unit}: ε = {number(self.epsilon)} for {self.relation} (one unit's data present or absent)")
+        if self.selection is not None:  # the selection's ε_sel is not accounted under replace-one separately
+            return text + f" at δ = {number(self.delta)}; ε for {REPLACE_ONE} is not computed for this total."
+        return text + (f", ε = {number(self.epsilon_replace_one)} for {REPLACE_ONE} (one unit's data swapped for "
+                       f"other data; PLD accountant), both at δ = {number(self.delta)}.")
+
+    def derivation(self) -> str:
+        """How the final guarantee arose from the inputs (and, for a tuned merge, from the selection)."""
+        if not self.private:
+            return ""
+        if self.client_level is not None or self.steps_accounted is not None:
+            return self._federated()
+        if self.composition == "single":
+            item = self.inputs[0]
+            return (f"Accounted by the {item.accountant} accountant over {item.steps} DP-SGD steps with effective "
+                    f"noise multiplier σ = {item.sigma:.4g} and sampling rate q = {item.sample_rate:.4g} on "
+                    f"{item.num_units} units ({item.num_samples} training rows).")
+        parallel = (
+            "trained with DP-SGD on its own dataset (table above). If the datasets are disjoint "
+            "(each individual's data lies in one of them), releasing all inputs composes in parallel: "
+            "ε = max_t ε_t, δ = max_t δ_t"
+        )
+        if self.selection is None:
+            return (f"Each input was {parallel}; merging released weights is post-processing, so this is the "
+                    "merged model's guarantee. If one unit contributes to several datasets, the ε of those "
+                    "datasets add up for that unit.")
+        sel = self.selection
+        settings = ", ".join(f"`{k}` = {v}" for k, v in sel.chosen.items())
+        public = set(sel.validation_size.values())
+        sizes = (f"n = {public.pop()} per task" if len(public) == 1 else
+                 "n = " + ", ".join(f"{task}: {n}" for task, n in sel.validation_size.items()))
+        if sel.composition == "sequential":
+            rule = ("sequential composition (the validation data may belong to the training individuals): "
+                    f"ε = {number(self.adapters_epsilon)} + {number(sel.epsilon)}")
+        else:
+            rule = ("parallel composition (the validation individuals were declared disjoint from the training "
+                    f"individuals): ε = max({number(self.adapters_epsilon)}, {number(sel.epsilon)})")
+        return (
+            f"The guarantee has two components. The adapters: each input was {parallel}, giving ε = "
+            f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}. The selection: the merge "
+            f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism among "
+            f"{sel.num_candidates} candidates ({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "
+            f"ε-DP, δ = 0; utility: {sel.utility}, sensitivity Δ = {sel.sensitivity:.3g} per {sel.relation} of one "
+            f"{sel.unit}; public validation size {sizes}, each task's set subsampled to it). They compose by "
+            f"{rule} = {number(self.epsilon)}, "
+            f"δ = {number(self.delta)}: the guarantee above."
+        )
+
+    def _federated(self) -> str:
+        text = ("Trained by federated learning: each client trained on its own data with DPSAMTrainer and the "
+                "server aggregated their updates (post-processing). The guarantee above is the example-level "
+                f"one, steps accounted: {self.steps_accounted}.")
+        client = self.client_level
+        if client is None:
+            return text + " Client level (a client's whole data): no guarantee (the server added no noise)."
+        replace = client.get("epsilon_replace_one")
         text += (
-            " Where the unit is one row, a person, author or other entity with several rows is protected "
-            "only by group privacy (for k rows, roughly k·ε at k·e^{(k−1)ε}·δ), which is weak: train with "
-            "`privacy_unit_column` set to their id for a per-entity guarantee."
+            f" Client level (privacy unit: one client's whole data): ε = {number(client['epsilon'])} at "
+            f"δ = {number(client['delta'])} over {client['rounds']} rounds for adding or removing one client"
+            + (f", ε = {number(replace)} for replacing one client's data (PLD accountant)" if replace is not None
+               else "")
+            + f"; each client update clipped to {client['clip_norm']:g} and Gaussian noise of multiplier "
+            f"{client['noise_multiplier']:g} added to their sum, clients sampled with probability "
+            f"{client['sample_rate']:g}."
         )
-    return text
+        if client.get("allow_large_delta"):
+            text += (f" **Large client-level δ:** δ = {number(client['delta'])} ≥ 1/K was allowed by name "
+                     "(`--allow_large_client_delta`): a guarantee that may fail for one client in K.")
+        return text
 
+    def table(self) -> str:
+        """A markdown table, one row per input: its own ε under each relation, δ and accounting."""
+        lines = [
+            "| input | ε (add/remove-one) | ε (replace-one) | δ | accountant | σ (effective) | q | steps | "
+            "N rows | privacy unit | N units | SAM mode |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for item in self.inputs:
+            unit = "example" if item.unit_column is None else f"unit:{item.unit_column}"
+            lines.append(
+                f"| {item.name} | {number(item.epsilon)} | {number(item.epsilon_replace_one)} | "
+                f"{number(item.delta) if item.dp else '–'} | {item.accountant if item.dp else '–'} | "
+                f"{item.sigma:.4g} | {item.sample_rate:.4g} | {item.steps} | {item.num_samples} | {unit} | "
+                f"{item.num_units} | {item.sam_mode} |"
+            )
+        return "\n".join(lines)
 
-def privacy_statement(records: Mapping[str, PrivacyRecord]) -> str:
-    """Markdown: the table plus the composed guarantee of the merged model."""
-    if not records:
-        raise ValueError("no privacy records to state a guarantee from")
-    table = privacy_table(records)
-    if not all(r.dp and math.isfinite(r.epsilon) for r in records.values()):
-        claim = (
-            "At least one input was trained **without differential privacy**: the merged model carries "
-            "**no** differential-privacy guarantee."
+    def scope(self) -> str:
+        """What ε covers: per which unit, under which relation, and what it does not protect."""
+        if not self.private:
+            return ""
+        text = (f"**What ε covers.** The privacy unit is {self.unit}. ε ({self.relation}) bounds what the release "
+                "reveals about whether one unit's data was in the training set")
+        text += "." if self.selection is not None else (
+            f"; ε ({REPLACE_ONE}) bounds what it reveals when one unit's data is swapped for other data.")
+        if any(item.unit_column is None for item in self.inputs):
+            text += (" Where the unit is one row, a person, author or other entity with several rows is protected "
+                     "only by group privacy (for k rows, roughly k·ε at k·e^{(k−1)ε}·δ), which is weak: train "
+                     "with `privacy_unit_column` set to their id for a per-entity guarantee.")
+        return text
+
+    def notes(self) -> list[str]:
+        """Warnings that qualify the guarantee: seeded noise, evaluation on data declared public."""
+        notes = []
+        if seeded := self.seeded:
+            names = ", ".join(f"`{n}`" for n in seeded)
+            notes.append(
+                f"**Seeded training: {names}.** Trained with a fixed `dp_seed` (or recorded before the `seeded` "
+                "field, so possibly): anyone holding the seed can regenerate the sampling masks and the noise "
+                "and undo it, so for these inputs the guarantee holds only against someone who does not know "
+                "the seed.")
+        if public := [item.name for item in self.inputs if item.eval_data_is_public]:
+            notes.append(
+                f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** Evaluated (and "
+                "possibly selected: best checkpoint, early stopping) during training on data their trainer "
+                "declared public (`eval_data_is_public`); the guarantee does not cover that data.")
+        return notes
+
+    @staticmethod
+    def not_covered() -> str:
+        return (
+            "**Not covered by the guarantee.** It covers the released weights only. Anything else computed on "
+            "private data — evaluation numbers, training diagnostics (losses, gradient norms, alignment or merge "
+            "diagnostics), a hyper-parameter selection not accounted above — releases information outside "
+            "(ε, δ): publish it only for public data, or account for it separately."
         )
-    else:
-        eps = max(r.epsilon for r in records.values())
-        delta = max(r.delta for r in records.values())
-        claim = (
-            f"Each input was trained with DP-SGD on its own dataset. If the datasets are disjoint (each "
-            f"individual's data lies in one of them), releasing all inputs is **({eps:.3g}, {delta:.3g})-DP** "
-            f"by parallel composition (max ε_t, max δ_t; add/remove-one), and the merge is post-processing of "
-            f"released weights, so the merged model is ({eps:.3g}, {delta:.3g})-DP as well. If one unit "
-            f"contributes to several datasets, the ε of those datasets add up for that unit."
-        )
-        replace = [r.epsilon_replace_one for r in records.values()]
-        if all(value is not None for value in replace):
-            claim += f" Under replace-one neighbours the same holds with ε = {max(replace):.3g}."
-        claim += "\n\n" + privacy_scope(records)
-    return f"{table}\n\n{claim}\n"
+
+    def markdown(self) -> str:
+        """The privacy section's body: the inputs' table, the guarantee, its derivation, scope and notes."""
+        parts = [self.table(), self.guarantee(), self.derivation(), self.scope(), *self.notes(), self.not_covered()]
+        return "\n\n".join(part for part in parts if part) + "\n"
 
 
 def seeded_inputs(records: Mapping[str, PrivacyRecord]) -> tuple[list[str], list[str]]:
@@ -131,31 +354,4 @@ def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: b
         f"refusing to release: {'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and "
         f"the noise and subtract it, which undoes the differential privacy; retrain without dp_seed, or pass "
         f"{flag} to release anyway (the card then says so)"
-    )
-
-
-def seeded_warning(records: Mapping[str, PrivacyRecord]) -> str:
-    """Markdown warning naming the seeded inputs (empty when there are none)."""
-    seeded, unknown = seeded_inputs(records)
-    if not (seeded or unknown):
-        return ""
-    names = ", ".join(f"`{n}`" for n in seeded + unknown)
-    return (
-        f"**Seeded training: {names}.** These inputs were trained with a fixed `dp_seed` (or their record "
-        "predates the `seeded` field and they may have been): anyone holding the seed can regenerate the "
-        "sampling masks and the noise and undo it, so for them the (ε, δ) guarantee holds only against someone "
-        "who does not know the seed.\n"
-    )
-
-
-def public_eval_note(records: Mapping[str, PrivacyRecord]) -> str:
-    """Markdown note naming the inputs whose training evaluated or selected the model on data declared
-    public (empty when there are none)."""
-    public = [name for name, rec in records.items() if rec.eval_data_is_public]
-    if not public:
-        return ""
-    return (
-        f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** These inputs were "
-        "evaluated (and possibly selected: best checkpoint, early stopping) during training on data their "
-        "trainer declared public (`eval_data_is_public`); the guarantee does not cover that data.\n"
     )

@@ -5,6 +5,7 @@ flag of ``transformers.HfArgumentParser``."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 
 from hf_dpmerge.data.model_path import default_model_path
@@ -62,9 +63,10 @@ def add_dataclass_flag(parser, kind: type, name: str) -> None:
     """Add ``--name`` to an argparse ``parser`` with the type, default, choices and help of field ``name`` of the
     dataclass ``kind`` (one source for a flag that a verb shares with the training script)."""
     item = {f.name: f for f in dataclasses.fields(kind)}[name]
-    kind_of = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float, "str | None": str}
+    hint = typing.get_type_hints(kind)[name]  # not item.type: a string here, or a class once HfArgumentParser ran
+    value_type = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
     default = "" if item.default in (None, dataclasses.MISSING) else f" (default: {item.default})"
-    parser.add_argument(f"--{name}", type=kind_of[str(item.type)], default=item.default,
+    parser.add_argument(f"--{name}", type=value_type, default=item.default,
                         choices=item.metadata.get("choices"), help=item.metadata.get("help", "") + default)
 
 

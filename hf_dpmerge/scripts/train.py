@@ -51,6 +51,7 @@ from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.data.tasks import GLUE, parse_task_list
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -183,7 +184,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
             )
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
                              keep_columns=(unit,) if unit is not None else ())
-    # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
+    # an absolute base path for training; the release names the base by Hub id or by its relative base/ only
     model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
                                      target_modules=script.lora_target_modules.split(","), layers=script.lora_layers,
                                      train_lora=script.train_lora)
@@ -212,6 +213,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     record.save(adapter_dir)
     export_encoder_adapter(adapter_dir, out / "encoder_adapter")
     make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
+    write_adapter_card(adapter_dir, record)  # now with the task, the base's Hub id and the stock base's usage
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
                "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,
                "steps": record.steps, "num_samples": record.num_samples, "num_units": record.num_units}

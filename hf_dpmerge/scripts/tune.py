@@ -2,13 +2,13 @@
 
 Candidates are a base mergekit config with grid values substituted (``lambda=0.3,0.6`` sets the top-level
 ``parameters.lambda``; ``1.weight=0.5,1`` sets ``models[1].parameters.weight``; the Cartesian product of all
-grids). Each candidate is merged with mergekit's ``run_merge`` (our guarded one), each task's head is put
+grids). Each candidate is merged by :func:`hf_dpmerge.merging.run.merge`, each task's head is put
 on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy counted on a uniform random
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
 candidates). One candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
 (:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
-composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`), which
-``hf-dpmerge push`` puts on the card.
+composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`); its README's privacy
+section and the card of ``hf-dpmerge push`` state that composed total as the one guarantee.
 The scores and the private validation set sizes never leave this module.
 """
 
@@ -85,19 +85,14 @@ def candidate_configs(config: dict[str, Any], grid: Sequence[GridAxis]) -> list[
 
 
 def merge_candidate(config: dict[str, Any], out_dir: Path, lora_merge_cache: str | None, device: str | None) -> Path:
-    """Merge one candidate config into ``out_dir`` with mergekit (hf_dpmerge's checks and atomic output)."""
-    import mergekit.merge
-    from mergekit.config import MergeConfiguration
+    """Merge one candidate config into ``out_dir`` (:func:`hf_dpmerge.merging.run.merge`: its checks and atomic
+    output)."""
     from mergekit.options import MergeOptions
 
-    from hf_dpmerge.merging.registration import activate
+    from hf_dpmerge.merging.run import merge
 
-    activate()
-    source = yaml.safe_dump(config, sort_keys=False)
     options = MergeOptions(lora_merge_cache=lora_merge_cache, quiet=True, device=device or "cpu")
-    mergekit.merge.run_merge(MergeConfiguration.model_validate(config), str(out_dir), options=options,
-                             config_source=source)
-    return out_dir
+    return merge(config, out_dir, options=options)
 
 
 def correct_counts(merged_dir: Path, runs: Sequence[TaskRun], validation: dict[str, Any], tokenizer,
@@ -168,7 +163,10 @@ def tune_merge(
     ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
     selection (default: seeded from OS entropy).
     """
+    from mergekit.config import MergeConfiguration
+
     from hf_dpmerge.merging.output_dir import check_merge_output
+    from hf_dpmerge.merging.privacy_section import write_privacy_section
 
     output_dir = Path(output_dir)
     if regression := [run.name for run in runs if run.spec.is_regression]:
@@ -202,6 +200,7 @@ def tune_merge(
             total_epsilon=total_epsilon, total_delta=total_delta,
         )
         record.save(scratch / str(chosen))
+        write_privacy_section(scratch / str(chosen), MergeConfiguration.model_validate(candidates[chosen][1]), record)
         os.replace(scratch / str(chosen), output_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -42,9 +42,11 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.utils import hf_api
 
+from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.lora import lora_factors
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
+from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
 from hf_dpmerge.records.statement import check_unseeded_release
@@ -74,8 +76,9 @@ from hf_dpmerge.training.dp.state import (
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.noise_stats import write_noise_stats
-from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
+from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
+from hf_dpmerge.utils.adapter_files import set_adapter_base
 
 logger = logging.getLogger(__name__)
 # opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
@@ -454,7 +457,7 @@ class DPSAMTrainer(Trainer):
             align_lambda=args.align_lambda,
             optimizer=optimizer_info,
             sum_lr_squared=self.dp_state.sum_lr_squared,
-            base_model=getattr(adapter_config, "base_model_name_or_path", None),
+            base_model=self._base_hub_id(adapter_config),
             base_model_hash=base_fingerprint(base_tensors) if base_tensors else None,
             base_model_hash_tensors=sorted(base_tensors),
             versions={pkg: version(pkg) for pkg in ("hf_dpmerge", "torch", "transformers", "peft", "opacus")},
@@ -464,6 +467,13 @@ class DPSAMTrainer(Trainer):
             eval_data_is_public=args.eval_data_is_public,
             resumed_from_steps=list(self.dp_state.resumed_from_steps),
         )
+
+    @staticmethod
+    def _base_hub_id(adapter_config: Any) -> str | None:
+        """The base's Hub id (a release never names a path of the training machine), None for a local base of
+        unknown origin."""
+        source = getattr(adapter_config, "base_model_name_or_path", None)
+        return source_hub_id(source) if source else None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
         """Save the adapter with its ``dp_privacy.json``: into a checkpoint (with ``dp_state.pt``) when the
@@ -479,14 +489,23 @@ class DPSAMTrainer(Trainer):
         if not self.args.should_save:  # non-writer ranks take part in gathering the weights, write nothing
             super().save_model(output_dir)
             return
-        release_adapter(output_dir, self._write_release, overwrite)
+        name = self._card_name(output_dir)
+        release_adapter(output_dir, lambda directory: self._write_release(directory, name), overwrite)
         if self.args.push_to_hub:  # as Trainer.save_model does when the user saves
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
-    def _write_release(self, directory: Path) -> None:
+    def _card_name(self, target: str | os.PathLike) -> str:
+        return (self.args.hub_model_id or Path(target).name).split("/")[-1]
+
+    def _write_release(self, directory: Path, name: str) -> None:
+        """The release's files: peft's, the noise statistics, ``dp_privacy.json`` and the card (peft's blank one
+        replaced), the base named by Hub id or not at all."""
         super().save_model(str(directory), _internal_call=True)
         write_noise_stats(self, directory)
-        self.privacy_record().save(directory)
+        record = self.privacy_record()
+        set_adapter_base(directory, record.base_model)
+        record.save(directory)
+        write_adapter_card(directory, record, name)
 
     def push_to_hub(
         self,
@@ -506,7 +525,7 @@ class DPSAMTrainer(Trainer):
         if not self.args.dp:
             return super().push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
         record = self.privacy_record()
-        name = (self.args.hub_model_id or Path(self.args.output_dir).name).split("/")[-1]
+        name = self._card_name(self.args.output_dir)
         check_unseeded_release({name: record}, allow_seeded, "push_to_hub(allow_seeded=True)")
         check_finite_weights(self._param_names, self._params)
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
@@ -517,8 +536,7 @@ class DPSAMTrainer(Trainer):
             return None
         self._finish_current_push()
         with tempfile.TemporaryDirectory(prefix="hf_dpmerge-release-") as tmp:
-            release = release_adapter(Path(tmp) / "release", self._write_release)
-            (release / "README.md").write_text(adapter_card(record, name), encoding="utf-8")
+            release = release_adapter(Path(tmp) / "release", lambda directory: self._write_release(directory, name))
             return hf_api().upload_folder(
                 repo_id=self.hub_model_id,
                 folder_path=release,

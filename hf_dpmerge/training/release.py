@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
 from hf_dpmerge.records.release_files import unlisted_files
-from hf_dpmerge.records.statement import privacy_statement, public_eval_note, seeded_warning
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME
 from hf_dpmerge.utils.io import staged_directory
 
@@ -87,16 +86,3 @@ def release_adapter(target: str | os.PathLike, write: Callable[[Path], None], ov
         if target.is_dir() and any(target.iterdir()):
             _move_into(staged, target)
     return target
-
-
-def adapter_card(record: PrivacyRecord, name: str) -> str:
-    """The README.md of an adapter pushed by ``DPSAMTrainer.push_to_hub``: its privacy statement and nothing
-    computed on private data (no losses, no metrics; Trainer's generated card would list them)."""
-    notes = "".join(f"\n{note}" for note in (seeded_warning({name: record}), public_eval_note({name: record})) if note)
-    return (
-        f"---\nlibrary_name: peft\ntags: [hf_dpmerge, differential-privacy, lora]\n---\n\n# {name}\n\n"
-        f"A LoRA adapter trained with `hf_dpmerge`'s `DPSAMTrainer`; its privacy record is `{PRIVACY_RECORD_NAME}`.\n\n"
-        f"## Privacy\n\n{privacy_statement({name: record})}{notes}\n"
-        "Training losses, evaluation metrics and other statistics computed on the private training data are not "
-        "covered by the guarantee and are not published here.\n"
-    )

@@ -1,10 +1,12 @@
 """The file and key names of a saved peft adapter (peft's ``CONFIG_NAME``, ``SAFETENSORS_WEIGHTS_NAME`` and
 ``WEIGHTS_NAME``, and the prefix of its state-dict keys), spelled here so that naming an adapter's files does not
-import peft, and :func:`read_adapter_weights`, the one reader of a saved adapter's tensors (peft's
-``load_peft_weights`` on a local folder, with errors that name the file)."""
+import peft, :func:`read_adapter_weights`, the one reader of a saved adapter's tensors (peft's
+``load_peft_weights`` on a local folder, with errors that name the file), and how a release names the adapter's
+base (:func:`set_adapter_base`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,3 +44,18 @@ def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files
         raise AdapterWeightsError(f"{files[0]}: unreadable adapter weights ({err}); re-save or re-download the "
                                   "adapter") from None
+
+
+ADAPTER_BASE_DIR = "base"
+"""The folder inside a released task adapter that holds its base for stock loaders; ``adapter_config.json``'s
+``base_model_name_or_path`` names it by this path, relative to the adapter folder."""
+
+
+def set_adapter_base(directory: str | os.PathLike, reference: str | None) -> None:
+    """Name the base in ``directory/adapter_config.json`` (``base_model_name_or_path``) by ``reference``: a Hub id,
+    a path relative to the adapter folder (:data:`ADAPTER_BASE_DIR`) or None, never a path of the training
+    machine."""
+    path = Path(directory) / ADAPTER_CONFIG_NAME
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = reference
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -51,9 +51,11 @@ def test_task_head_state_is_the_adapters_trained_head(fake_runs):
     assert head["classifier.weight"].shape == (5, 32)
 
 
-def test_evaluate_runs_scores_retention_and_epsilon(fake_runs):
+def test_evaluate_runs_scores_retention_and_epsilon(fake_runs, capsys):
     report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
                            log=lambda line: None)
+    bars = capsys.readouterr().err  # progress per task and per batch of each model, on stderr
+    assert "tasks: 100%" in bars and all(f"bbc_news {kind}" in bars for kind in ("floor", "individual", "merged"))
     by_task = {t.task: t for t in report.tasks}
     assert set(by_task) == {"bbc_news", "election_tweets"}  # named by the privacy records, not the folders
     bbc, tweets = by_task["bbc_news"], by_task["election_tweets"]
@@ -66,6 +68,47 @@ def test_evaluate_runs_scores_retention_and_epsilon(fake_runs):
     avg = report.averages()
     assert avg["individual"] == pytest.approx((bbc.individual + tweets.individual) / 2)
     assert avg["interference"] == pytest.approx((bbc.interference + tweets.interference) / 2)
+
+
+def test_evaluate_scores_the_floor_beside_the_adapter_and_the_merge(fake_runs):
+    """The floor is the unmodified base encoder with the task's own head: scoring the base as the "merged"
+    model must give exactly the floor; gain retained is (merged − floor)/(individual − floor) or below floor."""
+    report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
+                           log=lambda line: None)
+    on_base = evaluate_runs(fake_runs["runs"], fake_runs["base"], ["bbc", "election_tweets"], max_eval_samples=30,
+                            max_length=MAX_LENGTH, log=lambda line: None)
+    floors = {t.task: t.floor for t in report.tasks}
+    assert floors == {t.task: t.merged for t in on_base.tasks} and None not in floors.values()
+    for t in report.tasks:
+        if t.individual > t.floor:
+            assert t.gain_retained == pytest.approx((t.merged - t.floor) / (t.individual - t.floor))
+        else:
+            assert t.below_floor and math.isnan(t.gain_retained)
+    data = report.to_dict()
+    assert {row["floor"] for row in data["tasks"].values()} == set(floors.values())
+    assert data["average"]["floor"] == pytest.approx(np.mean(list(floors.values())))
+    header = report.table().splitlines()[0].split()
+    assert header[:5] == ["task", "metric", "ε", "floor", "individual"] and "retention" in header
+
+
+def test_retention_above_100_percent_is_read_beside_a_floor_and_below_floor_is_named(tmp_path):
+    rows = [  # the merge beats its adapter, but the floor alone does as well as either: no gain to retain
+        TaskEvaluation("a", "accuracy", 8.0, 1e-5, individual=0.70, merged=0.7238, num_examples=10, floor=0.7218),
+        TaskEvaluation("b", "accuracy", 8.0, 1e-5, individual=0.90, merged=0.80, num_examples=10, floor=0.50),
+    ]
+    report = EvaluationReport(rows, merged_model="m", base_model="b")
+    assert rows[0].retention == pytest.approx(1.034, abs=1e-3) and rows[0].below_floor
+    assert math.isnan(rows[0].gain_retained) and rows[1].gain_retained == pytest.approx(0.75)
+    table = report.table().splitlines()
+    assert "below floor" in table[2] and "103.4%" in table[2] and "0.7218" in table[2]
+    assert "75.0%" in table[3]
+    avg = report.averages()  # on the averaged scores: (0.7619 − 0.6109) / (0.8 − 0.6109)
+    assert avg["gain_retained"] == pytest.approx((0.7619 - 0.6109) / (0.80 - 0.6109)) and not avg["below_floor"]
+    data = json.loads(report.save(tmp_path)[0].read_text())
+    assert data["tasks"]["a"]["gain_retained"] is None and data["tasks"]["a"]["below_floor"] is True
+    assert data["tasks"]["b"]["gain_retained"] == pytest.approx(0.75)
+    again = EvaluationReport.from_dict(data)
+    assert [t.floor for t in again.tasks] == [0.7218, 0.50]
 
 
 def test_report_definitions_and_json_roundtrip(tmp_path):
@@ -110,8 +153,11 @@ def test_validation_split_is_scored_when_asked(fake_runs):
 def test_clear_errors_for_missing_dirs_and_records(fake_runs, tmp_path):
     with pytest.raises(FileNotFoundError, match="mergekit-yaml"):
         evaluate_runs(fake_runs["runs"], tmp_path / "nowhere", log=lambda line: None)
-    with pytest.raises(FileNotFoundError, match="not a peft adapter"):
+    with pytest.raises(FileNotFoundError, match="--tasks missing_task: no folder"):
         evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["missing_task"], log=lambda line: None)
+    (fake_runs["runs"] / "empty_task").mkdir(exist_ok=True)
+    with pytest.raises(FileNotFoundError, match="not a peft adapter"):
+        evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["empty_task"], log=lambda line: None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate_runs(tmp_path / "no_runs", fake_runs["merged"], base_dir=fake_runs["base"], log=lambda line: None)
     bare = tmp_path / "runs" / "bare" / "adapter"

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from benchmarks.quality.__main__ import _with_train_flags
 from benchmarks.quality.grid import GRIDS, Cell, plan_cells
-from benchmarks.quality.merge_space import BUDGET, SPACES, merge_configuration
+from benchmarks.quality.merge_space import BUDGET, LAMBDAS, SCALE, SPACES, grid_edges, merge_configuration
 from benchmarks.quality.run import Context, parse_train_arguments, train_arguments
 from benchmarks.quality.store import Store
 from benchmarks.quality.stress_run import stress_settings
@@ -67,13 +67,26 @@ def test_train_flags_change_the_recipe_and_the_stored_settings_and_refuse_cell_f
             _with_train_flags(stress, flags)
 
 
+def test_methods_on_one_scale_search_the_same_lambda_grid_and_edges_are_found():
+    """The earlier spaces gave task_arithmetic λ ∈ {0.25, 0.5, 0.75, 1} and dp_aware (same sum scale) {0.5, 1}."""
+    for scale in ("sum", "mean"):
+        grids = {method: [p["lambda"] for p in SPACES[method]] for method, s in SCALE.items() if s == scale}
+        assert len(grids) >= 2 and all(grid == list(LAMBDAS[scale]) for grid in grids.values()), grids
+    assert {"task_arithmetic", "dp_aware", "cauchy_poe"} <= {m for m, s in SCALE.items() if s == "sum"}
+    assert all("lambda" not in points[0] or method in SCALE for method, points in SPACES.items())
+    assert grid_edges("dp_aware", {"lambda": 0.25}) == ["lambda"] and grid_edges("ties", {"lambda": 2.0}) == ["lambda"]
+    assert grid_edges("dp_aware", {"lambda": 0.5}) == [] and grid_edges("sce", {"select_topk": 0.3}) == []
+
+
 def test_every_method_gets_the_same_budget_and_non_private_inputs_are_declared(tmp_path):
     assert all(len(points) == BUDGET for points in SPACES.values())
     config = merge_configuration("dp_aware", SPACES["dp_aware"][0], tmp_path, [tmp_path / "a", tmp_path / "b"],
                                  non_private=True)
     assert config["parameters"]["allow_non_private"] is True and config["merge_method"] == "dp_aware"
-    ties = merge_configuration("ties", {"density": 0.2, "lambda": 1.0}, tmp_path, [tmp_path / "a"], non_private=True)
-    assert ties["parameters"] == {"lambda": 1.0} and ties["models"][0]["parameters"] == {"density": 0.2, "weight": 1.0}
+    ties = merge_configuration("ties", SPACES["ties"][1], tmp_path, [tmp_path / "a"], non_private=True)
+    assert ties["parameters"] == {"lambda": 1.0} and ties["models"][0]["parameters"] == {"density": 0.5, "weight": 1.0}
+    cauchy = merge_configuration("cauchy_poe", SPACES["cauchy_poe"][0], tmp_path, [tmp_path / "a"], non_private=True)
+    assert cauchy["parameters"] == {"tol": 0.1, "dp_calibrated": True, "lambda": 0.25}
     with pytest.raises(ValueError, match="no search space"):
         merge_configuration("slerp", {}, tmp_path, [], non_private=True)
 
@@ -83,7 +96,7 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     base = save_tiny_bert(tmp_path / "tiny-base")
     work = tmp_path / "work"
     command = ["--grid", "stress-smoke", "--work-dir", str(work),
-               "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware"]
+               "--model_name_or_path", str(base), "--seeds", "1", "--merges", "ties,dp_aware", "--seed-test-subsets"]
     first = run_quality_benchmark(*command, cwd=tmp_path, timeout=1800)
     # cells: non_private, dp_sgd ε4, dp_merging ε4, head_only (∞, ε4), noise σ=0.01 — 2 tasks each
     # 10 trainings + 2 noisy adapters + 6 individual scorings + 4 merged cells × 2 tuned methods
@@ -94,6 +107,9 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     individual = json.loads((results / "dp_merging-eps4-seed0" / "individual.json").read_text())
     assert {len(v) for v in tuned["correct"].values()} == {48}
     assert {len(v) for v in individual["correct"]["test"].values()} == {48}
+    # each seed's own test subset: its indices are stored (48 distinct per task) and part of the unit's settings
+    assert {len(set(v)) for v in individual["examples"]["test"].values()} == {48}
+    assert individual["settings"]["test_subset_seed"] == 0 and tuned["settings"]["test_subset_seed"] == 0
     assert {len(v) for v in individual["correct"]["validation"].values()} == {32}
     noise = json.loads((results / "noise0.01-seed0" / "tune_dp_aware.json").read_text())
     assert noise["settings"]["noise_std"] == 0.01
@@ -117,7 +133,9 @@ def test_stress_smoke_grid_runs_reports_then_resumes(tmp_path):
     for section in ("## Targets", "## Merged accuracy", "## Gain retained", "## Selected hyper-parameters",
                     "## Significance of the headline comparisons", "## Which method when"):
         assert section in report
-    assert re.search(r"ties, ε = 4: DP-Merging vs DP-SGD: [+-]\d+\.\d points \(95 % CI", report)
+    assert re.search(r"ties, ε = 4: DP-Merging vs DP-SGD: [+-]\d+\.\d points \(95 % cluster-bootstrap CI .*"
+                     r"exact McNemar p = .*1 seed, 96 distinct test examples", report)
+    assert "Each seed was scored on its own seeded stratified test subset" in report
     assert "| noise σ=0.01 |" in report
 
 

@@ -63,7 +63,7 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     record = PrivacyRecord.load(tmp_path / "fed" / "adapter")
     assert record.extra["federated"]["client_level"] == client_level
     card = (tmp_path / "fed" / "adapter" / "README.md").read_text()
-    assert f"(ε = {client_level['epsilon']:.3g}, δ = 0.0025) over 2 rounds" in card
+    assert f"ε = {client_level['epsilon']:.3g} at δ = 0.0025 over 2 rounds" in card
     # released: no participation; each client's example-level ε as if sampled in all 2 rounds (4 steps ≤ ε 8)
     assert record.steps == 4  # every round counted, whatever the draw
     released = json.dumps(record.to_dict())

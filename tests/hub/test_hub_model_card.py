@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from huggingface_hub import ModelCard
 
 from hf_dpmerge.analysis.evaluation import EvaluationReport, TaskEvaluation
-from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card, hub_model_id
+from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
+from hf_dpmerge.records.card import hub_model_id
 from hf_dpmerge.records.record import PrivacyRecord
 from tests.utils.records import privacy_record
 
@@ -32,7 +34,7 @@ def test_card_metadata_and_sections():
     assert reparsed.data.library_name == "transformers" and reparsed.data.pipeline_tag == "text-classification"
     assert reparsed.data.base_model_relation == "merge" and reparsed.data.datasets == ["nyu-mll/glue"]
     text = reparsed.text
-    assert "| sst2 | 1.5 | 1e-05 | rdp | 1600 |" in text and "(4, 1e-05)-DP" in text
+    assert "| sst2 | 1.5 | not computed | 1e-05 | rdp |" in text and "(ε = 4, δ = 1e-05)-DP" in text
     assert "```yaml\nmerge_method: ties\nbase_model: org/base\n```" in text
     assert "| sst2 | 2 | neg, pos |" in text and "| qnli | 2 | – |" in text
     assert "No evaluation results were given." in text
@@ -87,11 +89,20 @@ def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths
     card = build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)}, repo_id="bob/m",
                             evaluation=_report(), base_model="/home/me/runs/base")
     reparsed = ModelCard(str(card))
-    assert "| sst2 | accuracy | 1.5 | 0.9000 | 0.8100 | 90.0% | +0.0900 | 872 |" in reparsed.text
-    assert "| qnli | accuracy | ∞ | 0.0000 | 0.5000 | – | -0.5000 | 100 |" in reparsed.text
+    assert "| sst2 | accuracy | 1.5 | – | 0.9000 | 0.8100 | – | 90.0% | +0.0900 | 872 |" in reparsed.text
+    assert "| qnli | accuracy | ∞ | – | 0.0000 | 0.5000 | – | – | -0.5000 | 100 |" in reparsed.text
     results = {r.dataset_name: r for r in reparsed.data.eval_results}
     assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
     assert reparsed.data.base_model is None and "/home/me" not in str(card)
+    assert {r.dataset_split for r in reparsed.data.eval_results} == {"test"}
+
+
+def test_model_index_names_the_split_the_scores_came_from():
+    report = dataclasses.replace(_report(), split="validation")
+    card = ModelCard(str(build_model_card({"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)},
+                                          repo_id="bob/m", evaluation=report)))
+    assert {r.dataset_split for r in card.data.eval_results} == {"validation"}
+    assert "validation split" in card.text
 
 
 def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):

@@ -34,10 +34,10 @@ dtype: float32
 # the shape `hf-dpmerge evaluate` writes (hf_dpmerge.analysis.evaluation), with beta's interference missing
 EVAL = {
     "tasks": {
-        "alpha": {"metric": "accuracy", "epsilon": 2.5, "individual": 0.81, "merged": 0.79, "retention": 0.975,
-                  "interference": 0.02, "num_examples": 100},
-        "beta": {"metric": "macro_f1", "epsilon": 7.75, "individual": 0.64, "merged": 0.6, "retention": 0.9375,
-                 "num_examples": 60},
+        "alpha": {"metric": "accuracy", "epsilon": 2.5, "floor": 0.85, "individual": 0.81, "merged": 0.79,
+                  "retention": 0.975, "interference": 0.02, "num_examples": 100},
+        "beta": {"metric": "macro_f1", "epsilon": 7.75, "floor": 0.44, "individual": 0.64, "merged": 0.6,
+                 "retention": 0.9375, "num_examples": 60},
     },
     "average": {"individual": 0.725, "merged": 0.695, "retention": 0.956, "interference": None},
     "metrics": {"alpha": {"individual": {"accuracy": 0.81}, "merged": {"accuracy": 0.79}}},
@@ -126,13 +126,15 @@ def test_push_uploads_private_repo_with_card_heads_and_records(release, cli, loo
     assert card.data.base_model is None  # runs/base is a local path, not a Hub id
     text = card.text
     assert "mergekit's own card" not in text
-    assert "| alpha | 2.5 | 1e-05 | prv | 1234 |" in text
-    assert "| beta | 7.75 | 1e-05 | prv | 5678 |" in text
-    assert "(7.75, 1e-05)-DP" in text and "post-processing" in text
+    assert "| alpha | 2.5 | not computed | 1e-05 | prv |" in text and "| 1234 | example |" in text
+    assert "| beta | 7.75 | not computed | 1e-05 | prv |" in text and "| 5678 | example |" in text
+    assert "(ε = 7.75, δ = 1e-05)-DP" in text and "post-processing" in text
     assert f"```yaml\n{MERGE_YAML.rstrip()}\n```" in text
     assert "Method: `task_arithmetic`" in text
-    assert "| task | metric | ε | individual | merged | retention | interference | examples |" in text
-    assert "| beta | macro_f1 | 7.75 | 0.6400 | 0.6000 | 93.8% | +0.0400 | 60 |" in text
+    header = "| task | metric | ε | floor | individual | merged | gain retained | retention | interference | examples |"
+    assert header in text  # retention never without the floor beside it
+    assert "| beta | macro_f1 | 7.75 | 0.4400 | 0.6400 | 0.6000 | 80.0% | 93.8% | +0.0400 | 60 |" in text
+    assert "| alpha | accuracy | 2.5 | 0.8500 | 0.8100 | 0.7900 | below floor | 97.5% |" in text
     assert "Not covered by the guarantee" in text
 
     for task, (num_labels, eps, _n, labels) in TASKS.items():

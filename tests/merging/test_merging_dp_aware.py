@@ -1,4 +1,5 @@
-"""DP-aware merge: exact task arithmetic without noise, and better than TA and TIES with DP noise."""
+"""DP-aware merge: exact task arithmetic without noise, better than TA and TIES with DP noise, and a default
+shrinkage that never does worse than the raw adapter."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from mergekit.merge_methods import merge_tensors
 
 from hf_dpmerge.merging.dp_aware import between_variance, dp_aware_merge, lora_factor_estimate
 from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.scale_shrinkage import sure_scale
 from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
 
 
@@ -35,6 +37,7 @@ def test_zero_noise_is_exactly_mergekit_task_arithmetic(shape: tuple[int, ...]) 
 
 
 def test_sparse_task_vectors_with_dp_noise_beat_task_arithmetic_and_ties() -> None:
+    """On sparse task vectors the soft threshold is the shrinkage to choose (0.70 vs 0.93 for TA here)."""
     count, size, noise = 6, 20_000, 0.05
     clean = _sparse_tasks(count, size, seed=1)
     generator = torch.Generator().manual_seed(2)
@@ -47,9 +50,10 @@ def test_sparse_task_vectors_with_dp_noise_beat_task_arithmetic_and_ties() -> No
 
     ta = merge_tensors([base, *noisy], "task_arithmetic", parameters={"weight": 1.0}, base_index=0)
     ties = merge_tensors([base, *noisy], "ties", parameters={"weight": 1.0, "density": 0.2}, base_index=0)
-    ours = dp_aware_merge(base, noisy, [noise**2] * count, weights=[1.0] * count, lam=1.0)
+    ours = dp_aware_merge(base, noisy, [noise**2] * count, weights=[1.0] * count, lam=1.0,
+                          shrinkage="soft_threshold")
     elected = dp_aware_merge(base, noisy, [noise**2] * count, weights=[1.0] * count, lam=1.0,
-                             consensus="precision_sign")
+                             consensus="precision_sign", shrinkage="soft_threshold")
     assert error(ours) < 0.8 * min(error(ta), error(ties))
     assert error(elected) < 0.8 * min(error(ta), error(ties))
 
@@ -143,7 +147,8 @@ def test_lora_deltas_are_denoised_in_factor_space(sparse: bool) -> None:
         variance = lora_noise_variance(noisy_a, noisy_b, float(scaling), var_a, var_b)
         by_factor = dp_aware_merge(torch.zeros_like(truth), [dense], [variance], weights=[1.0], lam=1.0,
                                    denoised=[lora_factor_estimate(noisy_a, noisy_b, float(scaling), var_b)])
-        by_entry = dp_aware_merge(torch.zeros_like(truth), [dense], [variance], weights=[1.0], lam=1.0)
+        by_entry = dp_aware_merge(torch.zeros_like(truth), [dense], [variance], weights=[1.0], lam=1.0,
+                                  shrinkage="soft_threshold")
         errors["factor"].append(float(torch.dist(by_factor, truth) / torch.linalg.norm(truth)))
         errors["dense"].append(float(torch.dist(by_entry, truth) / torch.linalg.norm(truth)))
     factor, dense = sum(errors["factor"]) / 3, sum(errors["dense"]) / 3
@@ -160,3 +165,56 @@ def test_variance_maps_follow_the_tensors_device() -> None:
     merged = dp_aware_merge(base, inputs, variances, weights=[1.0, 1.0], lam=1.0, consensus="precision_sign",
                             denoised=[torch.randn(6, 5), None])
     assert merged.device == base.device
+
+
+def _noisy_adapter(seed: int, sparse: bool, snr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(truth s·B·A, the noisy dense delta, its Var(ΔW_ij)) with ‖B‖/‖noise of B‖ = ``snr`` (A: 10× less noisy)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, cols, rank, scaling = 96, 80, 4, 2.0
+    lora_a = torch.randn(rank, cols, generator=generator) / cols**0.5
+    lora_b = 0.05 * torch.randn(rows, rank, generator=generator)
+    if sparse:
+        lora_b *= torch.rand(rows, rank, generator=generator) < 0.1
+    std_b = float(torch.linalg.norm(lora_b)) / snr / (rows * rank) ** 0.5
+    noisy_a = lora_a + 0.1 * std_b * torch.randn(rank, cols, generator=generator)
+    noisy_b = lora_b + std_b * torch.randn(rows, rank, generator=generator)
+    variance = lora_noise_variance(noisy_a, noisy_b, scaling, (0.1 * std_b) ** 2, std_b**2)
+    return scaling * lora_b @ lora_a, scaling * noisy_b @ noisy_a, variance
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("snr", [0.5, 1.0, 2.0, 4.0, 8.0])
+def test_default_shrinkage_never_does_worse_than_the_raw_adapter(sparse: bool, snr: float) -> None:
+    """The default SURE scale (positive-part James–Stein) beats the raw noisy adapter on average at every SNR,
+    dense or sparse B (squared error over 20 seeded adapters: 0.20 of the raw at SNR 0.5, 0.985 at SNR 8), and
+    on a dense B also the soft threshold (0.50 vs 0.60 of the raw at SNR 1)."""
+    errors = {"raw": 0.0, "default": 0.0, "soft_threshold": 0.0}
+    for seed in range(20):
+        truth, dense, variance = _noisy_adapter(seed, sparse, snr)
+        zero = torch.zeros_like(truth)
+        errors["raw"] += float(torch.dist(dense, truth) ** 2)
+        merged = dp_aware_merge(zero, [dense], [variance], weights=[1.0], lam=1.0)
+        errors["default"] += float(torch.dist(merged, truth) ** 2)
+        thresholded = dp_aware_merge(zero, [dense], [variance], weights=[1.0], lam=1.0, shrinkage="soft_threshold")
+        errors["soft_threshold"] += float(torch.dist(thresholded, truth) ** 2)
+    assert errors["default"] < errors["raw"], errors
+    if not sparse:
+        assert errors["default"] < errors["soft_threshold"], errors
+
+
+def test_scale_shrinkage_leaves_a_clean_adapter_exactly_as_task_arithmetic() -> None:
+    """v = 0 gives the scale 1: a clean input's task vector enters unchanged, next to a noisy one and through
+    mergekit with ``shrinkage: scale`` (a registered parameter: mergekit validates it)."""
+    truth, dense, variance = _noisy_adapter(0, sparse=False, snr=1.0)
+    base = torch.randn(truth.shape, generator=torch.Generator().manual_seed(1))
+    clean, noisy = base + truth, base + dense
+    assert torch.equal(sure_scale(truth, 0.0), truth)
+    merged = dp_aware_merge(base, [clean, noisy], [0.0, variance], weights=[1.0, 1.0], lam=0.5)
+    scale = 1 - float(variance.double().sum()) / float(dense.double().square().sum())
+    torch.testing.assert_close(merged, base + 0.5 * (truth + scale * dense), rtol=1e-5, atol=1e-6)
+    ours = merge_tensors([base, clean, base - truth], "dp_aware", base_index=0, ids=["base", "a", "b"],
+                         parameters={"lambda": 0.3, "shrinkage": "scale", "noise_std": [0.0, 0.0],
+                                     "allow_non_private": True})
+    theirs = merge_tensors([base, clean, base - truth], "task_arithmetic", base_index=0,
+                           parameters={"weight": 1.0, "lambda": 0.3})
+    assert torch.equal(ours, theirs)

@@ -52,7 +52,7 @@ def _assert_merged(workdir: Path, out: str, expect_changed: str, privacy_card: b
     assert all(bool(torch.isfinite(tensor).all()) for tensor in merged.values())
     readme = (workdir / out / "README.md").read_text()
     if privacy_card:  # hf-dpmerge merge adds it; plain mergekit-yaml writes mergekit's own card
-        assert "## Differential privacy" in readme and "| 8 | 1e-05 |" in readme
+        assert "## Differential privacy" in readme and "(ε = 8, δ = 1e-05)-DP" in readme
 
 
 @pytest.mark.parametrize("method", ["dp_aware", "cauchy_poe"])

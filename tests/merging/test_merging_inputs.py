@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
-from hf_dpmerge.merging.noise_variance import lora_noise_variance
+from hf_dpmerge.merging.noise_variance import lora_noise_variance, stats_noise_variance
 from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
@@ -104,6 +104,15 @@ def test_noise_variance_uses_the_lora_factors_the_record_and_overrides(runs: Pat
     assert input_noise_variance(with_head, "classifier.weight", sgd) == pytest.approx(expected_sgd)
 
 
+def test_every_trained_head_tensor_keeps_its_own_name(lora_model, tmp_path: Path) -> None:
+    """The head's bias maps to its own saved key (it used to be filed under classifier.weight, so the bias
+    got noise variance 0 and the weight the bias's key)."""
+    lora_model().save_pretrained(tmp_path)
+    trained = adapter_weights(tmp_path).trained
+    assert trained == {"classifier.weight": "base_model.model.classifier.weight",
+                       "classifier.bias": "base_model.model.classifier.bias"}
+
+
 def test_overrides_cover_the_noise_model_and_never_the_guarantee() -> None:
     for name in ("noise_multiplier", "max_grad_norm", "expected_batch_size", "sum_lr_squared"):
         assert name in RECORD_OVERRIDES
@@ -138,6 +147,34 @@ def test_noise_statistics_travel_with_the_encoder_export(runs: Path, tmp_path: P
     copied = NoiseStats.load(tmp_path / "encoder_adapter")
     assert (tmp_path / "encoder_adapter" / NOISE_STATS_NAME).exists()
     assert copied.groups == stats.groups and torch.equal(copied.second_moments["w"], stats.second_moments["w"])
+
+
+def test_a_factor_the_noise_statistics_do_not_list_was_frozen_and_carries_no_noise(runs: Path, tmp_path: Path) -> None:
+    """FFA-LoRA trains only B: its statistics list no lora_A, so V_A = 0 and Var(ΔW) = s²·V_B·A² exactly (the
+    record's Σ η² fallback used to be given to the frozen A)."""
+    adapter = _copy_adapter(runs, tmp_path / "ffa")
+    factors = adapter_weights(adapter).factors[QUERY]
+    moment = torch.full_like(factors.lora_b, 1e-4)
+    stats = NoiseStats(optimizer={"name": "AdamW", "betas": [0.9, 0.999], "eps": 1e-8}, noise_std=0.01,
+                       lrs={"0": torch.full((5,), 1e-3, dtype=torch.float64)}, weight_decay={"0": 0.0},
+                       groups={factors.saved_b: "0"}, second_moments={factors.saved_b: moment})
+    stats.save(adapter)
+    reference = ModelReference.parse(f"{runs / 'base'}+{adapter}")
+    record = input_record(reference)
+    variance_b = stats_noise_variance(record, stats, factors.saved_b)
+    expected = factors.scaling**2 * (variance_b.double() @ factors.lora_a.double().square())
+    torch.testing.assert_close(input_noise_variance(reference, QUERY, {}).double(), expected)
+
+
+def test_a_head_noise_variance_is_capped_by_its_released_task_vector(runs: Path) -> None:
+    """E[τ̃²] = τ² + s²: a head that moved less than the walk predicts gets s² = mean τ̃²; the per-model
+    noise_std is the user's and is never capped."""
+    with_head = ModelReference.parse(f"{runs / 'base'}+{runs / 'sentiment' / 'adapter'}")
+    walk = input_record(with_head).sum_lr_squared  # the record's Adam formula (no statistics shipped)
+    shape = adapter_weights(runs / "sentiment" / "adapter").tensors["base_model.model.classifier.weight"].shape
+    assert input_noise_variance(with_head, "classifier.weight", {}, torch.full(shape, 1e-3)) == pytest.approx(1e-6)
+    assert input_noise_variance(with_head, "classifier.weight", {}, torch.ones(shape)) == walk
+    assert input_noise_variance(with_head, "classifier.weight", {"noise_std": 0.5}, torch.zeros(shape)) == 0.25
 
 
 def test_misspelt_parameter_keys_are_errors(runs: Path) -> None:
@@ -237,8 +274,9 @@ def test_model_card_section_states_method_parameters_and_each_inputs_budget(runs
     section = privacy_section(config)
     assert "**dp_aware**" in section and "`lambda`=0.5" in section and "`consensus`='none'" in section
     assert "`noise_multiplier`=4.0" in section
-    assert "| 8 | 1e-05 |" in section and "| 4 | 1e-05 |" not in section
-    assert "(8, 1e-05)-DP" in section
+    epsilons = [row.split(" | ")[1] for row in section.splitlines() if "/encoder_adapter | " in row]
+    assert epsilons == ["8", "8"]  # the overridden noise does not change the recorded ε
+    assert "(ε = 8, δ = 1e-05)-DP" in section
     plain = MergeConfiguration.model_validate(
         {"merge_method": "linear", "models": [{"model": str(runs / "base")}], "parameters": {"weight": 1.0}}
     )

@@ -6,7 +6,12 @@ import pytest
 import torch
 from opacus.optimizers import DPOptimizer
 
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance, stats_noise_variance
+from hf_dpmerge.merging.noise_variance import (
+    capped_variance,
+    lora_noise_variance,
+    record_noise_variance,
+    stats_noise_variance,
+)
 from hf_dpmerge.records.noise_stats import NoiseStats
 from tests.utils.merging_builders import adamw_record
 
@@ -56,9 +61,10 @@ def test_lora_formula_matches_monte_carlo() -> None:
     noisy_a = lora_a + factor_var**0.5 * torch.randn(draws, rank, cols, generator=generator)
     noisy_b = lora_b + factor_var**0.5 * torch.randn(draws, rows, rank, generator=generator)
     empirical = (scaling * noisy_b @ noisy_a).var(dim=0)
-    predicted = lora_noise_variance(lora_a, lora_b, scaling, factor_var, factor_var)
-    assert predicted.shape == (rows, cols)
-    torch.testing.assert_close(predicted, empirical, rtol=0.1, atol=0)
+    predicted = torch.stack([lora_noise_variance(a, b, scaling, factor_var, factor_var)
+                             for a, b in zip(noisy_a[:2000], noisy_b[:2000])])
+    assert predicted.shape == (2000, rows, cols)
+    torch.testing.assert_close(predicted.mean(0), empirical, rtol=0.1, atol=0)
 
 
 def test_lora_formula_takes_per_coordinate_factor_variances() -> None:
@@ -70,7 +76,9 @@ def test_lora_formula_takes_per_coordinate_factor_variances() -> None:
     noisy_a = lora_a + var_a.sqrt() * torch.randn(draws, rank, cols, generator=generator)
     noisy_b = lora_b + var_b.sqrt() * torch.randn(draws, rows, rank, generator=generator)
     empirical = (noisy_b @ noisy_a).var(dim=0)
-    torch.testing.assert_close(lora_noise_variance(lora_a, lora_b, 1.0, var_a, var_b), empirical, rtol=0.1, atol=0)
+    predicted = torch.stack([lora_noise_variance(a, b, 1.0, var_a, var_b)
+                             for a, b in zip(noisy_a[:2000], noisy_b[:2000])])
+    torch.testing.assert_close(predicted.mean(0), empirical, rtol=0.1, atol=0)
 
 
 # ---- the per-coordinate model from the shipped statistics against the real torch optimizers ----------------
@@ -148,3 +156,39 @@ def test_heads_get_their_own_learning_rate() -> None:
     lora = stats_noise_variance(_record_for("AdamW"), stats, "lora")
     head = stats_noise_variance(_record_for("AdamW"), stats, "head")
     torch.testing.assert_close(head, 100 * lora, rtol=1e-3, atol=0)
+
+
+def test_lora_plug_in_from_the_noisy_factors_is_unbiased_and_exact_for_a_frozen_a() -> None:
+    """Only the noisy factors are released: the plug-in s²·[B̃²V_A + V_B·Ã² − V_B·V_A] averages to the true
+    Var(ΔW) (the clean-factor form fed noisy factors over-states it by 2·s²·V_B·V_A: +50 % here); with a frozen A
+    (V_A = 0) it is exactly s²·V_B·A², the variance of s·noise_B·A."""
+    generator = torch.Generator().manual_seed(2)
+    rank, rows, cols, scaling, draws = 4, 12, 9, 2.0, 20_000
+    lora_a = 0.3 * torch.randn(rank, cols, generator=generator)
+    lora_b = 0.3 * torch.randn(rows, rank, generator=generator)
+    var_a = 0.09 * torch.rand(rank, cols, generator=generator)
+    var_b = 0.09 * torch.rand(rows, rank, generator=generator)
+    noisy_a = lora_a + var_a.sqrt() * torch.randn(draws, rank, cols, generator=generator)
+    noisy_b = lora_b + var_b.sqrt() * torch.randn(draws, rows, rank, generator=generator)
+    empirical = (scaling * noisy_b @ noisy_a).double().var(dim=0)
+    plug_in = torch.stack([lora_noise_variance(a, b, scaling, var_a, var_b) for a, b in
+                           zip(noisy_a[:2000], noisy_b[:2000])]).double().mean(0)
+    assert float(plug_in.sum() / empirical.sum()) == pytest.approx(1.0, abs=0.03)
+    frozen = scaling * noisy_b @ lora_a
+    predicted = lora_noise_variance(lora_a, noisy_b[0], scaling, 0.0, var_b)
+    torch.testing.assert_close(predicted.double(), scaling**2 * var_b.double() @ lora_a.double().square())
+    torch.testing.assert_close(predicted, frozen.var(dim=0), rtol=0.05, atol=0)
+
+
+def test_released_weights_cap_a_variance_the_random_walk_over_states() -> None:
+    """E[τ̃²] = τ² + s²: a noise-only task vector (B̃ of a LoRA that learnt nothing) caps a model that over-states
+    its variance 2× (curvature damped the walk) back to the truth; a signal-carrying one leaves it as it is."""
+    generator = torch.Generator().manual_seed(3)
+    true_variance = 0.5 + torch.rand(64, 8, generator=generator)
+    noise_only = true_variance.sqrt() * torch.randn(64, 8, generator=generator)
+    capped = capped_variance(2 * true_variance, noise_only)
+    assert float(capped.mean() / true_variance.mean()) == pytest.approx(1.0, abs=0.1)
+    torch.testing.assert_close(capped / capped.mean(), true_variance / true_variance.mean())  # shape kept
+    with_signal = noise_only + 3.0
+    assert torch.equal(capped_variance(true_variance, with_signal), true_variance)
+    assert capped_variance(0.0, noise_only) == 0.0

@@ -39,16 +39,15 @@ def _rules(measurements: mr.Measurements) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(("trainers", "noise", "trainer_rule", "merge_rule", "cautions"), [
     (["dp_sgd", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
-     ["compare_with_head_only", "avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
-    (["dp_merging", "dp_merging"], 0.5, "keep_dp_merging", "noisy_private_dp_aware",
-     ["compare_with_head_only", "avoid_cauchy_poe_on_private"]),
+     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+    (["dp_merging", "dp_merging"], 0.5, "keep_dp_merging", "noisy_private_dp_aware", ["avoid_cauchy_poe_on_private"]),
     (["dp_merging", "dp_merging"], 0.01, "keep_dp_merging", "quiet_private_task_arithmetic",
-     ["compare_with_head_only", "avoid_cauchy_poe_on_private"]),
+     ["avoid_cauchy_poe_on_private"]),
     (["dp_merging", "dp_sgd"], 0.5, "retrain_dp_sgd_with_dp_merging", "noisy_private_dp_aware",
-     ["compare_with_head_only", "avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
-    (["non_private", "non_private"], None, "non_private", "non_private_cauchy_poe", []),
+     ["avoid_cauchy_poe_on_private", "avoid_ties_on_dp_sgd"]),
+    (["non_private", "non_private"], None, "non_private", "measured_non_private_merge", []),
     (["dp_merging", "unknown"], 0.5, None, "quiet_private_task_arithmetic",
-     ["unknown_records", "compare_with_head_only", "avoid_cauchy_poe_on_private"]),
+     ["unknown_records", "avoid_cauchy_poe_on_private"]),
 ])
 def test_each_trainer_and_merge_rule_fires_on_its_measurements(trainers, noise, trainer_rule, merge_rule,
                                                                cautions) -> None:
@@ -59,7 +58,7 @@ def test_each_trainer_and_merge_rule_fires_on_its_measurements(trainers, noise, 
 
 
 @pytest.mark.parametrize(("overrides", "caution"), [
-    ({"epsilon": 1.0}, "epsilon_outside_benchmark"),
+    ({"epsilon": 0.5}, "epsilon_outside_benchmark"),
     ({"max_abs_cosine": mr.BENCHMARK_MAX_ABS_COSINE + 0.2}, "interference_outside_benchmark"),
     ({"max_sign_conflict": mr.BENCHMARK_MAX_SIGN_CONFLICT + 0.05}, "interference_outside_benchmark"),
     ({"min_cosine": -0.5}, "anti_aligned_pair"),
@@ -82,16 +81,54 @@ def test_interference_range_is_the_one_measured_for_such_adapters() -> None:
 
 def test_every_rule_is_reachable_and_explains_itself() -> None:
     cases = [_measurements(t, n, **o) for t, n, o in [
-        (["dp_sgd", "dp_merging"], 0.5, {"epsilon": 1.0, "min_cosine": -0.5, "max_abs_cosine": 0.9}),
+        (["dp_sgd", "dp_merging"], 0.5, {"epsilon": 0.5, "min_cosine": -0.5, "max_abs_cosine": 0.9}),
         (["dp_merging", "dp_merging"], 0.01, {}), (["non_private", "non_private"], None, {}),
+        (["non_private", "non_private"], None, {"max_abs_cosine": 0.9}),
         (["dp_merging", "unknown"], 0.5, {})]]
     fired = {item.rule: item.because for m in cases for item in mr.recommend(m)}
     assert set(fired) == {rule.name for rule in mr.RULES}
     assert all(because for because in fired.values())
 
 
+def test_a_measurement_within_the_tolerance_of_a_threshold_does_not_cross_it() -> None:
+    """Sign conflicts of unrelated vectors scatter around 0.5: 0.50118 against a 0.501 bound is no caution."""
+    assert not mr.above(0.50118, 0.501) and mr.above(0.52, 0.501)
+    assert not mr.below(-0.1005, mr.ANTI_ALIGNED_COSINE) and mr.below(-0.2, mr.ANTI_ALIGNED_COSINE)
+    caution = "interference_outside_benchmark"
+    assert caution not in _rules(_measurements(["dp_merging"] * 2, max_sign_conflict=0.50118)).get("caution", [])
+    assert caution in _rules(_measurements(["dp_merging"] * 2, max_sign_conflict=0.52))["caution"]
+    assert "anti_aligned_pair" not in _rules(_measurements(["dp_merging"] * 2, min_cosine=-0.1005))["caution"]
+
+
+def test_the_head_only_comparison_comes_first_where_the_floor_won_at_that_epsilon() -> None:
+    advice = mr.recommend(_measurements(["dp_merging", "dp_merging"], epsilon=6.0))
+    assert advice[0].rule == "compare_with_head_only_first"
+    floors = [row for row in mr.EVIDENCE["settings"] if row["epsilon"] == 8.0]  # 6 is nearest to 8 (log scale)
+    assert all(f"{row['floor']:.1f} vs the best merge ({row['versus']})" in advice[0].because for row in floors)
+    assert "compare_with_head_only_first" not in _rules(_measurements(["non_private"] * 2))
+
+
+def test_the_merge_and_its_figures_come_from_the_stored_results(monkeypatch) -> None:
+    """No figure lives in a string: change the stored row and the advice follows."""
+    quiet = _measurements(["non_private"] * 2, max_abs_cosine=0.05)
+    stored = next(r for r in mr.EVIDENCE["settings"] if r["epsilon"] is None and r["choice"] == "merge")
+    first = mr.recommend(quiet)
+    merge = next(item for item in first if item.topic == "merge")
+    assert merge.advice.startswith(f"merge with {stored['merge']} at lambda 0.5")
+    assert f"{stored['accuracy']:.1f} vs {stored['versus']}" in merge.because
+    changed = {**stored, "merge": "della", "point": {"lambda": 0.75}, "accuracy": 12.3}
+    settings = [changed if row is stored else row for row in mr.EVIDENCE["settings"]]
+    monkeypatch.setitem(mr.EVIDENCE, "settings", settings)
+    merge = next(item for item in mr.recommend(quiet) if item.topic == "merge")
+    assert merge.advice.startswith("merge with della at lambda 0.75") and "12.3 vs" in merge.because
+    # beyond the interference the stored ranking was measured at, no stored method is advised
+    loud = _measurements(["non_private"] * 2, max_abs_cosine=0.3)
+    assert _rules(loud)["merge"] == ["unmeasured_task_arithmetic"]
+
+
 def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
-    """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² + r·s⁴)."""
+    """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² − r·s⁴) (the unbiased
+    plug-in on the released, noisy factors)."""
     factors = random_factors(5)
     save_adapter(tmp_path, "adam", factors, sum_lr_squared=4e-4)
     save_adapter(tmp_path, "open", factors, dp=False, epsilon=math.inf)
@@ -102,7 +139,7 @@ def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
         a, b = lora_a.double(), lora_b.double()
         d_out, d_in = b.shape[0], a.shape[1]
         total += scaling**2 * (variance * (d_out * a.square().sum() + d_in * b.square().sum())
-                               + d_out * d_in * RANK * variance**2)
+                               - d_out * d_in * RANK * variance**2)
         norm_sq += float((scaling * b @ a).square().sum())
     assert mr.noise_to_signal(vector, math.sqrt(norm_sq)) == pytest.approx(math.sqrt(total) / math.sqrt(norm_sq),
                                                                            rel=1e-5)

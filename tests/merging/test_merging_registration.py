@@ -1,4 +1,4 @@
-"""mergekit integration: the start-up hook, method registration and the guarded run_merge."""
+"""mergekit integration: the start-up hook, method registration, and the one merge entry point (merging/run.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import pkgutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from hf_dpmerge.merging.registration import guard_run_merge
+from hf_dpmerge.merging import run as merge_run
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_FILES = ("_hf_dpmerge_mergekit.py", "_hf_dpmerge_mergekit.pth", "_hf_dpmerge_mergekit.start")
@@ -45,44 +44,47 @@ def test_start_up_hook_imports_nothing_heavy() -> None:
 def test_importing_mergekit_registers_the_methods_in_a_fresh_process() -> None:
     result = _python(
         "import mergekit.merge, mergekit.merge_methods as m; "
+        "import mergekit.scripts.run_yaml as y; "
         "print(sorted({'cauchy_poe', 'dp_aware'} & {x.spec.name for x in m.registered_methods()}), "
-        "getattr(mergekit.merge.run_merge, '__hf_dpmerge_guarded__', False))"
+        "y.run_merge is mergekit.merge.run_merge, mergekit.merge.run_merge.__module__)"
     )
-    # registered, and mergekit's own run_merge left alone (hf-dpmerge merge guards it in its own process)
-    assert result.stdout.split() == ["['cauchy_poe',", "'dp_aware']", "False"], result.stderr[-2000:]
+    # registered, and mergekit's own run_merge left alone (nothing of mergekit is patched)
+    assert result.stdout.split() == ["['cauchy_poe',", "'dp_aware']", "True", "mergekit.merge"], result.stderr[-2000:]
 
 
-def _config(method: str) -> SimpleNamespace:
-    return SimpleNamespace(merge_method=method, models=[], slices=None, modules=None, parameters=None,
-                           base_model=None, referenced_models=lambda: [])
+def _config(method: str) -> dict:
+    return {"merge_method": method, "base_model": "base", "models": [{"model": "a", "parameters": {"weight": 1.0}}],
+            "parameters": {"lambda": 1.0}}
 
 
-def _failing_merge(config: SimpleNamespace, out_path: str, options: SimpleNamespace) -> None:
+def _failing_merge(config, out_path: str, options, config_source: str) -> None:
     Path(out_path).mkdir(exist_ok=True)
     (Path(out_path) / "model-00001-of-00002.safetensors").write_text("partial")
     raise RuntimeError("boom")
 
 
 @pytest.mark.parametrize(("method", "prepare", "left"), [
-    ("dp_aware", False, None),     # not there before: still not there
-    ("cauchy_poe", True, []),      # existed empty: still empty
-    ("ties", False, None),         # mergekit's own methods are written atomically too
+    ("linear", False, None),       # not there before: still not there
+    ("ties", True, []),            # existed empty: still empty (mergekit's own methods are written atomically too)
 ])
-def test_failed_merge_leaves_no_partial_output(tmp_path: Path, method: str, prepare: bool,
+def test_failed_merge_leaves_no_partial_output(tmp_path: Path, monkeypatch, method: str, prepare: bool,
                                                left: list[str] | None) -> None:
     out = tmp_path / "out"
     if prepare:
         out.mkdir()
-    options = SimpleNamespace(lora_merge_cache=None, write_model_card=True)
+    monkeypatch.setattr(merge_run, "run_merge", _failing_merge)
     with pytest.raises(RuntimeError, match="boom"):
-        guard_run_merge(_failing_merge)(_config(method), str(out), options=options)
+        merge_run.merge(_config(method), out)
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == left
     assert [p.name for p in tmp_path.iterdir()] == (["out"] if prepare else [])  # no scratch left
 
 
-def test_guard_is_applied_once() -> None:
-    guarded = guard_run_merge(_failing_merge)
-    assert guard_run_merge(guarded) is guarded
+def test_a_misspelt_key_is_refused_before_mergekit_runs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(merge_run, "run_merge", _failing_merge)
+    config = {**_config("linear"), "paramters": {"lambda": 0.5}}
+    with pytest.raises(ValueError, match=r"unknown key 'paramters' \(did you mean 'parameters'\?\)"):
+        merge_run.merge(config, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_kernels_via_mergekit_api_name_the_tensor_of_a_nan_input() -> None:
@@ -102,4 +104,4 @@ def test_kernels_via_mergekit_api_name_the_tensor_of_a_nan_input() -> None:
     broken[2, 1] = float("nan")
     with pytest.raises(ValueError, match=r"encoder.layer.0.query.weight: input b holds NaN"):
         merge_tensors([base, inputs[0], broken], "cauchy_poe", base_index=0, ids=["base", "a", "b"],
-                      name="encoder.layer.0.query.weight")
+                      name="encoder.layer.0.query.weight", parameters={"lambda": 1.0})

@@ -20,6 +20,8 @@ from hf_dpmerge.records.private_selection import (
     task_averaged_accuracy,
 )
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
+from hf_dpmerge.records.statement import PrivacyStatement
+from tests.utils.records import privacy_record
 
 UTILITIES = [0.61, 0.74, 0.70, 0.52, 0.73]
 DRAWS = 4000
@@ -250,12 +252,13 @@ def test_selection_record_round_trips_and_states_the_public_size_and_relation(tm
     record.save(tmp_path)
     loaded = SelectionRecord.load(tmp_path / "dp_selection.json")
     assert loaded == record
-    statement = loaded.statement()
-    assert "(8.5, 1e-05)-DP" in statement and "`lambda` = 1.0 was chosen" in statement
-    assert "pure ε-DP under the addition, removal or replacement of one validation example" in statement
+    records = {"a": privacy_record("a", epsilon=8.0)}
+    statement = PrivacyStatement.from_selection(loaded, records).derivation()
+    assert "`lambda` = 1.0 was chosen" in statement
+    assert "per addition, removal or replacement of one validation example" in statement
     assert "public validation size n = 500 per task" in statement
     record.validation_size = {"a": 500, "b": 200}
-    assert "public validation size n = a: 500, b: 200" in record.statement()
+    assert "public validation size n = a: 500, b: 200" in PrivacyStatement.from_selection(record, records).derivation()
     (tmp_path / "dp_selection.json").write_text("{}")
     with pytest.raises(ValueError, match="unreadable selection record"):
         SelectionRecord.load(tmp_path / "dp_selection.json")

@@ -54,7 +54,7 @@ def hf_dpmerge_logits(root) -> torch.Tensor:
 
 @pytest.mark.parametrize("loader", ["peft", "auto"])
 def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter, loader, tmp_path):
-    answer = load_without_hf_dpmerge(loader, released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    answer = load_without_hf_dpmerge(loader, ".", cwd=released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
     assert "error" not in answer, answer
     torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter),
                                atol=1e-5, rtol=0)
@@ -62,7 +62,7 @@ def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter,
 
 
 def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("pipeline", released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    answer = load_without_hf_dpmerge("pipeline", ".", cwd=released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
     assert "error" not in answer, answer
     expected = torch.softmax(hf_dpmerge_logits(released_adapter), dim=-1)
     for scores, probabilities in zip(answer["pipeline"], expected):
@@ -73,14 +73,16 @@ def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
 
 
 def test_adapter_without_remote_code_is_refused_not_misread(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("no_remote_code", released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    answer = load_without_hf_dpmerge("no_remote_code", ".", cwd=released_adapter / "adapter",
+                                     HF_MODULES_CACHE=str(tmp_path))
     assert "trust_remote_code" in answer.get("error", ""), answer
 
 
-def test_adapter_base_is_recorded_by_absolute_path(released_adapter):
+def test_adapter_base_is_named_relative_to_the_adapter(released_adapter):
     adapter = released_adapter / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((adapter / "base").resolve())
+    assert config["base_model_name_or_path"] == "base"  # no path of the training machine (it would not exist
+    # where the adapter is downloaded)
     assert (adapter / "base" / REMOTE_CODE_FILE).is_file() and REMOTE_CODE_FILE in RELEASE_ALLOW_LIST
     model_config = json.loads((adapter / "base" / "config.json").read_text())
     assert model_config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_mean_pooling_bert.")

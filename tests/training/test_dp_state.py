@@ -47,6 +47,15 @@ def test_load_refuses_a_checkpoint_that_disagrees_on_dp(tmp_path):
         _dp_state().load(path)
 
 
+def test_resume_at_another_batch_size_names_the_batch_size(tmp_path):
+    """A larger expected batch changes q and, at the same target ε, the calibrated σ: the message names the batch."""
+    path = _dp_state(steps=2).save(tmp_path)
+    other = DPState(seeded_generator(1), seeded_generator(2), PrivacyAccountant("rdp", 1.3, 0.2, 1e-5), 5)
+    with pytest.raises(ValueError, match=r"sample_rate=0.1 but this run uses 0.2; q = expected batch / N: resume "
+                                         r"with the same --per_device_train_batch_size"):
+        other.load(path)
+
+
 def test_budget_refuses_the_step_after_the_allowed_ones():
     state = _dp_state(steps=2, allowed_steps=3)
     state.check_budget()

@@ -9,7 +9,7 @@ from opacus.accountants import create_accountant
 
 from hf_dpmerge import PrivacyRecord
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecordError
-from hf_dpmerge.records.statement import privacy_statement
+from hf_dpmerge.records.statement import PrivacyStatement
 from hf_dpmerge.training.dp.accounting import pld_epsilon, replace_one_epsilon
 from tests.utils.independent_accounting import independent_replace_one_epsilon
 from tests.utils.training_helpers import make_trainer
@@ -98,7 +98,7 @@ def test_schema_1_records_load_as_example_level_add_remove_with_replace_one_unkn
     assert record.privacy_unit == "example" and record.num_units == record.num_samples
     assert record.neighbouring_relation == "add/remove-one" and record.epsilon_replace_one is None
     assert record.schema_version == 2
-    assert "not computed" in privacy_statement({"old": record})
+    assert "not computed" in PrivacyStatement.from_records({"old": record}).markdown()
 
 
 def test_schema_2_record_without_unit_fields_is_refused(tmp_path):
@@ -115,8 +115,8 @@ def test_statement_says_what_epsilon_covers(tmp_path):
     trainer.train()
     row = trainer.privacy_record()
     unit = PrivacyRecord.from_dict({**row.to_dict(), "privacy_unit": "unit:author", "num_units": 40})
-    text = privacy_statement({"rows": row})
+    text = PrivacyStatement.from_records({"rows": row}).markdown()
     assert "one training example (row)" in text and "replace-one" in text and "group privacy" in text
     assert f"{row.epsilon_replace_one:.3g}" in text and "privacy_unit_column" in text
-    text = privacy_statement({"authors": unit})
+    text = PrivacyStatement.from_records({"authors": unit}).markdown()
     assert "all training rows sharing one value of `author`" in text and "group privacy" not in text

@@ -14,11 +14,13 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoTokenizer, DataCollatorWithPadding, EarlyStoppingCallback
 
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.hub.model_card import build_model_card
 from hf_dpmerge.records.release_files import is_release_file
+from hf_dpmerge.records.statement import number
 from hf_dpmerge.training.dp.run_streams import dataset_identity
 from tests.utils.tiny_models import CORPUS, tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
@@ -139,6 +141,22 @@ def test_released_files_take_the_users_umask_and_plain_values(trained, tmp_path)
     assert record["optimizer"]["lr_scheduler"] == "linear"  # the plain value, not "SchedulerType.LINEAR"
 
 
+def test_the_adapter_folder_card_states_the_record_not_pefts_template(trained, tmp_path):
+    """save_model's README.md is the adapter card of the record (peft's blank template replaced)."""
+    trained.save_model(str(tmp_path / "adapter"))
+    card = ModelCard.load(tmp_path / "adapter" / "README.md")
+    record = PrivacyRecord.load(tmp_path / "adapter")
+    assert "[More Information Needed]" not in card.content and card.data.library_name == "peft"
+    text = card.text
+    assert f"(ε = {number(record.epsilon)}, δ = {number(record.delta)})-DP" in text
+    assert f"ε = {number(record.epsilon_replace_one)} for replace-one" in text
+    assert (f"by the {record.accountant} accountant over {record.steps} DP-SGD steps with effective noise "
+            f"multiplier σ = {record.effective_noise_multiplier:.4g} and sampling rate q = {record.sample_rate:.4g} "
+            f"on {record.num_units} units") in text
+    assert "The privacy unit is one training example (row)" in text
+    assert record.seeded and "**Seeded training: `dp-adapter`.**" in text
+
+
 def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):
     with pytest.raises(ValueError, match=r"fixed dp_seed.*allow_seeded=True"):
         trained.push_to_hub()
@@ -154,6 +172,8 @@ def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):
     assert not [f for f in files if f.startswith("checkpoint-")]
     card = repo.files["README.md"].decode()
     assert "Training Loss" not in card and "can regenerate" in card
+    record = PrivacyRecord.from_dict(json.loads(repo.files["dp_privacy.json"]))
+    assert f"(ε = {number(record.epsilon)}, δ = {number(record.delta)})-DP" in card  # the same statement as on disk
     assert json.loads(repo.files["dp_privacy.json"])["seeded"] is True
 
 

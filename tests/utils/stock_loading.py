@@ -47,13 +47,14 @@ _SCRIPT = textwrap.dedent(
 
 
 def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", texts: list[str] = TEXTS,
-                            **env: str) -> dict:
+                            cwd: str | Path | None = None, **env: str) -> dict:
     """Run ``loader`` ('peft', 'auto', 'pipeline' or 'no_remote_code') on ``path`` in a fresh interpreter with
-    ``hf_dpmerge`` blocked; its JSON answer (``error`` when loading raised)."""
+    ``hf_dpmerge`` blocked, in ``cwd`` (a task adapter names its base relative to its folder: load ``"."`` from
+    there); its JSON answer (``error`` when loading raised)."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, loader, str(path), subfolder, json.dumps(texts)],
-        env=environment, capture_output=True, text=True, timeout=300,
+        env=environment, capture_output=True, text=True, timeout=300, cwd=cwd,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answers = [line.split(_MARK, 1)[1] for line in done.stdout.splitlines() if _MARK in line]

@@ -274,10 +274,12 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
                           per_model="    paramters:\n      weight: 1.0\n"),
          "unknown key models[0].'paramters' (did you mean 'parameters'?)"),
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS, ""), "dp_aware needs lambda under the top-level"),
+        (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "parameters:\n  lambda: abc\n"),
+         "task_arithmetic: parameters.lambda = 'abc': Input should be a valid number"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
          "invalid_override", "guarantee_override", "mixed_bases", "dora", "truncated", "top_level_typo",
-         "model_level_typo", "no_scale"],
+         "model_level_typo", "no_scale", "bad_value"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:

@@ -10,18 +10,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import peft
 import pytest
 import torch
 from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
+from mergekit.options import MergeOptions
 from safetensors.torch import load_file
 
+from hf_dpmerge.merging import run as merge_run
 from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
-from hf_dpmerge.merging.output_dir import OVERWRITE_ENV
-from hf_dpmerge.merging.registration import guard_run_merge
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.training.dp.state import DP_STATE_NAME, last_complete_checkpoint, missing_checkpoint_files
 from tests.utils import crash_training
@@ -232,36 +231,33 @@ def test_merge_killed_after_writing_leaves_no_complete_looking_output(merge_work
     assert _files(out) == before
 
 
-def _stub_merge(config: SimpleNamespace, out_path: str, options: SimpleNamespace) -> None:
+def _stub_merge(config, out_path: str, options, config_source: str) -> None:
     Path(out_path).mkdir()
     (Path(out_path) / "config.json").write_text(json.dumps({"merge": config.merge_method}))
     (Path(out_path) / "mergekit_config.yml").write_text(f"merge_method: {config.merge_method}\n")
 
 
-def _stub_config(method: str) -> SimpleNamespace:
-    return SimpleNamespace(merge_method=method, models=[], slices=None, modules=None, parameters=None,
-                           base_model=None, referenced_models=lambda: [])
+def _stub_config(method: str) -> dict:
+    return {"merge_method": method, "models": [{"model": "a", "parameters": {"weight": 1.0}}]}
 
 
 def test_merge_output_is_replaced_only_when_it_is_a_previous_merge_and_overwrite_is_set(tmp_path: Path,
                                                                                          monkeypatch) -> None:
-    options = SimpleNamespace(lora_merge_cache=None, write_model_card=False)
-    merge = guard_run_merge(_stub_merge)
+    monkeypatch.setattr(merge_run, "run_merge", _stub_merge)
+    options = MergeOptions(write_model_card=False)
     foreign, previous = tmp_path / "foreign", tmp_path / "previous"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    merge(_stub_config("linear"), str(previous), options=options)
+    merge_run.merge(_stub_config("linear"), previous, options=options)
     (previous / "stale.txt").write_text("from the first merge")
 
-    monkeypatch.delenv(OVERWRITE_ENV, raising=False)
     for target in (foreign, previous):
         with pytest.raises(FileExistsError, match=f"{target} exists and is not empty; pass --overwrite"):
-            merge(_stub_config("ties"), str(target), options=options)
-    monkeypatch.setenv(OVERWRITE_ENV, "1")
+            merge_run.merge(_stub_config("ties"), target, options=options)
     with pytest.raises(FileExistsError, match="holds no previous merge"):
-        merge(_stub_config("ties"), str(foreign), options=options)
+        merge_run.merge(_stub_config("ties"), foreign, options=options, overwrite=True)
     assert _files(foreign) == {"notes.txt": b"mine"}
-    merge(_stub_config("ties"), str(previous), options=options)
+    merge_run.merge(_stub_config("ties"), previous, options=options, overwrite=True)
     assert sorted(_files(previous)) == ["config.json", "mergekit_config.yml"]
     assert json.loads((previous / "config.json").read_text()) == {"merge": "ties"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign", "previous"]

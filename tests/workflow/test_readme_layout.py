@@ -66,7 +66,8 @@ def test_every_module_and_subpackage_of_the_package_is_in_the_layout():
 
 
 def test_the_check_reads_names_and_folders_as_documented():
-    assert named_paths("hf_dpmerge/hub/", "model_card.py (+ model_card_template.md), push.py, dp_state.pt") == {
-        PACKAGE / "hub" / "model_card.py", PACKAGE / "hub" / "model_card_template.md", PACKAGE / "hub" / "push.py"}
+    assert named_paths("hf_dpmerge/records/", "card.py (+ card_templates/), statement.py, dp_state.pt") == {
+        PACKAGE / "records" / "card.py", PACKAGE / "records" / "card_templates",
+        PACKAGE / "records" / "statement.py"}
     assert named_paths("hf_dpmerge/lora.py", "what examples/train_glue.py runs; <out>/<task>/") == {
         ROOT / "examples" / "train_glue.py"}

@@ -70,7 +70,9 @@ def test_every_option_of_every_verb_has_help() -> None:
     import argparse
 
     from hf_dpmerge.cli.main import build_parser
+    from hf_dpmerge.scripts.train import argument_parser
 
+    argument_parser()  # HfArgumentParser resolves the shared dataclasses' field types in place first
     verbs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     bare = [f"{verb} {action.option_strings[0]}" for verb, parser in verbs.items() for action in parser._actions
             if action.option_strings and action.dest != "help" and not (action.help or "").strip()]

@@ -154,9 +154,9 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(tmp_pat
     assert "'eval_accuracy'" in capsys.readouterr().out  # evaluated on the validation split while training
     adapter = tmp_path / "runs" / "bbc_news" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((adapter / "base").resolve())
+    assert config["base_model_name_or_path"] == "base"  # relative to the adapter: no path of this machine
     record = json.loads((adapter / "dp_privacy.json").read_text())
-    assert record["base_model"] == str((tmp_path / "runs" / "base").resolve())  # never the relative runs/base
+    assert record["base_model"] is None  # the local base has no Hub id (tests/workflow/test_release_paths.py)
 
     spec = get_task_spec("bbc_news")
     model = PeftModel.from_pretrained(
@@ -166,7 +166,7 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(tmp_pat
     with torch.no_grad():
         expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
     for loader in ("peft", "auto"):
-        answer = load_without_hf_dpmerge(loader, adapter, HF_MODULES_CACHE=str(tmp_path / "modules"))
+        answer = load_without_hf_dpmerge(loader, ".", cwd=adapter, HF_MODULES_CACHE=str(tmp_path / "modules"))
         assert "error" not in answer, answer
         torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
         assert list(answer["id2label"].values()) == list(spec.label_names)

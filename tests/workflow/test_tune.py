@@ -151,9 +151,11 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
 
     assert main(["push", "tuned", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
     card = (workdir / "tuned-hub" / "README.md").read_text()
-    assert "selected on private validation data by the exponential mechanism among 3 candidates" in card
-    assert "(1e+06, 1e-05)-DP" in card
-    assert "pure ε-DP under the addition, removal or replacement" in card
+    assert "chosen on private validation data by the exponential mechanism among 3 candidates" in card
+    assert "(ε = 1e+06, δ = 1e-05)-DP" in card
+    readme = (workdir / "tuned" / "README.md").read_text()  # its privacy section restated with the total
+    assert "(ε = 1e+06, δ = 1e-05)-DP" in readme and "(ε = 6, δ = 1e-05)-DP" not in readme
+    assert "per addition, removal or replacement of one validation example" in card
     assert "public validation size n = " + ", ".join(f"{task}: {n}" for task, n in public.items()) in card
 
 
@@ -180,7 +182,7 @@ def test_tune_subsamples_to_the_public_size_and_releases_no_private_size(workdir
     assert main(["push", "tuned40", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
     card = (workdir / "tuned40-hub" / "README.md").read_text()
     assert "public validation size n = 40 per task" in card
-    selection = card[card.index("selected on private validation data"):]
+    selection = card[card.index("chosen on private validation data"):]
     selection = selection[:selection.index("\n")]
     for n in private.values():  # the private set sizes are in neither the record, the card nor the report
         assert not re.search(rf"\b{n}\b", text + selection + out.out), n

@@ -191,11 +191,18 @@ class PrivacyAccountant:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved history; refuses a history spent at another mechanism, σ_eff or q."""
-        for key in ("mechanism", "effective_noise_multiplier", "sample_rate"):
+        hints = {  # q first: a changed batch also changes the calibrated σ, and the batch is what the user changed
+            "mechanism": "resume with the same accountant (--accountant)",
+            "sample_rate": "q = expected batch / N: resume with the same --per_device_train_batch_size (expected "
+                           "batch) and training data",
+            "effective_noise_multiplier": "σ is calibrated from --target_epsilon, --target_delta, --max_steps and "
+                                          "--sam_mode (or set by --noise_multiplier): resume with the same values",
+        }
+        for key, hint in hints.items():
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"checkpoint privacy state has {key}={state[key]!r} but this run uses {getattr(self, key)!r}; "
-                    "resume with the same privacy settings"
+                    f"{hint}"
                 )
         self._accountant.history = [tuple(entry) for entry in state["history"]]
         self._epsilon_cache = None

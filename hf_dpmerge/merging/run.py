@@ -1,0 +1,74 @@
+"""The one way hf_dpmerge runs a mergekit merge: :func:`merge`, used by ``hf-dpmerge merge``, ``hf-dpmerge tune`` and
+the benchmarks (plain ``mergekit-yaml`` only gets our methods registered, by the start-up hook, and is otherwise
+mergekit's own: nothing of mergekit is patched).
+
+For any method, before anything is written: the YAML keys are checked against mergekit's schema (a misspelt key
+is an error, :func:`~hf_dpmerge.merging.config_edit.unknown_config_keys`), the method name must be known, an
+existing non-empty output is refused unless ``overwrite`` and it holds a previous merge (:mod:`.output_dir`), and for
+``cauchy_poe``/``dp_aware``/``safe_merge`` every input and setting is checked (:func:`.registration.check_config`).
+Stale ``--lora-merge-cache`` entries are dropped. The merge is written into a scratch directory beside the output
+and renamed into place at the end, so a failed or killed merge leaves nothing at the output; before that, the
+model card gets its privacy section and ``finish(staged, config)`` adds what the caller writes into the output
+(``hf-dpmerge merge``: each task's folder for stock loaders).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mergekit.config import MergeConfiguration
+from mergekit.merge import run_merge
+from mergekit.options import MergeOptions
+
+from hf_dpmerge.merging.config_edit import load_config_mapping, unknown_config_keys
+from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
+from hf_dpmerge.merging.output_dir import check_merge_output
+from hf_dpmerge.merging.privacy_section import write_privacy_section
+from hf_dpmerge.merging.registration import check_config, register_methods
+from hf_dpmerge.utils.io import staged_directory
+
+Finish = Callable[[Path, MergeConfiguration], Any]
+
+
+def parse_config(config: str | os.PathLike | Mapping[str, Any]) -> tuple[MergeConfiguration, str]:
+    """``config`` (a YAML file, or a mapping) as mergekit's ``MergeConfiguration`` and its YAML source; unknown
+    keys and configurations mergekit rejects are a ``ValueError`` naming the problem."""
+    if isinstance(config, Mapping):
+        data = dict(config)
+        if unknown := list(unknown_config_keys(data)):
+            raise ValueError(f"merge config: unknown key {'; '.join(unknown)}: fix the spelling")
+        source = yaml.safe_dump(data, sort_keys=False)
+    else:
+        data = load_config_mapping(config)
+        source = Path(config).read_text(encoding="utf-8")
+    try:
+        return MergeConfiguration.model_validate(data), source
+    except Exception as err:  # pydantic's ValidationError, mergekit's RuntimeError from its own validators
+        raise ValueError(f"mergekit rejects the merge config: {err}") from None
+
+
+def merge(config: str | os.PathLike | Mapping[str, Any], out_path: str | os.PathLike, *,
+          options: MergeOptions | None = None, overwrite: bool = False, finish: Finish | None = None) -> Path:
+    """Merge ``config`` into ``out_path`` with mergekit's ``run_merge`` under the checks and atomic output of the
+    module docstring; returns ``out_path``."""
+    register_methods()
+    options = options or MergeOptions()
+    merge_config, source = parse_config(config)
+    out_path = Path(out_path)
+    check_merge_output(out_path, overwrite)
+    check_config(merge_config, options.lora_merge_cache)
+    if options.lora_merge_cache:
+        drop_stale_lora_merges(merge_config, options.lora_merge_cache)
+    with staged_directory(out_path) as staged:  # same basename: mergekit titles the model card after it
+        run_merge(merge_config, str(staged), options=options, config_source=source)
+        if not staged.is_dir():
+            raise RuntimeError(f"mergekit reported success but wrote no output for {out_path}")
+        if options.write_model_card:
+            write_privacy_section(staged, merge_config)
+        if finish is not None:
+            finish(staged, merge_config)
+    return out_path

@@ -1,0 +1,152 @@
+"""Every card kind (adapter, merged, tuned, federated, the merged README's section) states privacy through one
+PrivacyStatement: each ε it prints is the record's or the composed value, relations are given with their own
+computed numbers (never a hand-written comparative), and it states one final (ε, δ)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from mergekit.config import MergeConfiguration
+
+from hf_dpmerge.hub.model_card import build_model_card
+from hf_dpmerge.merging.privacy_section import HEADING, write_privacy_section
+from hf_dpmerge.records.card import adapter_card
+from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
+from hf_dpmerge.records.statement import number
+from tests.utils.records import privacy_record
+
+FINAL = re.compile(r"\(ε = ([^,]+), δ = ([^)]+)\)-DP")
+PROSE = re.compile(r"ε(?:_sel)? = (∞|\d[\d.e+-]*)")
+SUM = re.compile(r"ε = (\S+) \+ (\S+) = (\S+?),")
+COMPARATIVES = ("larger", "smaller", "greater", "tighter", "looser", "as well")
+
+# add/remove-one ε close together and replace-one on either side of it: the audit's 7.992 vs 7.987 and 8.00 vs 7.23
+ALPHA = dict(epsilon=7.992, epsilon_replace_one=8.38, delta=2.16e-5)
+BETA = dict(epsilon=7.987, epsilon_replace_one=7.23, delta=1e-5)
+
+
+def table_epsilons(text: str) -> dict[str, tuple[str, str]]:
+    """input → (ε add/remove-one, ε replace-one) cells of the statement's table."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 12 and cells[0] not in ("input", "---"):
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def prose(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("|"))
+
+
+def check_no_comparative(text: str) -> None:
+    found = [word for word in COMPARATIVES if word in text.lower()]
+    assert not found, f"hand-written comparatives {found} in:\n{text}"
+
+
+def check_table(text: str, records: dict[str, PrivacyRecord]) -> None:
+    assert table_epsilons(text) == {
+        name: (number(r.epsilon), number(r.epsilon_replace_one)) for name, r in records.items()}
+
+
+def test_adapter_card_states_the_records_epsilon_under_each_relation() -> None:
+    for values in (ALPHA, BETA):
+        record = privacy_record("alpha", **values)
+        text = str(adapter_card(record, "alpha"))
+        check_table(text, {"alpha": record})
+        assert FINAL.findall(text) == [(number(record.epsilon), number(record.delta))]
+        assert set(PROSE.findall(prose(text))) == {number(record.epsilon), number(record.epsilon_replace_one)}
+        assert (f"ε = {number(record.epsilon)} for add/remove-one" in text
+                and f"ε = {number(record.epsilon_replace_one)} for replace-one" in text)
+        check_no_comparative(text)
+
+
+def test_merged_card_states_the_parallel_composition_once() -> None:
+    records = {"alpha": privacy_record("alpha", **ALPHA), "beta": privacy_record("beta", **BETA)}
+    text = str(build_model_card(records, repo_id="bob/m"))
+    check_table(text, records)
+    epsilon, replace, delta = 7.992, 8.38, 2.16e-5  # max over the inputs, per relation
+    assert FINAL.findall(text) == [(number(epsilon), number(delta))]
+    assert set(PROSE.findall(prose(text))) == {number(epsilon), number(replace)}
+    check_no_comparative(text)
+
+
+def _selection(records: dict[str, PrivacyRecord], composition: str) -> SelectionRecord:
+    total, delta = composed_guarantee(records, 1.0, composition)
+    return SelectionRecord(
+        mechanism="exponential", epsilon=1.0, sensitivity=2.8e-3, utility="task-averaged accuracy",
+        relation="addition, removal or replacement", unit="validation example", composition=composition,
+        candidates=[{"lambda": 0.5}, {"lambda": 1.0}], chosen=1, validation_size={"alpha": 178, "beta": 516},
+        adapters={n: {"epsilon": r.epsilon, "delta": r.delta} for n, r in records.items()},
+        total_epsilon=total, total_delta=delta,
+    )
+
+
+def check_tuned(text: str, records: dict[str, PrivacyRecord], selection: SelectionRecord) -> None:
+    """One final (ε, δ): the composed total; the adapters' composition and ε_sel only as its components."""
+    adapters = max(r.epsilon for r in records.values())
+    assert FINAL.findall(text) == [(number(selection.total_epsilon), number(selection.total_delta))]
+    stated = set(PROSE.findall(prose(text)))
+    assert stated == {number(selection.total_epsilon), number(adapters), number(selection.epsilon)}
+    if selection.composition == "sequential":
+        assert SUM.findall(text) == [(number(adapters), number(selection.epsilon), number(selection.total_epsilon))]
+    check_table(text, records)
+    check_no_comparative(text)
+
+
+@pytest.mark.parametrize("composition", ["sequential", "parallel"])
+def test_tuned_card_states_one_final_guarantee(composition: str) -> None:
+    records = {"alpha": privacy_record("alpha", **ALPHA), "beta": privacy_record("beta", **BETA)}
+    selection = _selection(records, composition)
+    check_tuned(str(build_model_card(records, repo_id="bob/m", selection=selection)), records, selection)
+
+
+def test_merged_readme_section_is_restated_for_the_tuned_merge(tmp_path: Path) -> None:
+    """mergekit's README gets the merge's section; tune replaces it with the composed total (no second claim)."""
+    records = {"alpha": privacy_record("alpha", **ALPHA), "beta": privacy_record("beta", **BETA)}
+    for task, record in records.items():
+        (tmp_path / task).mkdir()
+        record.save(tmp_path / task)
+    config = MergeConfiguration.model_validate({
+        "merge_method": "task_arithmetic", "base_model": str(tmp_path / "base"), "dtype": "float32",
+        "models": [{"model": f"{tmp_path / 'base'}+{tmp_path / t}", "parameters": {"weight": 1.0}} for t in records],
+    })
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "README.md").write_text("---\ntags: [merge]\n---\n# merged\n\nmergekit's card.\n")
+    write_privacy_section(out, config)
+    text = (out / "README.md").read_text()
+    assert text.startswith("---\ntags: [merge]\n---\n# merged\n\nmergekit's card.\n") and text.count(HEADING) == 1
+    named = {f"{tmp_path / 'base'}+{tmp_path / t}": r for t, r in records.items()}
+    check_table(text, named)
+    assert FINAL.findall(text) == [(number(7.992), number(2.16e-5))]
+    check_no_comparative(text)
+    selection = _selection(records, "sequential")
+    write_privacy_section(out, config, selection)
+    text = (out / "README.md").read_text()
+    assert "mergekit's card." in text and text.count(HEADING) == 1
+    check_tuned(text, named, selection)
+
+
+def test_federated_card_states_the_record_and_the_client_level() -> None:
+    client = {"epsilon": 2.5, "delta": 1e-6, "rounds": 3, "noise_multiplier": 1.1, "clip_norm": 1.0,
+              "sample_rate": 0.5, "num_clients": 4, "expected_clients": 2.0, "accountant": "rdp"}
+    record = privacy_record("alpha", epsilon=8.0, epsilon_replace_one=7.23, extra={"federated": {
+        "example_level": {"epsilon": 8.0, "delta": 1e-5, "steps_accounted": "every client sampled in every round"},
+        "client_level": client}})
+    text = str(adapter_card(record, "alpha (federated)"))
+    assert FINAL.findall(text) == [("8", "1e-05")]
+    assert set(PROSE.findall(prose(text))) == {"8", "7.23", number(client["epsilon"])}
+    assert "ε = 2.5 at δ = 1e-06 over 3 rounds" in text and "every client sampled in every round" in text
+    check_no_comparative(text)
+
+
+def test_a_card_without_a_private_input_claims_nothing() -> None:
+    records = {"alpha": privacy_record("alpha", **ALPHA), "plain": privacy_record("plain", math.inf, dp=False)}
+    text = str(build_model_card(records))
+    assert FINAL.findall(text) == [] and "**no** differential-privacy guarantee" in text
+    assert set(PROSE.findall(prose(text))) == set()
