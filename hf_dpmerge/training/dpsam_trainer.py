@@ -75,6 +75,7 @@ from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.release import adapter_card, check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
+from hf_dpmerge.training.shared_lora_a import frozen_lora_a_record
 
 logger = logging.getLogger(__name__)
 # opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
@@ -133,8 +134,10 @@ class DPSAMTrainer(Trainer):
         check_labels(train_dataset, self.model, args.label_names)
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        if args.align_lambda > 0:
-            list(lora_factors(self.model))  # refuses DoRA / LoRA biases / conv LoRA up front
+        # R(w) acts on trainable LoRA factors only: with all of them frozen (a head-only run) it is skipped
+        # and the record says λ = 0 (lora_factors also refuses DoRA / LoRA biases / conv LoRA up front)
+        self.align_lambda = args.align_lambda if args.align_lambda > 0 and any(
+            f.lora_a.requires_grad or f.lora_b.requires_grad for f in lora_factors(self.model)) else 0.0
 
         self.num_samples = len(train_dataset)
         self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
@@ -335,9 +338,9 @@ class DPSAMTrainer(Trainer):
         else:
             gradient, loss = self._query(model, inputs, units)
 
-        if self.args.align_lambda > 0:
+        if self.align_lambda > 0:
             with torch.enable_grad():
-                penalty = alignment_penalty(model, self.args.align_lambda)
+                penalty = alignment_penalty(model, self.align_lambda)
                 penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
             gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
         check_finite_step(self.state.global_step + 1, loss, gradient, self._param_names)
@@ -373,14 +376,14 @@ class DPSAMTrainer(Trainer):
                     per_example_loss, self.args.sam_rho,
                 )
                 with torch.no_grad():
-                    loss_total += per_example_loss(model(**micro_features).logits, micro_labels).sum()
+                    loss_total += per_example_loss(self._logits(model, micro_features), micro_labels).sum()
                 if self.privatizer is not None:
                     self.privatizer.accumulate(grads)
                 else:
                     for total, g in zip(sums, grads):
                         total.add_(g.sum(dim=0))
                 continue
-            losses = per_example_loss(model(**micro_features).logits, micro_labels)
+            losses = per_example_loss(self._logits(model, micro_features), micro_labels)
             loss_sum = losses.sum()
             params_grads = torch.autograd.grad(loss_sum, self._params, allow_unused=True)
             loss_total += loss_sum.detach()
@@ -396,6 +399,10 @@ class DPSAMTrainer(Trainer):
         if self.privatizer is not None:
             return self.privatizer.release(), mean_loss
         return [s / count.clamp(min=1) for s in self._sum_over_processes(sums)], mean_loss
+
+    def _logits(self, model: nn.Module, features: dict[str, Any]) -> torch.Tensor:
+        """The model's logits on one micro-batch (without its labels)."""
+        return model(**features).logits
 
     def _sum_over_processes(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return sum_over_processes(self.accelerator, tensors)
@@ -448,7 +455,7 @@ class DPSAMTrainer(Trainer):
             epsilon_replace_one=accountant.epsilon_replace_one() if dp else None,
             sam_mode=args.sam_mode,
             sam_rho=args.sam_rho,
-            align_lambda=args.align_lambda,
+            align_lambda=self.align_lambda,
             optimizer=optimizer_info,
             sum_lr_squared=self.dp_state.sum_lr_squared,
             base_model=getattr(adapter_config, "base_model_name_or_path", None),
@@ -459,6 +466,7 @@ class DPSAMTrainer(Trainer):
             queries_per_step=self.queries_per_step,
             seeded=args.dp_seed is not None,
             eval_data_is_public=args.eval_data_is_public,
+            extra={"lora_a": lora_a} if (lora_a := frozen_lora_a_record(self.model)) else {},
         )
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
