@@ -58,6 +58,12 @@ class DPSAMConfig(TrainingArguments):
         metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
                   "A fresh head needs larger steps than the LoRA factors under DP noise."},
     )
+    head_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Linear probe, then fine-tune: the first K steps train the task head only (LoRA frozen: "
+                  "not clipped, not noised), the rest LoRA and head; one accountant over all max_steps steps "
+                  "(docs/design.md §14.3)."},
+    )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
     dp_seed: int | None = field(
         default=None,
@@ -91,6 +97,8 @@ class DPSAMConfig(TrainingArguments):
             problems.append(f"sam_rho must be a finite number ≥ 0, got {self.sam_rho}")
         if not (math.isfinite(self.align_lambda) and self.align_lambda >= 0):
             problems.append(f"align_lambda must be a finite number ≥ 0, got {self.align_lambda}")
+        if self.head_warmup_steps < 0:
+            problems.append(f"head_warmup_steps must be ≥ 0, got {self.head_warmup_steps}")
         if self.physical_batch_size < 1:
             problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
         if self.dp:

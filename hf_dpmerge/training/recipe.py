@@ -21,3 +21,14 @@ DP_RECIPE: list[str] = [
     "--report_to", "none",
     "--seed", "0",
 ]
+
+HEAD_ONLY_RECIPE: list[str] = [
+    "--per_device_train_batch_size", "1024",
+    "--physical_batch_size", "1024",
+    "--max_steps", "1000",
+    "--learning_rate", "1e-2",
+    "--head_learning_rate", "1e-2",
+    "--sam_mode", "none",
+    "--align_lambda", "0",
+    "--logging_steps", "250",
+]

@@ -53,7 +53,8 @@ def unit_dataset() -> Dataset:
     return ds.add_column("author", [f"author-{i % UNITS}" for i in range(len(ds))])
 
 
-def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
+def trainer_config(tmp_path, **overrides: Any) -> DPSAMConfig:
+    """The tests' small DP configuration (4 steps, B_exp = 20, rdp, seeded), with ``overrides``."""
     settings = dict(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=20,
@@ -69,14 +70,18 @@ def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMT
         disable_tqdm=True,
     )
     settings.update(overrides)
+    return DPSAMConfig(**settings)
+
+
+def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
     # σ = 0 is no DP and DPSAMConfig refuses it; a test of the clipped sum builds a private trainer and then
     # silences its privatizer, so the released query is the clipped sum alone
-    silent = settings.get("noise_multiplier") == 0.0
+    silent = overrides.get("noise_multiplier") == 0.0
     if silent:
-        settings["noise_multiplier"] = 1.0
+        overrides["noise_multiplier"] = 1.0
     trainer = DPSAMTrainer(
         model=model if model is not None else lora_classifier(),
-        args=DPSAMConfig(**settings),
+        args=trainer_config(tmp_path, **overrides),
         train_dataset=dataset if dataset is not None else text_dataset(),
         data_collator=DataCollatorWithPadding(tiny_tokenizer()),
     )
@@ -88,3 +93,23 @@ def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMT
 def collate(trainer: DPSAMTrainer, rows: list[int]) -> dict:
     dataset = trainer.train_dataset.remove_columns(["text"])
     return trainer._prepare_inputs(trainer.data_collator([dataset[i] for i in rows]))
+
+
+def head_only_classifier(seed: int = 0):
+    """:func:`lora_classifier` with its LoRA factors frozen (B = 0): only the task head trains."""
+    model = lora_classifier(seed=seed)
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            parameter.requires_grad_(False)
+    return model
+
+
+def make_cached_head_trainer(tmp_path, model=None, dataset=None, **overrides: Any):
+    """A :class:`CachedHeadTrainer` on the pooled features of ``dataset`` (default :func:`text_dataset`) under
+    ``model`` (default :func:`head_only_classifier`), with :func:`make_trainer`'s settings."""
+    from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
+
+    model = model if model is not None else head_only_classifier()
+    dataset = dataset if dataset is not None else text_dataset()
+    features = with_pooled_features(model, dataset, DataCollatorWithPadding(tiny_tokenizer()), batch_size=16)
+    return CachedHeadTrainer(model=model, args=trainer_config(tmp_path, **overrides), train_dataset=features)
