@@ -109,6 +109,8 @@ class CachedHeadTrainer(DPSAMTrainer):
     Every trainable parameter must lie in the head (the head-only floor); ``sam_mode='per_example'`` (which
     differentiates the whole model per example) is refused."""
 
+    needs_token_ids = False  # its rows are pooled features
+
     def __init__(self, model: nn.Module, args: Any, train_dataset: Any = None, **kwargs: Any):
         if "data_collator" in kwargs:
             raise ValueError("CachedHeadTrainer collates its feature rows itself: pass no data_collator")

@@ -131,6 +131,7 @@ class DPSAMTrainer(Trainer):
     """A ``transformers.Trainer`` whose steps are differentially private and sharpness/drift aware."""
 
     args: DPSAMConfig
+    needs_token_ids: bool = True  # the training rows are token ids (a subclass may train on other inputs)
 
     def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, **kwargs: Any):
         if not isinstance(args, DPSAMConfig):
@@ -138,7 +139,8 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         check_sized_dataset(train_dataset)
-        check_tokenized(train_dataset)
+        if self.needs_token_ids:
+            check_tokenized(train_dataset)
         self.unit_of_row, train_dataset = _split_unit_column(train_dataset, args.privacy_unit_column)
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
@@ -73,21 +74,23 @@ def trainer_config(tmp_path, **overrides: Any) -> DPSAMConfig:
     return DPSAMConfig(**settings)
 
 
-def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
-    # σ = 0 is no DP and DPSAMConfig refuses it; a test of the clipped sum builds a private trainer and then
-    # silences its privatizer, so the released query is the clipped sum alone
+def silenced(build: Callable[..., Any], overrides: dict[str, Any]) -> Any:
+    """``build(**overrides)``; with ``noise_multiplier=0.0`` (no DP, which DPSAMConfig refuses) the trainer is
+    built private and its privatizer then silenced, so a released query is the clipped sum alone."""
     silent = overrides.get("noise_multiplier") == 0.0
-    if silent:
-        overrides["noise_multiplier"] = 1.0
-    trainer = DPSAMTrainer(
-        model=model if model is not None else lora_classifier(),
-        args=trainer_config(tmp_path, **overrides),
-        train_dataset=dataset if dataset is not None else text_dataset(),
-        data_collator=DataCollatorWithPadding(tiny_tokenizer()),
-    )
+    trainer = build(**{**overrides, "noise_multiplier": 1.0} if silent else overrides)
     if silent:
         trainer.privatizer.noise_multiplier = 0.0
     return trainer
+
+
+def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
+    return silenced(lambda **settings: DPSAMTrainer(
+        model=model if model is not None else lora_classifier(),
+        args=trainer_config(tmp_path, **settings),
+        train_dataset=dataset if dataset is not None else text_dataset(),
+        data_collator=DataCollatorWithPadding(tiny_tokenizer()),
+    ), overrides)
 
 
 def collate(trainer: DPSAMTrainer, rows: list[int]) -> dict:
@@ -112,4 +115,5 @@ def make_cached_head_trainer(tmp_path, model=None, dataset=None, **overrides: An
     model = model if model is not None else head_only_classifier()
     dataset = dataset if dataset is not None else text_dataset()
     features = with_pooled_features(model, dataset, DataCollatorWithPadding(tiny_tokenizer()), batch_size=16)
-    return CachedHeadTrainer(model=model, args=trainer_config(tmp_path, **overrides), train_dataset=features)
+    return silenced(lambda **settings: CachedHeadTrainer(model=model, args=trainer_config(tmp_path, **settings),
+                                                         train_dataset=features), overrides)
