@@ -11,7 +11,18 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .grid import FLOOR, PACKAGED, PROXY_TASKS, RECIPES, REPORT_TASKS, SELECT_EPSILONS, Unit, report_units, select_units
+from .grid import (
+    FLOOR,
+    PACKAGED,
+    PROXY_TASKS,
+    RECIPES,
+    REPORT_TASKS,
+    SEEDED_EPSILONS,
+    SELECT_EPSILONS,
+    Unit,
+    report_units,
+    select_units,
+)
 
 Results = dict[str, dict[str, Any]]  # unit name -> stored result
 TARGET_GAP = {8.0: 2.0, 4.0: 1.0}  # points the default recipe must beat the floor by, task-averaged
@@ -61,7 +72,7 @@ def paired_comparisons(results: Results, chosen: str) -> list[dict[str, Any]]:
     """chosen − floor and chosen − packaged at each seeded ε: the difference of task-averaged test accuracy per
     seed (seeds are the unit), a one-sided paired t-test (H1: chosen is better), Holm-adjusted over the family."""
     rows = []
-    for epsilon in SELECT_EPSILONS:
+    for epsilon in SEEDED_EPSILONS:
         for other in dict.fromkeys((FLOOR, PACKAGED)):
             if other == chosen:
                 continue
