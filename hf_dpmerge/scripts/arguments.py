@@ -61,7 +61,7 @@ class LoraArguments:
     lora_freeze_a: bool = field(
         default=False,
         metadata={"help": "FFA-LoRA: draw every LoRA A from the public --lora_a_seed and freeze it; only B and the "
-                  "head are trained and noised, and adapters with the same seed share A (docs/design.md §14.2)."},
+                  "head are trained and noised, and adapters with the same seed share A (docs/design.md §15.2)."},
     )
     lora_a_seed: int = field(
         default=DEFAULT_LORA_A_SEED,

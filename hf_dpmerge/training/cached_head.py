@@ -1,4 +1,4 @@
-"""The head-only release ("base encoder + own head") trained on cached pooled features (docs/design.md §14.1).
+"""The head-only release ("base encoder + own head") trained on cached pooled features (docs/design.md §15.1).
 
 With the LoRA factors frozen at B = 0 the encoder is the base's, a fixed public function f, and the task head
 h_θ is the only trainable part: logits = h_θ(f(x)). The pooled features f(x) (the head module's input, pooled

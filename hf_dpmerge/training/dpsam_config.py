@@ -62,7 +62,7 @@ class DPSAMConfig(TrainingArguments):
         default=0,
         metadata={"help": "Linear probe, then fine-tune: the first K steps train the task head only (LoRA frozen: "
                   "not clipped, not noised), the rest LoRA and head; one accountant over all max_steps steps "
-                  "(docs/design.md §14.3)."},
+                  "(docs/design.md §15.3)."},
     )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
     dp_seed: int | None = field(

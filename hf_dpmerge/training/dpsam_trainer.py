@@ -9,7 +9,7 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
 
 With ``head_warmup_steps`` K, steps 1..K clip, noise and update the task head only (the LoRA factors are frozen
 for the step) and skip R; every step is still one query at the same (σ, q) for the one accountant
-(docs/design.md §14.3).
+(docs/design.md §15.3).
 
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
 ``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`). Everything DP-specific that a run
@@ -536,7 +536,7 @@ class DPSAMTrainer(Trainer):
         return source_hub_id(source) if source else None
 
     def _record_extra(self) -> dict[str, Any]:
-        """The record's ``extra``: the options of docs/design.md §14 this run used."""
+        """The record's ``extra``: the options of docs/design.md §15 this run used."""
         extra: dict[str, Any] = {}
         if lora_a := frozen_lora_a_record(self.model):
             extra["lora_a"] = lora_a

@@ -1,4 +1,4 @@
-"""Frozen shared LoRA A factors drawn from a public seed (FFA-LoRA, Sun et al., ICLR 2024 §3; docs/design.md §14.2).
+"""Frozen shared LoRA A factors drawn from a public seed (FFA-LoRA, Sun et al., ICLR 2024 §3; docs/design.md §15.2).
 
 Each LoRA layer's A ∈ ℝ^{r×d_in} is drawn, independently of any data, as peft's default initialisation does
 (kaiming-uniform with a = √5, i.e. U(−1/√d_in, 1/√d_in)) from a ``torch.Generator`` seeded with
