@@ -276,6 +276,8 @@ class DPSAMTrainer(Trainer):
             generator=self.dp_state.noise_generator,
             adds_noise=self.accelerator.is_main_process,
             sum_over_processes=self._sum_over_processes,
+            clipping=self.args.clipping,
+            gamma=self.args.clipping_gamma,
         )
 
     def _calibrate(self) -> tuple[float, int]:
@@ -504,7 +506,7 @@ class DPSAMTrainer(Trainer):
             effective_noise_multiplier=self.effective_noise_multiplier if dp else 0.0,
             sample_rate=self.sample_rate,
             steps=self.state.global_step,
-            max_grad_norm=args.per_sample_max_grad_norm,
+            max_grad_norm=1.0 if args.clipping == "automatic" else args.per_sample_max_grad_norm,  # sensitivity
             expected_batch_size=self.expected_batch_size,
             num_samples=self.num_samples,
             privacy_unit=privacy_unit_name(args.privacy_unit_column),
@@ -542,6 +544,8 @@ class DPSAMTrainer(Trainer):
             extra["lora_a"] = lora_a
         if self.args.head_warmup_steps > 0:
             extra["head_warmup_steps"] = self.args.head_warmup_steps
+        if self.args.clipping == "automatic":
+            extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
         return extra
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:

@@ -222,6 +222,7 @@ def test_half_precision_prediction_leaves_the_release_in_full_precision(tmp_path
     assert "accuracy" in json.loads((tmp_path / "runs" / "bbc_news" / "eval_metrics.json").read_text())["test"]
 
 
+@pytest.mark.slow
 def test_head_only_run_with_the_default_recipe_trains_on_cached_features(tmp_path: Path) -> None:
     """--train_lora false takes the head-only recipe and trains the head on cached features; the explicit λ > 0
     and dp_sat of the LoRA recipe no longer crash (alignment skipped and recorded as λ = 0); the release is a
