@@ -52,7 +52,7 @@ class DPSAMConfig(TrainingArguments):
         default="flat",
         metadata={"help": "'flat': clip each per-sample gradient to C; 'automatic': normalise it, g/(‖g‖+γ), "
                   "sensitivity 1 (no C to tune; per_sample_max_grad_norm is then unused and the record says C = 1; "
-                  "docs/design.md §14.4).", "choices": CLIPPING_MODES},
+                  "docs/design.md §15.4).", "choices": CLIPPING_MODES},
     )
     clipping_gamma: float = field(
         default=0.01, metadata={"help": "Stability constant γ > 0 of automatic clipping, g/(‖g‖+γ)."}

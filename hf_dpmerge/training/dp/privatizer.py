@@ -6,7 +6,7 @@ where g_i is example i's gradient over *all* trainable parameters taken as one v
 expected (public) Poisson batch size. Automatic clipping (``clipping="automatic"``; Bu et al., "Automatic
 clipping: differentially private deep learning made easier and stronger", NeurIPS 2023 §4) normalises instead:
 g_i ↦ g_i/(‖g_i‖ + γ), of norm ‖g_i‖/(‖g_i‖ + γ) < 1 for γ > 0, so the sensitivity is 1 whatever the gradients
-and the noise is N(0, σ²I) (docs/design.md §14.4). Per-sample gradients come from opacus grad samplers
+and the noise is N(0, σ²I) (docs/design.md §15.4). Per-sample gradients come from opacus grad samplers
 (``p.grad_sample``) or from torch.func; the sum is accumulated over physical micro-batches and the noise is
 drawn once per query. Unlike opacus's ``DPOptimizer`` this releases the privatised gradient without stepping,
 which DP-SAT and the two-query step need.
