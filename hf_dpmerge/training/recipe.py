@@ -6,7 +6,7 @@ Command-line flags of ``DPSAMConfig``; ``examples/train_glue.py`` and ``hf-dpmer
 any later flag overrides them.
 
 ``HEAD_ONLY_RECIPE`` (on top of ``DP_RECIPE``) is the head-only floor's (``--train_lora false``: the head trains on
-cached features, docs/design.md §14.1, so steps are cheap): Poisson batches of expected size 1024, 1000 steps,
+cached features, docs/design.md §15.1, so steps are cheap): Poisson batches of expected size 1024, 1000 steps,
 constant AdamW 3·10⁻³, no SAM, no alignment. Chosen on rotten_tomatoes' validation split at ε = 8 (dp_seed 0)
 among (B, steps, lr) = (1024, 1000, 10⁻³ | 3·10⁻³ | 10⁻² | 3·10⁻²), (1024, 2000, 3·10⁻³), (512, 2000, 2·10⁻³),
 (2048, 500, 3·10⁻²), (2048, 1000, 5·10⁻²), (4096, 300, 10⁻¹): validation accuracy 0.784 against 0.750–0.780
