@@ -79,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
         splits, spec = load_task(task.task, max_train_samples=task.max_train_samples, path=task.dataset_path)
         tokenizer = AutoTokenizer.from_pretrained(base)
         set_seed(config.seed)
-        model = lora_sequence_classifier(
-            base, spec, r=lora.lora_r, alpha=lora.lora_alpha, target_modules=lora.lora_target_modules.split(","),
-            layers=lora.lora_layers, classifier_pooling=task.classifier_pooling,
-        )
+        model = lora_sequence_classifier(base, spec, classifier_pooling=task.classifier_pooling, **lora.lora_options())
         result = audit_training(
             model, tokenizer, splits["train"], spec, config,
             num_canaries=args.num_canaries, k_plus=k_plus, k_minus=k_minus, canary_length=args.canary_length,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from hf_dpmerge.data.model_path import default_model_path
 from hf_dpmerge.data.tasks import DEFAULT_TASK
+from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED
 from hf_dpmerge.utils.io import require_model_source
 
 CLASSIFIER_POOLINGS = ("mean", "cls")
@@ -57,6 +58,20 @@ class LoraArguments:
         metadata={"help": "Layers that get LoRA: 'top_half' (backprop stops halfway: faster steps, fewer noisy "
                   "coordinates), 'all', or comma-separated indices."},
     )
+    lora_freeze_a: bool = field(
+        default=False,
+        metadata={"help": "FFA-LoRA: draw every LoRA A from the public --lora_a_seed and freeze it; only B and the "
+                  "head are trained and noised, and adapters with the same seed share A (docs/design.md §15.2)."},
+    )
+    lora_a_seed: int = field(
+        default=DEFAULT_LORA_A_SEED,
+        metadata={"help": "Public seed of the frozen A factors (--lora_freeze_a); recorded in dp_privacy.json."},
+    )
+
+    def lora_options(self) -> dict:
+        """The keyword arguments of ``lora_sequence_classifier`` these flags set."""
+        return {"r": self.lora_r, "alpha": self.lora_alpha, "target_modules": self.lora_target_modules.split(","),
+                "layers": self.lora_layers, "freeze_a": self.lora_freeze_a, "a_seed": self.lora_a_seed}
 
 
 def add_dataclass_flag(parser, kind: type, name: str) -> None:

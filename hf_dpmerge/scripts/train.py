@@ -54,16 +54,18 @@ from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
 DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
+HEAD_ONLY_DEFAULTS = [*DP_DEFAULTS, *HEAD_ONLY_RECIPE]  # --train_lora false: the head-only recipe on top
 HUB_FLAG = "a release goes to the Hub with its privacy card through `hf-dpmerge push`"
 # TrainingArguments flags this script cannot honour as Trainer would, and what to use instead (docs/bad-inputs.md)
 REFUSED_FLAGS = {
@@ -80,10 +82,20 @@ REFUSED_FLAGS = {
 }
 
 
+def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS) -> list[str]:
+    """The defaults put before ``argv``: for the classifier script's DP recipe, the head-only recipe with
+    ``--train_lora false``; else ``defaults`` as given (another script's recipe)."""
+    if defaults is not DP_DEFAULTS:
+        return defaults
+    train_lora = parser.parse_known_args([*DP_DEFAULTS, *argv])[0].train_lora
+    return DP_DEFAULTS if train_lora else HEAD_ONLY_DEFAULTS
+
+
 def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,
                          script: str = "train_glue.py") -> None:
     """Refuse a non-default value of a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it (the
     values as parsed, before DPSAMConfig checks combinations)."""
+    defaults = recipe_defaults(parser, argv, defaults)
     given = vars(parser.parse_known_args([*defaults, *argv])[0])  # an unknown flag: refused by the full parse
     default = vars(parser.parse_known_args(defaults)[0])
     for name, why in REFUSED_FLAGS.items():
@@ -186,18 +198,24 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
                              keep_columns=(unit,) if unit is not None else ())
     # an absolute base path for training; the release names the base by Hub id or by its relative base/ only
-    model = lora_sequence_classifier(base_dir.resolve(), spec, r=script.lora_r, alpha=script.lora_alpha,
-                                     target_modules=script.lora_target_modules.split(","), layers=script.lora_layers,
-                                     train_lora=script.train_lora)
+    model = lora_sequence_classifier(base_dir.resolve(), spec, train_lora=script.train_lora, **script.lora_options())
     out = Path(script.runs_dir) / task
     args = dataclasses.replace(config, output_dir=str(out / "checkpoints"))
     evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO") or config.eval_on_start
     if evaluating and "validation" not in data:
         raise ValueError(f"--eval_strategy/--eval_on_start: task {task} has no validation split")
-    trainer = DPSAMTrainer(model=model, args=args, train_dataset=data["train"],
-                           eval_dataset=data["validation"] if evaluating else None,
-                           compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
-                           data_collator=DataCollatorWithPadding(tokenizer))
+    collator = DataCollatorWithPadding(tokenizer)
+    common = dict(model=model, args=args, eval_dataset=data["validation"] if evaluating else None,
+                  compute_metrics=trainer_compute_metrics(spec) if evaluating else None)
+    if script.train_lora:
+        trainer = DPSAMTrainer(train_dataset=data["train"], data_collator=collator, **common)
+    else:  # the frozen encoder runs once per row; the steps train the head on its pooled features
+        model.to(config.device)
+        needed = ["train", "test"] + (["validation"] if evaluating else [])
+        data = {split: with_pooled_features(model, data[split], collator, config.per_device_eval_batch_size)
+                for split in needed}
+        common["eval_dataset"] = data["validation"] if evaluating else None
+        trainer = CachedHeadTrainer(train_dataset=data["train"], **common)
     trainer.train(resume_from_checkpoint=resume)
     adapter_dir = out / "adapter"  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
@@ -243,10 +261,11 @@ def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_
 
 def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
                     script_name: str = "train_glue.py") -> tuple[ScriptArguments, DPSAMConfig]:
-    """The script's flags after the defaults (``defaults`` first, so every later flag overrides them)."""
+    """The script's flags after the defaults (``defaults`` first — for train_glue.py ``HEAD_ONLY_DEFAULTS`` with
+    ``--train_lora false`` — so every later flag overrides them)."""
     parser = argument_parser(arguments, defaults)
     refuse_ignored_flags(parser, argv, defaults, script_name)
-    script, config = parser.parse_args_into_dataclasses(args=[*defaults, *argv])
+    script, config = parser.parse_args_into_dataclasses(args=[*recipe_defaults(parser, argv, defaults), *argv])
     refuse_non_private_step_flags(config, script_name)
     return script, config
 

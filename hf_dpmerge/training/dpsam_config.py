@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from hf_dpmerge.training.dp.accounting import ACCOUNTANTS
+from hf_dpmerge.training.dp.privatizer import CLIPPING_MODES
 from hf_dpmerge.training.sam import SAM_MODES
 
 
@@ -47,6 +48,15 @@ class DPSAMConfig(TrainingArguments):
         metadata={"help": "Stop before ε exceeds this; defaults to target_epsilon. Useful with an explicit σ."},
     )
     per_sample_max_grad_norm: float = field(default=1.0, metadata={"help": "Per-sample clipping norm C."})
+    clipping: str = field(
+        default="flat",
+        metadata={"help": "'flat': clip each per-sample gradient to C; 'automatic': normalise it, g/(‖g‖+γ), "
+                  "sensitivity 1 (no C to tune; per_sample_max_grad_norm is then unused and the record says C = 1; "
+                  "docs/design.md §15.4).", "choices": CLIPPING_MODES},
+    )
+    clipping_gamma: float = field(
+        default=0.01, metadata={"help": "Stability constant γ > 0 of automatic clipping, g/(‖g‖+γ)."}
+    )
     accountant: str = field(default="prv", metadata={"help": "opacus accountant: 'prv' or 'rdp'."})
     sam_mode: str = field(
         default="dp_sat", metadata={"help": "'none' | 'dp_sat' | 'per_example' | 'two_query'."}
@@ -57,6 +67,12 @@ class DPSAMConfig(TrainingArguments):
         default=None,
         metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
                   "A fresh head needs larger steps than the LoRA factors under DP noise."},
+    )
+    head_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "Linear probe, then fine-tune: the first K steps train the task head only (LoRA frozen: "
+                  "not clipped, not noised), the rest LoRA and head; one accountant over all max_steps steps "
+                  "(docs/design.md §15.3)."},
     )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
     dp_seed: int | None = field(
@@ -91,6 +107,12 @@ class DPSAMConfig(TrainingArguments):
             problems.append(f"sam_rho must be a finite number ≥ 0, got {self.sam_rho}")
         if not (math.isfinite(self.align_lambda) and self.align_lambda >= 0):
             problems.append(f"align_lambda must be a finite number ≥ 0, got {self.align_lambda}")
+        if self.clipping not in CLIPPING_MODES:
+            problems.append(f"clipping must be one of {CLIPPING_MODES}, got {self.clipping!r}")
+        if not (math.isfinite(self.clipping_gamma) and self.clipping_gamma > 0):
+            problems.append(f"clipping_gamma must be a finite number > 0, got {self.clipping_gamma}")
+        if self.head_warmup_steps < 0:
+            problems.append(f"head_warmup_steps must be ≥ 0, got {self.head_warmup_steps}")
         if self.physical_batch_size < 1:
             problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
         if self.dp:

@@ -7,6 +7,10 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     g̃ = (Σ_{i∈B} clip_C(∇ℓ_i(w + e)) + N(0, σ²C²I)) / B_exp    (per_example: each i ascends on its own)
     w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
+With ``head_warmup_steps`` K, steps 1..K clip, noise and update the task head only (the LoRA factors are frozen
+for the step) and skip R; every step is still one query at the same (σ, q) for the one accountant
+(docs/design.md §15.3).
+
 The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
 ``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`). Everything DP-specific that a run
 accumulates (accountant, g̃_{t−1}, Σ η², the sampling and noise generators, the step budget) is one object,
@@ -24,11 +28,13 @@ draws sample units (q = B_exp/N_units), each unit's summed gradient is clipped t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -78,6 +84,7 @@ from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
+from hf_dpmerge.training.shared_lora_a import frozen_lora_a_record
 from hf_dpmerge.utils.adapter_files import set_adapter_base
 
 logger = logging.getLogger(__name__)
@@ -107,10 +114,24 @@ def _split_unit_column(dataset: Any, column: str | None) -> tuple[np.ndarray | N
     return codes.astype(np.int64), dataset.remove_columns(column)
 
 
+@contextlib.contextmanager
+def frozen_parameters(params: list[nn.Parameter]) -> Iterator[None]:
+    """``requires_grad = False`` on ``params`` inside the block (no per-sample gradient, not in the clipped
+    vector, no noise), restored after it."""
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 class DPSAMTrainer(Trainer):
     """A ``transformers.Trainer`` whose steps are differentially private and sharpness/drift aware."""
 
     args: DPSAMConfig
+    needs_token_ids: bool = True  # the training rows are token ids (a subclass may train on other inputs)
 
     def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, **kwargs: Any):
         if not isinstance(args, DPSAMConfig):
@@ -118,7 +139,8 @@ class DPSAMTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         check_sized_dataset(train_dataset)
-        check_tokenized(train_dataset)
+        if self.needs_token_ids:
+            check_tokenized(train_dataset)
         self.unit_of_row, train_dataset = _split_unit_column(train_dataset, args.privacy_unit_column)
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", args.world_size))  # set by torchrun / accelerate launchers
@@ -139,8 +161,10 @@ class DPSAMTrainer(Trainer):
         check_labels(train_dataset, self.model, args.label_names)
         self._param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        if args.align_lambda > 0:
-            list(lora_factors(self.model))  # refuses DoRA / LoRA biases / conv LoRA up front
+        # R(w) acts on trainable LoRA factors only: with all of them frozen (a head-only run) it is skipped
+        # and the record says λ = 0 (lora_factors also refuses DoRA / LoRA biases / conv LoRA up front)
+        self.align_lambda = args.align_lambda if args.align_lambda > 0 and any(
+            f.lora_a.requires_grad or f.lora_b.requires_grad for f in lora_factors(self.model)) else 0.0
 
         self.num_samples = len(train_dataset)
         self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
@@ -168,7 +192,13 @@ class DPSAMTrainer(Trainer):
             noise_generator=seeded_generator(noise_seed, self._params[0].device),
         )
 
+        # head warm-up (linear probe, then fine-tune): the first head_warmup_steps steps train the task head only
+        self._is_head = [".modules_to_save." in n for n in self._param_names]
+        if args.head_warmup_steps > 0 and not any(self._is_head):
+            raise ValueError("head_warmup_steps > 0 needs a task head to warm up (peft modules_to_save); the model "
+                             "has none: set head_warmup_steps=0")
         self.privatizer: GradientPrivatizer | None = None
+        self.head_privatizer: GradientPrivatizer | None = None
         self._grad_sample_module: GradSampleModule | None = None
         if args.dp:
             self._setup_privacy()
@@ -228,19 +258,27 @@ class DPSAMTrainer(Trainer):
             self.noise_multiplier, self.effective_noise_multiplier, args.per_sample_max_grad_norm,
             self.delta, args.accountant,
         )
-        self.privatizer = GradientPrivatizer(
-            self._params,
-            max_grad_norm=args.per_sample_max_grad_norm,
+        self.privatizer = self._privatizer(self._params)
+        if args.head_warmup_steps > 0:  # the same mechanism on the head's coordinates only
+            self.head_privatizer = self._privatizer([p for p, head in zip(self._params, self._is_head) if head])
+        if args.sam_mode != "per_example":
+            self._grad_sample_module = GradSampleModule(
+                self.model, batch_first=True, loss_reduction="sum", strict=False
+            )
+
+    def _privatizer(self, params: list[nn.Parameter]) -> GradientPrivatizer:
+        """The Gaussian mechanism (σ, C, B_exp, the run's noise generator) on the clipped vector of ``params``."""
+        return GradientPrivatizer(
+            params,
+            max_grad_norm=self.args.per_sample_max_grad_norm,
             noise_multiplier=self.noise_multiplier,
             expected_batch_size=self.expected_batch_size,
             generator=self.dp_state.noise_generator,
             adds_noise=self.accelerator.is_main_process,
             sum_over_processes=self._sum_over_processes,
+            clipping=self.args.clipping,
+            gamma=self.args.clipping_gamma,
         )
-        if args.sam_mode != "per_example":
-            self._grad_sample_module = GradSampleModule(
-                self.model, batch_first=True, loss_reduction="sum", strict=False
-            )
 
     def _calibrate(self) -> tuple[float, int]:
         """σ (explicit, or calibrated to the target ε) and the number of steps the ε budget allows at σ."""
@@ -328,6 +366,21 @@ class DPSAMTrainer(Trainer):
         units = inputs.pop(UNIT_KEY, None)
         if "labels" not in inputs:
             raise ValueError("DPSAMTrainer needs 'labels' in every batch")
+        warmup = self.state.global_step < self.args.head_warmup_steps
+        frozen = [p for p, head in zip(self._params, self._is_head) if warmup and not head]
+        with frozen_parameters(frozen):
+            loss, gradient = self._private_step(model, inputs, units, warmup)
+        check_finite_step(self.state.global_step + 1, loss, gradient, self._param_names)
+        frozen_ids = {id(p) for p in frozen}
+        for p, g in zip(self._params, gradient):  # frozen: no gradient, so the optimizer leaves them untouched
+            p.grad = None if id(p) in frozen_ids else g.to(p.dtype)
+        # Σ η² is the encoder's (the first param group): it takes no noisy step during the head warm-up
+        self.dp_state.record_step(0.0 if frozen else self.optimizer.param_groups[0]["lr"])
+        return loss
+
+    def _private_step(self, model: nn.Module, inputs: dict[str, Any], units: torch.Tensor | None,
+                      warmup: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The step's loss and g̃ + ∇R (SAM ascent per ``sam_mode``; R skipped during the head warm-up)."""
         mode, rho = self.args.sam_mode, self.args.sam_rho
         if mode == "dp_sat":
             previous = self.dp_state.previous_gradient
@@ -341,16 +394,12 @@ class DPSAMTrainer(Trainer):
         else:
             gradient, loss = self._query(model, inputs, units)
 
-        if self.args.align_lambda > 0:
+        if self.align_lambda > 0 and not warmup:
             with torch.enable_grad():
-                penalty = alignment_penalty(model, self.args.align_lambda)
+                penalty = alignment_penalty(model, self.align_lambda)
                 penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
             gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
-        check_finite_step(self.state.global_step + 1, loss, gradient, self._param_names)
-        for p, g in zip(self._params, gradient):
-            p.grad = g.to(p.dtype)
-        self.dp_state.record_step(self.optimizer.param_groups[0]["lr"])
-        return loss
+        return loss, gradient
 
     def _query(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], units: torch.Tensor | None = None
@@ -359,13 +408,18 @@ class DPSAMTrainer(Trainer):
         both over the whole draw (all processes' shares). ``units`` (each row's unit code) makes the
         privatiser clip per unit: row gradients are summed per unit across micro-batches, then clipped."""
         labels = inputs["labels"]
+        active = [i for i, p in enumerate(self._params) if p.requires_grad]  # all but those a warm-up froze
+        params, names = [self._params[i] for i in active], [self._param_names[i] for i in active]
+        privatizer = self.privatizer
+        if privatizer is not None and len(active) < len(self._params):
+            privatizer = self.head_privatizer
         unit_positions, num_units = None, 0
-        if units is not None and self.privatizer is not None:
+        if units is not None and privatizer is not None:
             codes, unit_positions = torch.unique(units, return_inverse=True)
             num_units = len(codes)
         batch = labels.shape[0]
         features = {k: v for k, v in inputs.items() if k != "labels"}
-        sums = [torch.zeros_like(p) for p in self._params]
+        sums = [torch.zeros_like(p) for p in params]
         loss_total = torch.zeros((), device=labels.device)
         size = self.args.physical_batch_size
         for start in range(0, batch, size):
@@ -375,33 +429,40 @@ class DPSAMTrainer(Trainer):
             micro_labels = labels[start : start + size]
             if self.args.sam_mode == "per_example":
                 grads = per_example_sam_grads(
-                    model, self._param_names, self._params, {**micro_features, "labels": micro_labels},
-                    per_example_loss, self.args.sam_rho,
+                    model, names, params, {**micro_features, "labels": micro_labels}, per_example_loss,
+                    self.args.sam_rho,
                 )
                 with torch.no_grad():
-                    loss_total += per_example_loss(model(**micro_features).logits, micro_labels).sum()
-                if self.privatizer is not None:
-                    self.privatizer.accumulate(grads)
+                    loss_total += per_example_loss(self._logits(model, micro_features), micro_labels).sum()
+                if privatizer is not None:
+                    privatizer.accumulate(grads)
                 else:
                     for total, g in zip(sums, grads):
                         total.add_(g.sum(dim=0))
                 continue
-            losses = per_example_loss(model(**micro_features).logits, micro_labels)
+            losses = per_example_loss(self._logits(model, micro_features), micro_labels)
             loss_sum = losses.sum()
-            params_grads = torch.autograd.grad(loss_sum, self._params, allow_unused=True)
+            params_grads = torch.autograd.grad(loss_sum, params, allow_unused=True)
             loss_total += loss_sum.detach()
-            if self.privatizer is not None:
+            if privatizer is not None:
                 positions = None if unit_positions is None else unit_positions[start : start + size]
-                self.privatizer.accumulate_grad_samples(positions, num_units)
+                privatizer.accumulate_grad_samples(positions, num_units)
             else:
                 for total, g in zip(sums, params_grads):
                     if g is not None:
                         total.add_(g)
         loss_total, count = self._sum_over_processes([loss_total, torch.tensor(float(batch), device=labels.device)])
         mean_loss = loss_total / count.clamp(min=1)
-        if self.privatizer is not None:
-            return self.privatizer.release(), mean_loss
-        return [s / count.clamp(min=1) for s in self._sum_over_processes(sums)], mean_loss
+        released = (privatizer.release() if privatizer is not None
+                     else [s / count.clamp(min=1) for s in self._sum_over_processes(sums)])
+        gradient = [torch.zeros_like(p) for p in self._params]  # frozen by a warm-up: zero, not noised
+        for i, g in zip(active, released):
+            gradient[i] = g
+        return gradient, mean_loss
+
+    def _logits(self, model: nn.Module, features: dict[str, Any]) -> torch.Tensor:
+        """The model's logits on one micro-batch (without its labels)."""
+        return model(**features).logits
 
     def _sum_over_processes(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return sum_over_processes(self.accelerator, tensors)
@@ -445,7 +506,7 @@ class DPSAMTrainer(Trainer):
             effective_noise_multiplier=self.effective_noise_multiplier if dp else 0.0,
             sample_rate=self.sample_rate,
             steps=self.state.global_step,
-            max_grad_norm=args.per_sample_max_grad_norm,
+            max_grad_norm=1.0 if args.clipping == "automatic" else args.per_sample_max_grad_norm,  # sensitivity
             expected_batch_size=self.expected_batch_size,
             num_samples=self.num_samples,
             privacy_unit=privacy_unit_name(args.privacy_unit_column),
@@ -454,7 +515,7 @@ class DPSAMTrainer(Trainer):
             epsilon_replace_one=accountant.epsilon_replace_one() if dp else None,
             sam_mode=args.sam_mode,
             sam_rho=args.sam_rho,
-            align_lambda=args.align_lambda,
+            align_lambda=self.align_lambda,
             optimizer=optimizer_info,
             sum_lr_squared=self.dp_state.sum_lr_squared,
             base_model=self._base_hub_id(adapter_config),
@@ -466,6 +527,7 @@ class DPSAMTrainer(Trainer):
             seeded=True if args.dp_seed is not None else self.dp_state.seeded_before_resume,
             eval_data_is_public=args.eval_data_is_public,
             resumed_from_steps=list(self.dp_state.resumed_from_steps),
+            extra=self._record_extra(),
         )
 
     @staticmethod
@@ -474,6 +536,17 @@ class DPSAMTrainer(Trainer):
         unknown origin."""
         source = getattr(adapter_config, "base_model_name_or_path", None)
         return source_hub_id(source) if source else None
+
+    def _record_extra(self) -> dict[str, Any]:
+        """The record's ``extra``: the options of docs/design.md §15 this run used."""
+        extra: dict[str, Any] = {}
+        if lora_a := frozen_lora_a_record(self.model):
+            extra["lora_a"] = lora_a
+        if self.args.head_warmup_steps > 0:
+            extra["head_warmup_steps"] = self.args.head_warmup_steps
+        if self.args.clipping == "automatic":
+            extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
+        return extra
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:
         """Save the adapter with its ``dp_privacy.json``: into a checkpoint (with ``dp_state.pt``) when the

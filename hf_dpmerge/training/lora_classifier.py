@@ -16,6 +16,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED, freeze_shared_lora_a
 
 
 def lora_layer_indices(choice: str, num_layers: int) -> list[int] | None:
@@ -58,11 +59,14 @@ def lora_sequence_classifier(
     layers: str = "all",
     classifier_pooling: str | None = None,
     train_lora: bool = True,
+    freeze_a: bool = False,
+    a_seed: int = DEFAULT_LORA_A_SEED,
 ) -> PeftModel:
     """``base`` (a directory or Hub id) with ``spec``'s label space and LoRA(r, α) on ``target_modules`` of
     ``layers`` ('all', 'top_half' or indices; see :func:`lora_layer_indices`). ``train_lora=False`` freezes the
     LoRA factors at their initialisation (B = 0, so ΔW = 0): only the head trains, the "base encoder + own head"
-    floor of a benchmark."""
+    floor of a benchmark. ``freeze_a`` draws every A from the public ``a_seed`` and freezes it, so only B and the
+    head train (FFA-LoRA; :mod:`hf_dpmerge.training.shared_lora_a`)."""
     pooling = {"classifier_pooling": classifier_pooling} if classifier_pooling else {}
     model = load_sequence_classifier(
         base, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
@@ -74,6 +78,8 @@ def lora_sequence_classifier(
         r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
         layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",
     ))
+    if freeze_a:
+        freeze_shared_lora_a(model, a_seed)
     if not train_lora:
         for name, parameter in model.named_parameters():
             if ".lora_" in name:

@@ -68,7 +68,7 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
     dp = trainer.dp_state.accountant is not None
     return NoiseStats(
         optimizer={"name": type(optimizer).__name__, **{k: first[k] for k in _HYPER if k in first}},
-        noise_std=trainer.noise_multiplier * trainer.args.per_sample_max_grad_norm / trainer.expected_batch_size
+        noise_std=trainer.noise_multiplier * trainer.privatizer.sensitivity / trainer.expected_batch_size
         if dp else 0.0,
         lrs={str(i): torch.tensor([step[i] for step in history], dtype=torch.float64)
              for i in range(len(optimizer.param_groups))},

@@ -158,3 +158,39 @@ def test_head_learning_rate_steps_the_head_at_its_own_rate(tmp_path):
     assert all(r == pytest.approx(0.5, rel=1e-4) for r in head)
     assert all(r == pytest.approx(1e-2, rel=1e-4) for r in lora)
     assert trainer.privacy_record().optimizer["head_lr"] == 0.5
+
+
+def test_automatic_clipping_normalises_every_contribution_below_one():
+    """clipping='automatic': each contribution is g_i/(‖g_i‖+γ), of norm < 1 (sensitivity 1, whatever C says),
+    and the noise is N(0, σ²·1²) before the division by B_exp."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
+    scale = torch.logspace(-4, 3, 10)
+    per_sample = [torch.randn(10, 3, 4) * scale[:, None, None], torch.randn(10, 5) * scale[:, None]]
+    gamma = 0.05
+    privatizer = GradientPrivatizer(params, max_grad_norm=0.7, noise_multiplier=0.0, expected_batch_size=10,
+                                    clipping="automatic", gamma=gamma)
+    contributions = []
+    for i in range(10):  # one example at a time: the released sum is that example's contribution (×B_exp)
+        privatizer.accumulate([g[i : i + 1] for g in per_sample])
+        contributions.append([g * 10 for g in privatizer.release()])
+    norms = torch.sqrt(per_sample[0].pow(2).sum(dim=(1, 2)) + per_sample[1].pow(2).sum(dim=1))
+    for i, contribution in enumerate(contributions):
+        total = torch.sqrt(sum(c.pow(2).sum() for c in contribution))
+        assert total < 1
+        for got, g in zip(contribution, per_sample):
+            torch.testing.assert_close(got, g[i] / (norms[i] + gamma))
+    assert norms.max() > 0.7 > norms.min()  # flat clipping would have left the small ones unscaled
+    noisy = GradientPrivatizer([torch.nn.Parameter(torch.zeros(200, 50))], max_grad_norm=0.4, noise_multiplier=1.3,
+                               expected_batch_size=16, generator=torch.Generator().manual_seed(1),
+                               clipping="automatic")
+    samples = torch.stack([noisy.release()[0] for _ in range(20)])
+    assert abs(samples.std().item() / (1.3 / 16) - 1) < 0.008  # σ·1/B_exp, not σ·C/B_exp
+
+
+def test_automatic_clipping_is_recorded_with_sensitivity_one(tmp_path):
+    trainer = make_trainer(tmp_path, clipping="automatic", clipping_gamma=0.02, per_sample_max_grad_norm=0.3,
+                           max_steps=1)
+    trainer.train()
+    record = trainer.privacy_record()
+    assert record.max_grad_norm == 1.0 and record.extra["clipping"] == {"mode": "automatic", "gamma": 0.02}

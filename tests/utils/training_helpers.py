@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
@@ -53,7 +54,8 @@ def unit_dataset() -> Dataset:
     return ds.add_column("author", [f"author-{i % UNITS}" for i in range(len(ds))])
 
 
-def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
+def trainer_config(tmp_path, **overrides: Any) -> DPSAMConfig:
+    """The tests' small DP configuration (4 steps, B_exp = 20, rdp, seeded), with ``overrides``."""
     settings = dict(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=20,
@@ -69,22 +71,49 @@ def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMT
         disable_tqdm=True,
     )
     settings.update(overrides)
-    # σ = 0 is no DP and DPSAMConfig refuses it; a test of the clipped sum builds a private trainer and then
-    # silences its privatizer, so the released query is the clipped sum alone
-    silent = settings.get("noise_multiplier") == 0.0
-    if silent:
-        settings["noise_multiplier"] = 1.0
-    trainer = DPSAMTrainer(
-        model=model if model is not None else lora_classifier(),
-        args=DPSAMConfig(**settings),
-        train_dataset=dataset if dataset is not None else text_dataset(),
-        data_collator=DataCollatorWithPadding(tiny_tokenizer()),
-    )
+    return DPSAMConfig(**settings)
+
+
+def silenced(build: Callable[..., Any], overrides: dict[str, Any]) -> Any:
+    """``build(**overrides)``; with ``noise_multiplier=0.0`` (no DP, which DPSAMConfig refuses) the trainer is
+    built private and its privatizer then silenced, so a released query is the clipped sum alone."""
+    silent = overrides.get("noise_multiplier") == 0.0
+    trainer = build(**{**overrides, "noise_multiplier": 1.0} if silent else overrides)
     if silent:
         trainer.privatizer.noise_multiplier = 0.0
     return trainer
 
 
+def make_trainer(tmp_path, model=None, dataset=None, **overrides: Any) -> DPSAMTrainer:
+    return silenced(lambda **settings: DPSAMTrainer(
+        model=model if model is not None else lora_classifier(),
+        args=trainer_config(tmp_path, **settings),
+        train_dataset=dataset if dataset is not None else text_dataset(),
+        data_collator=DataCollatorWithPadding(tiny_tokenizer()),
+    ), overrides)
+
+
 def collate(trainer: DPSAMTrainer, rows: list[int]) -> dict:
     dataset = trainer.train_dataset.remove_columns(["text"])
     return trainer._prepare_inputs(trainer.data_collator([dataset[i] for i in rows]))
+
+
+def head_only_classifier(seed: int = 0):
+    """:func:`lora_classifier` with its LoRA factors frozen (B = 0): only the task head trains."""
+    model = lora_classifier(seed=seed)
+    for name, parameter in model.named_parameters():
+        if ".lora_" in name:
+            parameter.requires_grad_(False)
+    return model
+
+
+def make_cached_head_trainer(tmp_path, model=None, dataset=None, **overrides: Any):
+    """A :class:`CachedHeadTrainer` on the pooled features of ``dataset`` (default :func:`text_dataset`) under
+    ``model`` (default :func:`head_only_classifier`), with :func:`make_trainer`'s settings."""
+    from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
+
+    model = model if model is not None else head_only_classifier()
+    dataset = dataset if dataset is not None else text_dataset()
+    features = with_pooled_features(model, dataset, DataCollatorWithPadding(tiny_tokenizer()), batch_size=16)
+    return silenced(lambda **settings: CachedHeadTrainer(model=model, args=trainer_config(tmp_path, **settings),
+                                                         train_dataset=features), overrides)

@@ -9,13 +9,13 @@ import pytest
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, parse_arguments
-from hf_dpmerge.training.recipe import DP_RECIPE
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE
 
 TRAIN_FLAGS = {
     "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
     "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
-    "overwrite": True, "train_lora": False,
+    "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5,
 }
 
 
@@ -23,7 +23,9 @@ def test_every_training_flag_parses_into_the_script_arguments() -> None:
     argv = [part for name, value in TRAIN_FLAGS.items() for part in (f"--{name}", str(value))]
     script, config = parse_arguments(argv)
     assert {name: getattr(script, name) for name in TRAIN_FLAGS} == TRAIN_FLAGS
-    assert config.max_steps == int(DP_RECIPE[DP_RECIPE.index("--max_steps") + 1])  # the recipe comes first
+    # the recipe comes first: the head-only one with --train_lora false, else the LoRA one
+    assert config.max_steps == int(HEAD_ONLY_RECIPE[HEAD_ONLY_RECIPE.index("--max_steps") + 1])
+    assert parse_arguments([])[1].max_steps == int(DP_RECIPE[DP_RECIPE.index("--max_steps") + 1])
     assert parse_arguments(["--max_steps", "7"])[1].max_steps == 7  # and any flag overrides it
 
 

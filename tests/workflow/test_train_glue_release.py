@@ -220,3 +220,59 @@ def test_half_precision_prediction_leaves_the_release_in_full_precision(tmp_path
     weights = load_file(str(tmp_path / "runs" / "bbc_news" / "adapter" / "adapter_model.safetensors"))
     assert {str(tensor.dtype) for tensor in weights.values()} == {"torch.float32"}
     assert "accuracy" in json.loads((tmp_path / "runs" / "bbc_news" / "eval_metrics.json").read_text())["test"]
+
+
+@pytest.mark.slow
+def test_head_only_run_with_the_default_recipe_trains_on_cached_features(tmp_path: Path) -> None:
+    """--train_lora false takes the head-only recipe and trains the head on cached features; the explicit λ > 0
+    and dp_sat of the LoRA recipe no longer crash (alignment skipped and recorded as λ = 0); the release is a
+    peft adapter whose LoRA B is 0, as before."""
+    from safetensors.torch import load_file
+
+    from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE
+
+    config = train_glue.parse_arguments(["--train_lora", "false"])[1]
+    recipe = train_glue.argument_parser().parse_args_into_dataclasses([*DP_RECIPE, *HEAD_ONLY_RECIPE])[1]
+    lora_recipe = train_glue.parse_arguments([])[1]
+    assert (config.max_steps, config.per_device_train_batch_size) == (recipe.max_steps,
+                                                                     recipe.per_device_train_batch_size)
+    assert config.max_steps != lora_recipe.max_steps and (config.sam_mode, config.align_lambda) == ("none", 0.0)
+    train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                     str(tmp_path / "runs"), "--task", "bbc_news", "--train_lora", "false", *TINY_RUN,
+                     "--align_lambda", "0.05", "--sam_mode", "dp_sat", "--max_steps", "5"])
+    adapter = tmp_path / "runs" / "bbc_news" / "adapter"
+    record = json.loads((adapter / "dp_privacy.json").read_text())
+    assert (record["steps"], record["align_lambda"], record["extra"]["train_lora"]) == (5, 0.0, False)
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    assert all(tensor.abs().sum() == 0 for key, tensor in weights.items() if ".lora_B." in key)
+    assert any("classifier" in key for key in weights)
+    assert "accuracy" in json.loads((tmp_path / "runs" / "bbc_news" / "eval_metrics.json").read_text())["test"]
+    assert (tmp_path / "runs" / "bbc_news" / "encoder_adapter" / "dp_privacy.json").exists()
+
+
+def test_frozen_shared_a_reaches_the_model_and_the_record(tmp_path: Path, monkeypatch) -> None:
+    """--lora_freeze_a / --lora_a_seed: the trainer's model has frozen A's drawn from the seed (none of them
+    trainable or noised) and the record names the seed and A's fingerprint."""
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+    from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record, lora_a_fingerprint
+
+    built = {}
+
+    class Recording(train_glue.DPSAMTrainer):
+        def train(self, resume_from_checkpoint=None, **kwargs):
+            built["trainer"] = self
+            raise _StopBeforeTraining
+
+    monkeypatch.setattr(train_glue, "DPSAMTrainer", Recording)
+    with pytest.raises(_StopBeforeTraining):
+        train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                         str(tmp_path / "runs"), "--task", "bbc_news", *TINY_RUN, "--lora_freeze_a", "true",
+                         "--lora_a_seed", "11", "--lora_r", "2", "--lora_layers", "all"])
+    trainer = built["trainer"]
+    assert not any(".lora_A." in name for name in trainer._param_names)
+    assert any(".lora_B." in name for name in trainer._param_names)
+    spec = get_task_spec("bbc_news")
+    reference = lora_sequence_classifier(tmp_path / "runs" / "base", spec, r=2, alpha=16,
+                                         target_modules=["query", "value"], layers="all")
+    assert lora_a_fingerprint(trainer.model) == freeze_shared_lora_a(reference, 11)
+    assert frozen_lora_a_record(trainer.model) == {"seed": 11, "fingerprint": lora_a_fingerprint(trainer.model)}

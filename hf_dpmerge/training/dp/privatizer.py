@@ -3,7 +3,10 @@
     g̃ = ( Σ_i clip_C(g_i) + N(0, σ²C² I) ) / B_exp,   clip_C(g) = g · min(1, C / ‖g‖₂)
 
 where g_i is example i's gradient over *all* trainable parameters taken as one vector, and B_exp is the
-expected (public) Poisson batch size. Per-sample gradients come from opacus grad samplers
+expected (public) Poisson batch size. Automatic clipping (``clipping="automatic"``; Bu et al., "Automatic
+clipping: differentially private deep learning made easier and stronger", NeurIPS 2023 §4) normalises instead:
+g_i ↦ g_i/(‖g_i‖ + γ), of norm ‖g_i‖/(‖g_i‖ + γ) < 1 for γ > 0, so the sensitivity is 1 whatever the gradients
+and the noise is N(0, σ²I) (docs/design.md §15.4). Per-sample gradients come from opacus grad samplers
 (``p.grad_sample``) or from torch.func; the sum is accumulated over physical micro-batches and the noise is
 drawn once per query. Unlike opacus's ``DPOptimizer`` this releases the privatised gradient without stepping,
 which DP-SAT and the two-query step need.
@@ -28,6 +31,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+CLIPPING_MODES = ("flat", "automatic")
+
 
 class GradientPrivatizer:
     def __init__(
@@ -40,8 +45,14 @@ class GradientPrivatizer:
         generator: torch.Generator | None = None,
         adds_noise: bool = True,
         sum_over_processes: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+        clipping: str = "flat",
+        gamma: float = 0.01,
     ):
+        if clipping not in CLIPPING_MODES:
+            raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
         self.params = list(params)
+        self.clipping = clipping
+        self.gamma = gamma
         self.adds_noise = adds_noise
         self.sum_over_processes = sum_over_processes
         self.max_grad_norm = max_grad_norm
@@ -51,6 +62,11 @@ class GradientPrivatizer:
         self._sums: list[torch.Tensor] = [torch.zeros_like(p) for p in self.params]
         self._unit_sums: list[torch.Tensor] | None = None
         self.num_examples = 0
+
+    @property
+    def sensitivity(self) -> float:
+        """The bound on one contribution's norm: C, or 1 under automatic clipping."""
+        return 1.0 if self.clipping == "automatic" else self.max_grad_norm
 
     def reset(self) -> None:
         for s in self._sums:
@@ -71,7 +87,8 @@ class GradientPrivatizer:
             total.index_add_(0, unit_positions.to(total.device), grad.to(total.dtype))
 
     def accumulate(self, per_sample_grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Clip each example's joint gradient to C and add it to the running sum; returns the raw norms."""
+        """Clip each example's joint gradient to C (or normalise it, automatic clipping) and add it to the
+        running sum; returns the raw norms."""
         if len(per_sample_grads) != len(self.params):
             raise ValueError("one per-sample gradient tensor is needed per trainable parameter")
         batch = per_sample_grads[0].shape[0]
@@ -79,7 +96,10 @@ class GradientPrivatizer:
             return per_sample_grads[0].new_zeros(0)
         flat_norms = torch.stack([g.reshape(batch, -1).norm(2, dim=1) for g in per_sample_grads], dim=1)
         norms = flat_norms.norm(2, dim=1)
-        factors = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        if self.clipping == "automatic":
+            factors = 1 / (norms + self.gamma)
+        else:
+            factors = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
         for total, grad in zip(self._sums, per_sample_grads):
             total.add_(torch.einsum("i,i...->...", factors.to(grad.dtype), grad).to(total.dtype))
         self.num_examples += batch
@@ -104,7 +124,7 @@ class GradientPrivatizer:
         by B_exp; resets."""
         if self._unit_sums is not None:
             self.accumulate(self._unit_sums)
-        std = self.noise_multiplier * self.max_grad_norm
+        std = self.noise_multiplier * self.sensitivity
         totals = []
         for total in self._sums:
             if self.adds_noise:

@@ -1,0 +1,73 @@
+"""What the recipe benchmark trains: the candidate recipes, the proxy and report tasks, and the units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROXY_TASKS = ("rotten_tomatoes", "election_tweets")
+"""Recipes are chosen on these tasks' validation splits."""
+REPORT_TASKS = ("reuters_r8", "reuters_r52", "20newsgroups", "bbc_news")
+"""Reported on their test splits; never used to choose a recipe."""
+SELECT_EPSILONS = (8.0,)  # the choice is made at ε = 8 (a 2-core machine's budget); reported at every ε
+REPORT_EPSILONS = (1.0, 4.0, 8.0, None)  # None: non-private
+SEEDED_EPSILONS = (4.0, 8.0)
+REPORT_SEEDS = 3
+FLOOR = "floor"
+PACKAGED = "packaged"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training recipe: train_glue.py flags appended after ``DP_RECIPE`` (later flags win)."""
+
+    flags: tuple[str, ...]
+    description: str
+    candidate: bool = True  # trained in the select stage
+
+
+RECIPES: dict[str, Recipe] = {
+    FLOOR: Recipe(("--train_lora", "false"),
+                  "frozen encoder + private linear head on cached features (HEAD_ONLY_RECIPE)", candidate=False),
+    PACKAGED: Recipe((), "DP_RECIPE: r = 8 on query/value of the top half, B = 256, 40 steps, lr 2e-3 / head 2e-2"),
+    "ffa": Recipe(("--lora_freeze_a", "true"), "DP_RECIPE with A frozen at its public-seed draw (FFA-LoRA)"),
+    "ffa_head_first": Recipe(("--lora_freeze_a", "true", "--head_warmup_steps", "10"),
+                             "FFA-LoRA, the first 10 of the 40 steps on the head alone (one accountant)"),
+}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One adapter: a recipe on a task at a privacy level (None: non-private) and a seed, in a stage."""
+
+    stage: str
+    recipe: str
+    task: str
+    epsilon: float | None
+    seed: int
+
+    @property
+    def name(self) -> str:
+        level = "nonprivate" if self.epsilon is None else f"eps{self.epsilon:g}"
+        return f"{self.stage}/{self.recipe}-{self.task}-{level}-seed{self.seed}"
+
+    @property
+    def split(self) -> str:
+        """The split the unit is scored on: validation while choosing, test when reporting."""
+        return "validation" if self.stage == "select" else "test"
+
+
+def select_units() -> list[Unit]:
+    return [Unit("select", recipe, task, epsilon, 0) for epsilon in reversed(SELECT_EPSILONS)
+            for recipe, spec in RECIPES.items() if spec.candidate for task in PROXY_TASKS]
+
+
+def report_units(chosen: str) -> list[Unit]:
+    """The report grid for ``chosen``, cheapest-to-most-informative first: seed 0 of every cell, then the seeds."""
+    recipes = list(dict.fromkeys((FLOOR, PACKAGED, chosen)))
+    units = []
+    for seed in range(REPORT_SEEDS):
+        for epsilon in (8.0, 4.0, 1.0, None):
+            if seed and epsilon not in SEEDED_EPSILONS:
+                continue
+            units += [Unit("report", recipe, task, epsilon, seed) for recipe in recipes for task in REPORT_TASKS]
+    return units

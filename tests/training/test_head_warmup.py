@@ -1,0 +1,61 @@
+"""Head first, then LoRA, in one accounted run (head_warmup_steps)."""
+
+import pytest
+import torch
+from opacus.accountants import create_accountant
+
+from hf_dpmerge import DPSAMConfig
+from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
+from tests.utils.training_helpers import make_trainer
+
+WARMUP, STEPS = 2, 5
+
+
+def test_lora_is_frozen_and_unnoised_for_k_steps_then_trains_under_one_accountant(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, max_steps=STEPS, head_warmup_steps=WARMUP, noise_multiplier=1.0,
+                           target_epsilon=None, logging_steps=STEPS, lr_scheduler_type="constant")
+    names = trainer._param_names
+    lora = [i for i, n in enumerate(names) if ".lora_" in n]
+    head = [i for i, n in enumerate(names) if ".modules_to_save." in n]
+    snapshots, clipped = [], []  # parameters before each step; which parameters each step clipped and noised
+    accumulate = GradientPrivatizer.accumulate
+
+    name_of = {id(p): n for n, p in zip(names, trainer._params)}
+
+    def recording(self, grads):
+        clipped[-1].update(name_of[id(p)] for p in self.params)
+        return accumulate(self, grads)
+
+    monkeypatch.setattr(GradientPrivatizer, "accumulate", recording)
+    original_step = trainer.training_step
+
+    def step(*args, **kwargs):
+        snapshots.append([p.detach().clone() for p in trainer._params])
+        clipped.append(set())
+        return original_step(*args, **kwargs)
+
+    trainer.training_step = step
+    trainer.train()
+    snapshots.append([p.detach().clone() for p in trainer._params])
+    for t in range(STEPS):
+        lora_moved = any(not torch.equal(snapshots[t][i], snapshots[t + 1][i]) for i in lora)
+        head_moved = all(not torch.equal(snapshots[t][i], snapshots[t + 1][i]) for i in head)
+        assert head_moved and lora_moved == (t >= WARMUP), t
+        assert clipped[t] == ({names[i] for i in head} if t < WARMUP else set(names)), t
+    accountant = create_accountant("rdp")
+    accountant.history = [(1.0, trainer.sample_rate, STEPS)]
+    assert trainer.accountant.steps == STEPS
+    assert trainer.privacy_record().epsilon == pytest.approx(accountant.get_epsilon(trainer.delta), rel=1e-9)
+    assert trainer.privacy_record().extra["head_warmup_steps"] == WARMUP
+    assert trainer.sum_lr_squared == pytest.approx((STEPS - WARMUP) * 1e-2**2)  # the encoder's noisy steps
+
+
+def test_sigma_is_calibrated_for_all_steps_warmup_included(tmp_path):
+    plain = make_trainer(tmp_path / "plain", max_steps=STEPS)
+    warm = make_trainer(tmp_path / "warm", max_steps=STEPS, head_warmup_steps=WARMUP)
+    assert warm.noise_multiplier == plain.noise_multiplier and warm.planned_steps == STEPS
+
+
+def test_a_negative_warmup_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="head_warmup_steps must be ≥ 0"):
+        DPSAMConfig(output_dir=str(tmp_path), head_warmup_steps=-1, use_cpu=True, report_to="none")
