@@ -177,21 +177,40 @@ def input_lora_factors(reference: ModelReference, tensor_name: str) -> LoraFacto
     return adapter_weights(input_directory(reference)).factors.get(tensor_name)
 
 
-def input_lora_noise(
+def _noisy_lora(
     reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
-) -> tuple[LoraFactor, torch.Tensor | float, torch.Tensor | float] | None:
-    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
-    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+) -> tuple[LoraFactor, PrivacyRecord] | None:
     values = {key: value for key, value in overrides.items() if value is not None}
     factors = input_lora_factors(reference, tensor_name)
     if factors is None or values.get(NOISE_STD) is not None:
         return None
     record = _input_record(reference, values)
-    if not record.dp:
+    return (factors, record) if record.dp else None
+
+
+def input_lora_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactor, torch.Tensor | float, torch.Tensor | float] | None:
+    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
+    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+    lora = _noisy_lora(reference, tensor_name, overrides)
+    if lora is None:
         return None
+    factors, record = lora
     return factors, _parameter_variance(reference, record, factors.saved_a), _parameter_variance(
         reference, record, factors.saved_b
     )
+
+
+def input_lora_b_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactor, torch.Tensor | float] | None:
+    """(factors, V_B) as :func:`input_lora_noise`, without A's variance (for a frozen, noiseless A)."""
+    lora = _noisy_lora(reference, tensor_name, overrides)
+    if lora is None:
+        return None
+    factors, record = lora
+    return factors, _parameter_variance(reference, record, factors.saved_b)
 
 
 def is_private(record: PrivacyRecord | None) -> bool:
