@@ -8,12 +8,18 @@ it holds a previous merge; misspelt keys are refused and ``cauchy_poe``/``dp_awa
 anything is written. This policy is this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour.
 ``hf-dpmerge merge --list-methods`` lists the
 merge methods mergekit knows, ours included.
+
+``--as-adapter`` merges shared-A LoRA adapters (``--lora_freeze_a``) in factor space and writes a LoRA adapter
+instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``merge_method``
+``task_arithmetic`` or ``dp_aware``, ``models:`` as ``base+adapter``, ``parameters: lambda``, per-model ``weight``
+and record overrides) without mergekit.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the merge methods mergekit knows (hf_dpmerge's included) and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output directory that holds a previous merge")
+    parser.add_argument("--as-adapter", "--as_adapter", dest="as_adapter", action="store_true",
+                        help="merge shared-A LoRA adapters (trained with --lora_freeze_a) into a LoRA adapter")
     parser.epilog = "Options after the two paths (--lora-merge-cache DIR, --cuda, ...) go to mergekit-yaml unchanged."
     parser.set_defaults(accepts_extra=True)
 
@@ -61,6 +69,43 @@ def _click_command(overwrite: bool):
     return command
 
 
+_AS_ADAPTER_SHARED = {"lambda", "allow_non_private"}
+
+
+def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
+    """The ``--as-adapter`` merge of the YAML at ``config_path`` into the adapter ``out_path``."""
+    from mergekit.common import ModelReference
+
+    from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
+    from hf_dpmerge.merging.config_edit import read_merge_config
+    from hf_dpmerge.merging.inputs import RECORD_OVERRIDES
+
+    config = read_merge_config(config_path)
+    shared = dict(config.get("parameters") or {})
+    if unknown := sorted(set(shared) - _AS_ADAPTER_SHARED):
+        raise ValueError(
+            f"--as-adapter: unknown or unsupported parameter {unknown}; it takes {sorted(_AS_ADAPTER_SHARED)} "
+            "(precision_sign and random_effects act on dense coordinates: use the dense merge)"
+        )
+    adapters, weights, overrides = [], [], []
+    for entry in config["models"]:
+        reference = ModelReference.parse(entry["model"] if isinstance(entry, dict) else entry)
+        if reference.lora is None:
+            raise ValueError(f"--as-adapter: input {reference} is not base+adapter; give each input as BASE+ADAPTER")
+        settings = dict((entry.get("parameters") or {}) if isinstance(entry, dict) else {})
+        weights.append(float(settings.pop("weight", 1.0)))
+        if unknown := sorted(set(settings) - set(RECORD_OVERRIDES) - {"noise_std"}):
+            raise ValueError(f"--as-adapter: input {reference} has unknown per-model parameter {unknown}")
+        adapters.append(reference.lora.path)
+        overrides.append(settings)
+    base = config.get("base_model")
+    return merge_shared_a_adapters(
+        adapters, out_path, method=config.get("merge_method"), lam=float(shared.get("lambda", 1.0)),
+        weights=weights, overrides=overrides, base_model=None if base is None else str(base),
+        allow_non_private=bool(shared.get("allow_non_private", False)), overwrite=overwrite,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import click
 
@@ -69,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.config is None or args.out_path is None:
         raise ValueError("give the merge CONFIG and the OUT directory (or --list-methods)")
+    if args.as_adapter:
+        if args.extra:
+            raise ValueError(f"--as-adapter runs without mergekit: it takes no mergekit options ({args.extra})")
+        print(f"merged adapter written to {run_as_adapter(args.config, args.out_path, args.overwrite)}")
+        return 0
     try:
         code = _click_command(args.overwrite).main([args.config, args.out_path, *args.extra],
                                                    prog_name="hf-dpmerge merge", standalone_mode=False)

@@ -184,22 +184,47 @@ def input_lora_factors(reference: ModelReference, tensor_name: str) -> LoraFacto
     return adapter_weights(input_directory(reference)).factors.get(tensor_name)
 
 
-def input_lora_noise(
+def _noisy_lora(
     reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
-) -> tuple[LoraFactor, torch.Tensor | float, torch.Tensor | float] | None:
-    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
-    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+) -> tuple[LoraFactor, PrivacyRecord] | None:
     values = {key: value for key, value in overrides.items() if value is not None}
     factors = input_lora_factors(reference, tensor_name)
     if factors is None or values.get(NOISE_STD) is not None:
         return None
     record = _input_record(reference, values)
-    if not record.dp:
+    return (factors, record) if record.dp else None
+
+
+def input_lora_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactor, torch.Tensor | float, torch.Tensor | float] | None:
+    """(factors, V_A, V_B) when the input's task vector for this tensor is a noisy LoRA delta s·B·A, else None
+    (full models, frozen weights, heads, non-DP inputs, or a per-model ``noise_std`` for the dense delta)."""
+    lora = _noisy_lora(reference, tensor_name, overrides)
+    if lora is None:
         return None
+    factors, record = lora
+    return factors, _parameter_variance(reference, record, factors.saved_a), _b_variance(reference, record, factors)
+
+
+def input_lora_b_noise(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any]
+) -> tuple[LoraFactor, torch.Tensor | float] | None:
+    """(factors, V_B) as :func:`input_lora_noise`, without A's variance (for a frozen, noiseless A)."""
+    lora = _noisy_lora(reference, tensor_name, overrides)
+    if lora is None:
+        return None
+    factors, record = lora
+    return factors, _b_variance(reference, record, factors)
+
+
+def _b_variance(reference: ModelReference, record: PrivacyRecord, factors: LoraFactor) -> torch.Tensor | float:
+    """V_B of the input's B: the optimiser's walk, capped by the released B where B started at zero (B̃ is then
+    its task vector; docs/design.md §6)."""
     variance_b = _parameter_variance(reference, record, factors.saved_b)
     if adapter_weights(input_directory(reference)).config.init_lora_weights in _ZERO_B_INITS:
-        variance_b = capped_variance(variance_b, factors.lora_b)  # B started at zero: B̃ is its task vector
-    return factors, _parameter_variance(reference, record, factors.saved_a), variance_b
+        variance_b = capped_variance(variance_b, factors.lora_b)
+    return variance_b
 
 
 def is_private(record: PrivacyRecord | None) -> bool:

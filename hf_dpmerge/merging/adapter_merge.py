@@ -1,0 +1,207 @@
+"""Merge LoRA adapters that share every A into one LoRA adapter of the same rank (docs/design.md §15.2).
+
+The inputs are encoder adapters (``encoder_adapter/``: LoRA weights only, no task head; each task keeps its own
+head) trained with ``--lora_freeze_a``: their privacy records state the A factors' ``extra.lora_a =
+{seed, fingerprint}``. The merged adapter keeps that A and gets B from :mod:`.factor_space`, so it is exactly the
+dense merge's task vector at adapter size, loads with stock ``peft.PeftModel.from_pretrained`` and can be merged
+again. An input without a recorded fingerprint trained its A: factor-space merging would not be exact and is
+refused. The merge is post-processing, not a training run, so the output has no ``dp_privacy.json``: it keeps
+its inputs' records in ``adapter_merge.json`` (read when it is merged again) and states their composed
+guarantee in its README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from mergekit.common import ModelPath, ModelReference
+from safetensors.torch import save_file
+
+from hf_dpmerge.lora import SavedAdapter
+from hf_dpmerge.merging.factor_space import FACTOR_METHODS, merged_lora_b
+from hf_dpmerge.merging.inputs import NOISE_STD, adapter_weights, input_lora_b_noise, require_private
+from hf_dpmerge.merging.output_dir import MERGE_MARKER, check_merge_output
+from hf_dpmerge.records.fingerprint import base_fingerprint
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, without_peft_prefix
+from hf_dpmerge.utils.io import staged_directory
+
+MERGE_RECORD_NAME = "adapter_merge.json"
+_RETRAIN = "use the dense merge (hf-dpmerge merge without --as-adapter) or retrain with --lora_freeze_a true"
+
+
+@dataclass(frozen=True)
+class AdapterInput:
+    """One input adapter: its directory, weight w_i and per-model record overrides (``dp_aware``'s noise model)."""
+
+    directory: Path
+    weight: float = 1.0
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    source: AdapterInput
+    adapter: SavedAdapter
+    records: dict[str, PrivacyRecord]  # its own record, or for a merged adapter its inputs' records
+    lora_a: Mapping[str, Any] | None
+    merged: bool
+
+
+def saved_a_fingerprint(adapter: SavedAdapter) -> str:
+    """The A fingerprint training records (``lora_a_fingerprint``) recomputed from a saved adapter's A tensors."""
+    return base_fingerprint({
+        without_peft_prefix(f.saved_a).replace(".lora_A.weight", ".lora_A.default.weight"): f.lora_a
+        for f in adapter.factors.values()
+    })
+
+
+def _load(source: AdapterInput) -> _Loaded:
+    directory = source.directory
+    adapter = adapter_weights(directory)
+    if adapter.trained:
+        raise ValueError(
+            f"input {directory} trains weights outside its LoRA layers ({sorted(adapter.trained)}): merge the "
+            "task adapters' encoder_adapter/ exports (task heads are never merged)"
+        )
+    if (directory / PRIVACY_RECORD_NAME).exists():
+        record = PrivacyRecord.load(directory)
+        return _Loaded(source, adapter, {str(directory): record}, record.extra.get("lora_a"), merged=False)
+    if (directory / MERGE_RECORD_NAME).exists():
+        merge = json.loads((directory / MERGE_RECORD_NAME).read_text())
+        records = {name: PrivacyRecord.from_dict(data, f"{directory / MERGE_RECORD_NAME}: {name}")
+                   for name, data in merge["records"].items()}
+        return _Loaded(source, adapter, records, merge["lora_a"], merged=True)
+    raise ValueError(
+        f"input {directory} has no {PRIVACY_RECORD_NAME} (nor {MERGE_RECORD_NAME}): nothing shows that its A is "
+        f"the shared one; {_RETRAIN}"
+    )
+
+
+def check_shared_a(inputs: Sequence[_Loaded]) -> None:
+    """Refuse inputs whose A factors are not recorded as frozen, not the recorded ones, or not all the same."""
+    for item in inputs:
+        fingerprint = (item.lora_a or {}).get("fingerprint")
+        if not fingerprint:
+            raise ValueError(
+                f"input {item.source.directory}: its record has no extra.lora_a fingerprint, so its LoRA A was "
+                f"trained and a factor-space merge would not be exact; {_RETRAIN}"
+            )
+        if saved_a_fingerprint(item.adapter) != fingerprint:
+            raise ValueError(
+                f"input {item.source.directory}: its saved A factors do not match its record's lora_a fingerprint "
+                f"{fingerprint}; copy the record that training saved with this adapter"
+            )
+    first = inputs[0]
+    for item in inputs[1:]:
+        if item.lora_a["fingerprint"] != first.lora_a["fingerprint"]:
+            raise ValueError(
+                f"inputs {first.source.directory} (lora_a seed {first.lora_a.get('seed')}) and "
+                f"{item.source.directory} (seed {item.lora_a.get('seed')}) do not share their LoRA A factors "
+                f"(fingerprints differ): a factor-space merge would not be exact; use the dense merge (hf-dpmerge "
+                "merge without --as-adapter) or retrain them with one --lora_a_seed"
+            )
+        scalings = {name: f.scaling for name, f in item.adapter.factors.items()}
+        if scalings != {name: f.scaling for name, f in first.adapter.factors.items()}:
+            raise ValueError(
+                f"inputs {first.source.directory} and {item.source.directory} differ in their LoRA scaling "
+                "(lora_alpha or rsLoRA); a merged adapter has one: use the dense merge"
+            )
+
+
+def _noise_variances(item: _Loaded, method: str, allow_non_private: bool) -> dict[str, torch.Tensor | float]:
+    """V_B per layer of one ``dp_aware`` input, from its record and noise statistics (0 for a non-DP input)."""
+    if item.merged:
+        raise ValueError(
+            f"input {item.source.directory} is itself a merged adapter: the noise variance of its B is not "
+            "recorded, so dp_aware cannot denoise it; merge the original adapters with dp_aware in one merge"
+        )
+    if item.source.overrides.get(NOISE_STD) is not None:
+        raise ValueError(
+            f"input {item.source.directory}: `noise_std` gives the dense task vector's noise, not B's; delete it "
+            "(the record and dp_noise_stats.safetensors give B's)"
+        )
+    reference = ModelReference(model=ModelPath(path=str(item.source.directory)),
+                               lora=ModelPath(path=str(item.source.directory)))
+    require_private(method, reference, allow_non_private)
+    variances = {}
+    for name in item.adapter.factors:
+        noise = input_lora_b_noise(reference, name, item.source.overrides)
+        variances[name] = 0.0 if noise is None else noise[1]
+    return variances
+
+
+def _readme(method: str, lam: float, inputs: Sequence[_Loaded], records: Mapping[str, PrivacyRecord]) -> str:
+    listed = "\n".join(f"- `{item.source.directory}` (weight {item.source.weight:g})" for item in inputs)
+    return (
+        "# Merged LoRA adapter\n\n"
+        f"A factor-space **{method}** merge (λ = {lam:g}) of LoRA adapters sharing their frozen A factors "
+        f"(lora_a fingerprint `{inputs[0].lora_a['fingerprint']}`): same A, merged B, no task head.\n\n"
+        f"{listed}\n\n## Differential privacy\n\n{PrivacyStatement.from_records(records).markdown()}"
+    )
+
+
+def merge_shared_a_adapters(
+    adapter_dirs: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    method: str = "task_arithmetic",
+    lam: float = 1.0,
+    weights: Sequence[float] | None = None,
+    *,
+    overrides: Sequence[Mapping[str, Any]] | None = None,
+    base_model: str | None = None,
+    allow_non_private: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Write the merged adapter of ``adapter_dirs`` (shared-A LoRA adapters) to ``out_dir``; see the module doc.
+
+    ``weights`` are the w_i (1 each by default); ``overrides`` the per-input record overrides of ``dp_aware``;
+    ``base_model`` becomes the adapter's ``base_model_name_or_path`` (the first input's otherwise).
+    """
+    if method not in FACTOR_METHODS:
+        raise ValueError(f"--as-adapter merges with {list(FACTOR_METHODS)}, not {method!r}; use the dense merge")
+    if not adapter_dirs:
+        raise ValueError("no adapters to merge")
+    weights = [1.0] * len(adapter_dirs) if weights is None else list(weights)
+    overrides = [{}] * len(adapter_dirs) if overrides is None else list(overrides)
+    if not len(weights) == len(overrides) == len(adapter_dirs):
+        raise ValueError(f"{len(adapter_dirs)} adapters but {len(weights)} weights and {len(overrides)} overrides")
+    check_merge_output(out_dir, overwrite)
+    inputs = [_load(AdapterInput(Path(d), float(w), dict(o))) for d, w, o in zip(adapter_dirs, weights, overrides)]
+    check_shared_a(inputs)
+    variances = [_noise_variances(item, method, allow_non_private) for item in inputs] if method == "dp_aware" else None
+
+    first = inputs[0].adapter
+    tensors: dict[str, torch.Tensor] = {}
+    for name, factor in first.factors.items():
+        layer_variances = None if variances is None else [v[name] for v in variances]
+        merged = merged_lora_b([item.adapter.factors[name].lora_b for item in inputs], weights, lam, layer_variances)
+        tensors[factor.saved_a] = factor.lora_a.contiguous()
+        tensors[factor.saved_b] = merged.to(factor.lora_b.dtype).contiguous()
+    config = json.loads((inputs[0].source.directory / ADAPTER_CONFIG_NAME).read_text())
+    if base_model is not None:
+        config["base_model_name_or_path"] = base_model
+    records = {name: record for item in inputs for name, record in item.records.items()}
+    lora_a = {"seed": inputs[0].lora_a.get("seed") if len({i.lora_a.get("seed") for i in inputs}) == 1 else None,
+              "fingerprint": inputs[0].lora_a["fingerprint"]}
+    description = {"merge_method": method, "parameters": {"lambda": lam},
+                   "models": [{"model": str(item.source.directory), "parameters": {"weight": item.source.weight}}
+                              for item in inputs]}
+    with staged_directory(out_dir) as staged:
+        staged.mkdir()
+        save_file(tensors, staged / ADAPTER_SAFETENSORS_NAME, metadata={"format": "pt"})
+        (staged / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (staged / MERGE_RECORD_NAME).write_text(json.dumps(
+            {**description, "lora_a": lora_a, "records": {n: r.to_dict() for n, r in records.items()}}, indent=2
+        ) + "\n")
+        (staged / MERGE_MARKER).write_text("# hf-dpmerge merge --as-adapter\n" + yaml.safe_dump(description))
+        (staged / "README.md").write_text(_readme(method, lam, inputs, records), encoding="utf-8")
+    return Path(out_dir)

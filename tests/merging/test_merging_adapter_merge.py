@@ -1,0 +1,172 @@
+"""Factor-space merges of shared-A (FFA-LoRA) adapters: the output is a peft adapter equal to the dense merge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from mergekit.common import ModelReference
+from mergekit.merge_methods.base import TensorEntry
+from peft import PeftModel
+from transformers import AutoModelForSequenceClassification
+
+from hf_dpmerge.cli.main import main
+from hf_dpmerge.merging.adapter_merge import MERGE_RECORD_NAME, merge_shared_a_adapters
+from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, adapter_weights
+from hf_dpmerge.merging.methods import DPAwareMethod
+from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record
+from tests.utils.merging_builders import adamw_record, lora_config_yaml, save_base
+from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier
+
+SEED = 11
+NOISE_STD_B = 0.01  # adamw_record: V_B = sum_lr_squared = 1e-4
+
+
+def save_shared_a_adapter(runs: Path, task: str, labels: int, seed: int, a_seed: int | None = SEED) -> Path:
+    """``runs/<task>/encoder_adapter`` with A frozen from ``a_seed`` (None: A trained, no lora_a in the record)
+    and a sparse B signal plus noise at the record's V_B."""
+    model = lora_classifier(seed=0, num_labels=labels)
+    if a_seed is not None:
+        freeze_shared_lora_a(model, a_seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                signal = 0.05 * torch.randn(parameter.shape, generator=generator)
+                signal *= torch.rand(parameter.shape, generator=generator) < 0.3
+                parameter.copy_(signal + NOISE_STD_B * torch.randn(parameter.shape, generator=generator))
+            elif ".lora_A." in name and a_seed is None:
+                parameter.normal_(0, 0.1, generator=generator)
+    tensors = peft_base_tensors(model)
+    lora_a = frozen_lora_a_record(model)
+    adapter = runs / task / "adapter"
+    model.save_pretrained(adapter)
+    adamw_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
+                 extra={"lora_a": lora_a} if lora_a else {}).save(adapter)
+    return export_encoder_adapter(adapter, runs / task / "encoder_adapter")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    save_base(runs / "base")
+    for seed, (task, labels) in enumerate({"sst2": 2, "mnli": 3, "qnli": 2}.items(), start=1):
+        save_shared_a_adapter(runs, task, labels, seed)
+    return runs
+
+
+def adapters(runs: Path, *tasks: str) -> list[Path]:
+    return [runs / task / "encoder_adapter" for task in tasks]
+
+
+def outputs(model: torch.nn.Module) -> torch.Tensor:
+    """The logits and the last hidden states (the tiny head's logits are ~1e-2, the hidden states ~1)."""
+    batch = tiny_tokenizer()(["the film was a delight", "markets rallied as oil prices fell"], return_tensors="pt",
+                             padding=True)
+    with torch.no_grad():
+        output = model.eval()(**batch, output_hidden_states=True)
+    return torch.cat([output.logits.flatten(), output.hidden_states[-1].flatten()])
+
+
+def dense_merge(base_dir: Path, inputs: list[Path], weights: list[float], lam: float) -> torch.nn.Module:
+    """The base with λ·Σ_i w_i·s·B_i·A added to every LoRA-targeted weight."""
+    model = AutoModelForSequenceClassification.from_pretrained(base_dir)
+    state = model.state_dict()
+    with torch.no_grad():
+        for directory, weight in zip(inputs, weights):
+            for name, factor in adapter_weights(directory).factors.items():
+                state[name].add_(lam * weight * factor.scaling * factor.lora_b @ factor.lora_a)
+    return model
+
+
+def test_task_arithmetic_adapter_gives_the_dense_merges_logits_through_stock_peft(runs: Path, tmp_path: Path):
+    inputs, weights, lam = adapters(runs, "sst2", "mnli", "qnli"), [0.5, 1.0, 0.8], 0.7
+    out = merge_shared_a_adapters(inputs, tmp_path / "merged", lam=lam, weights=weights,
+                                  base_model=str(runs / "base"))
+    base = AutoModelForSequenceClassification.from_pretrained(runs / "base")
+    merged = PeftModel.from_pretrained(base, out)
+    expected = outputs(dense_merge(runs / "base", inputs, weights, lam))
+    torch.testing.assert_close(outputs(merged), expected, atol=1e-5, rtol=0)
+    unmerged = outputs(AutoModelForSequenceClassification.from_pretrained(runs / "base"))
+    assert (expected - unmerged).abs().max() > 1e-3  # the merge moved the logits: the comparison has teeth
+    assert sum(t.numel() for t in adapter_weights(out).tensors.values()) == sum(
+        t.numel() for t in adapter_weights(inputs[0]).tensors.values())  # same rank, same size
+    readme = (out / "README.md").read_text()
+    assert all(str(directory) in readme for directory in inputs) and "(8, 1e-05)-DP" in readme
+
+
+def test_a_merged_adapter_merges_again_as_if_all_were_merged_at_once(runs: Path, tmp_path: Path):
+    first = merge_shared_a_adapters(adapters(runs, "sst2", "mnli"), tmp_path / "pair", weights=[0.5, 0.7])
+    again = merge_shared_a_adapters([first, *adapters(runs, "qnli")], tmp_path / "again", weights=[1.0, 0.9])
+    at_once = merge_shared_a_adapters(adapters(runs, "sst2", "mnli", "qnli"), tmp_path / "once",
+                                      weights=[0.5, 0.7, 0.9])
+    again_tensors, once_tensors = adapter_weights(again).tensors, adapter_weights(at_once).tensors
+    assert again_tensors.keys() == once_tensors.keys()
+    for key, tensor in once_tensors.items():
+        torch.testing.assert_close(again_tensors[key], tensor, atol=1e-7, rtol=1e-6)
+    records = json.loads((again / MERGE_RECORD_NAME).read_text())["records"]
+    assert set(records) == {str(d) for d in adapters(runs, "sst2", "mnli", "qnli")}  # the card covers all three
+    with pytest.raises(ValueError, match="itself a merged adapter"):
+        merge_shared_a_adapters([first, *adapters(runs, "qnli")], tmp_path / "dp", method="dp_aware")
+
+
+@pytest.mark.parametrize("a_seed, message", [(SEED + 1, "do not share their LoRA A"),
+                                             (None, "its LoRA A was trained.*--lora_freeze_a true")])
+def test_adapters_without_the_shared_a_are_refused_and_nothing_is_written(
+    runs: Path, tmp_path: Path, a_seed: int | None, message: str
+):
+    other = save_shared_a_adapter(tmp_path / "other", "rte", 2, 9, a_seed=a_seed)
+    with pytest.raises(ValueError, match=message):
+        merge_shared_a_adapters([*adapters(runs, "sst2"), other], tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
+
+
+def test_a_record_that_does_not_match_the_saved_a_is_refused(runs: Path, tmp_path: Path):
+    forged = tmp_path / "forged"
+    shutil.copytree(save_shared_a_adapter(tmp_path / "trained", "rte", 2, 9, a_seed=None), forged)
+    shutil.copy(adapters(runs, "sst2")[0] / "dp_privacy.json", forged / "dp_privacy.json")
+    with pytest.raises(ValueError, match="do not match its record's lora_a fingerprint"):
+        merge_shared_a_adapters([*adapters(runs, "mnli"), forged], tmp_path / "merged")
+
+
+def test_dp_aware_in_factor_space_equals_the_dense_dp_aware_merge(runs: Path, tmp_path: Path):
+    inputs, weights, lam = adapters(runs, "sst2", "mnli", "qnli"), [1.0, 0.6, 0.8], 0.9
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no dp_noise_stats: the record's formula (warned) on both paths
+        out = merge_shared_a_adapters(inputs, tmp_path / "dp", method="dp_aware", lam=lam, weights=weights)
+        plain = merge_shared_a_adapters(inputs, tmp_path / "ta", lam=lam, weights=weights)
+        references = [ModelReference.parse(f"{runs / 'base'}+{d}") for d in inputs]
+        parameters = {"lambda": lam, "consensus": "none", "weighting": "task_arithmetic", "noise": "record",
+                      "allow_non_private": False, "weight": dict(zip(references, weights)),
+                      **{key: dict.fromkeys(references) for key in (*RECORD_OVERRIDES, NOISE_STD)}}
+        base_state = AutoModelForSequenceClassification.from_pretrained(runs / "base").state_dict()
+        merged, task_arithmetic = adapter_weights(out).factors, adapter_weights(plain).factors
+        for name, factor in merged.items():
+            entries = tuple(TensorEntry(ref, base_state[name] + f.scaling * f.lora_b @ f.lora_a)
+                            for ref, f in ((r, adapter_weights(d).factors[name]) for r, d in zip(references, inputs)))
+            dense = DPAwareMethod().merge(name, base_state[name], entries, parameters)
+            factor_space = base_state[name] + factor.scaling * factor.lora_b @ factor.lora_a
+            torch.testing.assert_close(factor_space, dense, atol=1e-6, rtol=0)
+            assert not torch.allclose(factor.lora_b, task_arithmetic[name].lora_b, atol=1e-3)  # SURE acted
+
+
+def test_cli_as_adapter_reads_the_merge_yaml(runs: Path, tmp_path: Path, capsys):
+    base, inputs = str(runs / "base"), [str(d) for d in adapters(runs, "sst2", "mnli")]
+    config = tmp_path / "merge.yaml"
+    config.write_text(lora_config_yaml("task_arithmetic", base, inputs, "parameters:\n  lambda: 0.8\n",
+                                       "    parameters:\n      weight: 0.5\n"))
+    assert main(["merge", str(config), str(tmp_path / "cli"), "--as-adapter"]) == 0
+    api = merge_shared_a_adapters(inputs, tmp_path / "api", lam=0.8, weights=[0.5, 0.5])
+    for key, tensor in adapter_weights(api).tensors.items():
+        assert torch.equal(adapter_weights(tmp_path / "cli").tensors[key], tensor)
+    config.write_text(lora_config_yaml("task_arithmetic", base, inputs, "parameters:\n  consensus: precision_sign\n"))
+    assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 1
+    assert "unsupported parameter ['consensus']" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
