@@ -69,7 +69,7 @@ def _click_command(overwrite: bool):
     return command
 
 
-_AS_ADAPTER_SHARED = {"lambda", "allow_non_private"}
+_AS_ADAPTER_SHARED = {"lambda", "allow_non_private", "shrinkage"}
 
 
 def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
@@ -99,10 +99,13 @@ def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: boo
         adapters.append(reference.lora.path)
         overrides.append(settings)
     base = config.get("base_model")
+    if "lambda" not in shared:
+        raise ValueError("--as-adapter needs `parameters: {lambda: …}` (the merged task vector's scale has no default)")
     return merge_shared_a_adapters(
-        adapters, out_path, method=config.get("merge_method"), lam=float(shared.get("lambda", 1.0)),
+        adapters, out_path, method=config.get("merge_method"), lam=float(shared["lambda"]),
         weights=weights, overrides=overrides, base_model=None if base is None else str(base),
         allow_non_private=bool(shared.get("allow_non_private", False)), overwrite=overwrite,
+        shrinkage=str(shared.get("shrinkage", "scale")),
     )
 
 

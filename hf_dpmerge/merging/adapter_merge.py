@@ -160,8 +160,10 @@ def merge_shared_a_adapters(
     base_model: str | None = None,
     allow_non_private: bool = False,
     overwrite: bool = False,
+    shrinkage: str = "scale",
 ) -> Path:
     """Write the merged adapter of ``adapter_dirs`` (shared-A LoRA adapters) to ``out_dir``; see the module doc.
+    ``shrinkage`` is ``dp_aware``'s (``scale`` or ``soft_threshold``, as in its mergekit parameters).
 
     ``weights`` are the w_i (1 each by default); ``overrides`` the per-input record overrides of ``dp_aware``;
     ``base_model`` becomes the adapter's ``base_model_name_or_path`` (the first input's otherwise).
@@ -183,7 +185,8 @@ def merge_shared_a_adapters(
     tensors: dict[str, torch.Tensor] = {}
     for name, factor in first.factors.items():
         layer_variances = None if variances is None else [v[name] for v in variances]
-        merged = merged_lora_b([item.adapter.factors[name].lora_b for item in inputs], weights, lam, layer_variances)
+        merged = merged_lora_b([item.adapter.factors[name].lora_b for item in inputs], weights, lam, layer_variances,
+                               factor.lora_a, shrinkage)
         tensors[factor.saved_a] = factor.lora_a.contiguous()
         tensors[factor.saved_b] = merged.to(factor.lora_b.dtype).contiguous()
     config = json.loads((inputs[0].source.directory / ADAPTER_CONFIG_NAME).read_text())
@@ -192,7 +195,8 @@ def merge_shared_a_adapters(
     records = {name: record for item in inputs for name, record in item.records.items()}
     lora_a = {"seed": inputs[0].lora_a.get("seed") if len({i.lora_a.get("seed") for i in inputs}) == 1 else None,
               "fingerprint": inputs[0].lora_a["fingerprint"]}
-    description = {"merge_method": method, "parameters": {"lambda": lam},
+    description = {"merge_method": method,
+                   "parameters": {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {})},
                    "models": [{"model": str(item.source.directory), "parameters": {"weight": item.source.weight}}
                               for item in inputs]}
     with staged_directory(out_dir) as staged:

@@ -8,9 +8,9 @@ row space, so per layer
 and a merge that combines the τ_i linearly is exactly the LoRA adapter with the same A and merged B:
 
 - ``task_arithmetic``: B = λ·Σ_i w_i·B_i (mergekit's ``task_arithmetic`` of the τ_i, unnormalised);
-- ``dp_aware``: B = λ·Σ_i w_i·SURE(B_i; V_B,i), the factor-space estimate the dense ``dp_aware`` uses for a
-  LoRA input (:func:`~hf_dpmerge.merging.dp_aware.lora_factor_estimate`: θ̂_i = s·SURE(B_i)·A), combined before
-  the shared s·(·)·A is applied. It equals the dense ``dp_aware`` merge with its defaults; ``precision_sign``
+- ``dp_aware``: B = λ·Σ_i w_i·B̂_i with s·B̂_i·A the dense ``dp_aware`` estimate of τ_i under either shrinkage
+  (:func:`denoised_lora_b`), combined before the shared s·(·)·A is applied. It equals the dense ``dp_aware``
+  merge with consensus ``none`` and task-arithmetic weighting; ``precision_sign``
   (a sign election per dense coordinate) and ``random_effects`` (τ² from the dense task vectors) are not linear
   in B and are refused.
 """
@@ -21,9 +21,32 @@ from collections.abc import Sequence
 
 import torch
 
-from hf_dpmerge.merging.dp_aware import dp_aware_merge
+from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
 
 FACTOR_METHODS = ("task_arithmetic", "dp_aware")
+SHRINKAGES = ("scale", "soft_threshold")
+
+
+def denoised_lora_b(lora_b: torch.Tensor, variance: torch.Tensor | float, lora_a: torch.Tensor,
+                    shrinkage: str = "scale") -> torch.Tensor:
+    """B̂ with s·B̂·A the dense ``dp_aware`` estimate of the delta s·B·A (A frozen, so Var(ΔW) = s²·V_B·A²):
+
+    - ``scale``: c·B with c = max(0, 1 − Σ Var(ΔW)/‖ΔW‖²) = max(0, 1 − Σ (V_B·(A∘A))/‖B·A‖²) (s² cancels),
+      the dense scale shrinkage of the delta (:func:`~hf_dpmerge.merging.scale_shrinkage.sure_scale`);
+    - ``soft_threshold``: the SURE soft threshold of B at V_B, as the dense path's
+      :func:`~hf_dpmerge.merging.dp_aware.lora_factor_estimate`.
+    """
+    b = lora_b.float()
+    if shrinkage == "soft_threshold":
+        return sure_soft_threshold(b, variance)
+    if shrinkage != "scale":
+        raise ValueError(f"shrinkage must be one of {SHRINKAGES}, got {shrinkage!r}")
+    a = lora_a.double()
+    total = float((torch.as_tensor(variance, dtype=torch.float64).expand(b.shape) @ a.square()).sum())
+    if total <= 0:
+        return b
+    energy = float((b.double() @ a).square().sum())
+    return b * (max(0.0, 1.0 - total / energy) if energy > 0 else 0.0)
 
 
 def merged_lora_b(
@@ -31,9 +54,11 @@ def merged_lora_b(
     weights: Sequence[float],
     lam: float,
     variances: Sequence[torch.Tensor | float] | None = None,
+    lora_a: torch.Tensor | None = None,
+    shrinkage: str = "scale",
 ) -> torch.Tensor:
-    """One layer's merged B: λ·Σ_i w_i·B_i, each B_i SURE-denoised at its noise variance V_B,i when ``variances``
-    is given (``dp_aware``; a zero variance leaves B_i as is). The dp_aware kernel on base 0, in float32."""
-    zero = torch.zeros_like(lora_bs[0], dtype=torch.float32)
-    noise = [0.0] * len(lora_bs) if variances is None else variances
-    return dp_aware_merge(zero, [b.float() for b in lora_bs], noise, weights=weights, lam=lam)
+    """One layer's merged B: λ·Σ_i w_i·B_i, each B_i denoised at its noise variance V_B,i when ``variances`` is
+    given (``dp_aware``, :func:`denoised_lora_b` with the shared ``lora_a``), in float32."""
+    estimates = ([b.float() for b in lora_bs] if variances is None else
+                 [denoised_lora_b(b, v, lora_a, shrinkage) for b, v in zip(lora_bs, variances, strict=True)])
+    return lam * sum(w * e for w, e in zip(weights, estimates, strict=True))

@@ -155,8 +155,11 @@ def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
 def _parameter_variance(
     reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
 ) -> torch.Tensor | float:
-    """s² of one saved tensor: from the shipped statistics (0 for a tensor they do not list: it was frozen, as
-    FFA-LoRA's A, so never noised), else the record's formula (warned)."""
+    """s² of one saved tensor: 0 for an A its record says was frozen (FFA-LoRA, ``extra.lora_a``: drawn from a
+    public seed, never noised); from the shipped statistics (0 for a tensor they do not list: it was frozen), else
+    the record's formula (warned)."""
+    if ".lora_A." in saved_name and record.extra.get("lora_a"):
+        return 0.0
     stats = input_noise_stats(reference)
     if stats is not None:
         variance = stats_noise_variance(record, stats, saved_name)

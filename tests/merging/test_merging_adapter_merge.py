@@ -99,7 +99,7 @@ def test_task_arithmetic_adapter_gives_the_dense_merges_logits_through_stock_pef
     assert sum(t.numel() for t in adapter_weights(out).tensors.values()) == sum(
         t.numel() for t in adapter_weights(inputs[0]).tensors.values())  # same rank, same size
     readme = (out / "README.md").read_text()
-    assert all(str(directory) in readme for directory in inputs) and "(8, 1e-05)-DP" in readme
+    assert all(str(directory) in readme for directory in inputs) and "(ε = 8, δ = 1e-05)-DP" in readme
 
 
 def test_a_merged_adapter_merges_again_as_if_all_were_merged_at_once(runs: Path, tmp_path: Path):
@@ -144,6 +144,7 @@ def test_dp_aware_in_factor_space_equals_the_dense_dp_aware_merge(runs: Path, tm
         plain = merge_shared_a_adapters(inputs, tmp_path / "ta", lam=lam, weights=weights)
         references = [ModelReference.parse(f"{runs / 'base'}+{d}") for d in inputs]
         parameters = {"lambda": lam, "consensus": "none", "weighting": "task_arithmetic", "noise": "record",
+                      "shrinkage": "scale",
                       "allow_non_private": False, "weight": dict(zip(references, weights)),
                       **{key: dict.fromkeys(references) for key in (*RECORD_OVERRIDES, NOISE_STD)}}
         base_state = AutoModelForSequenceClassification.from_pretrained(runs / "base").state_dict()
