@@ -21,7 +21,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_dpmerge.lora import load_saved_adapter
-from hf_dpmerge.merging.noise_variance import lora_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
@@ -69,9 +68,14 @@ def inject_noise(source_run: Path, target_run: Path, sigma: float, seed: int) ->
 
 def dense_noise_std(clean_encoder_adapter: Path, sigma: float) -> list[dict[str, float | str | None]]:
     """Per tensor, the RMS noise std of ΔW for factor noise σ, as mergekit conditional ``noise_std`` entries
-    (``filter`` = the tensor's name; a final entry gives 0 to every tensor the adapter leaves alone)."""
+    (``filter`` = the tensor's name; a final entry gives 0 to every tensor the adapter leaves alone).
+    The factors are the clean ones, noise added to both: E over the noise, not the released-factor plug-in."""
     entries: list[dict[str, float | str | None]] = []
     for name, factor in load_saved_adapter(clean_encoder_adapter).factors.items():
-        variance = lora_noise_variance(factor.lora_a, factor.lora_b, factor.scaling, sigma**2, sigma**2)
-        entries.append({"filter": name, "value": float(variance.double().mean().sqrt())})
+        # From the clean factors: Var(ΔW_ij) = s²·(σ²·Σ_k B_ik² + σ²·Σ_k A_kj² + r·σ⁴) (the released-factor
+        # plug-in of lora_noise_variance subtracts r·σ⁴ instead: it starts from noisy factors).
+        a, b = factor.lora_a.double(), factor.lora_b.double()
+        rows, columns = b.square().sum(dim=1, keepdim=True), a.square().sum(dim=0, keepdim=True)
+        variance = factor.scaling**2 * (sigma**2 * (rows + columns) + a.shape[0] * sigma**4)
+        entries.append({"filter": name, "value": float(variance.mean().sqrt())})
     return [*entries, {"filter": None, "value": 0.0}]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from hf_dpmerge.scripts import train as train_script
-from hf_dpmerge.training.recipe import DP_RECIPE
 from hf_dpmerge.utils.io import write_text_atomic
 
 from .grid import RECIPES, Unit
@@ -23,8 +22,9 @@ NON_PRIVATE_FLAGS = ("--dp", "false", "--sam_mode", "none", "--align_lambda", "0
 
 
 def train_arguments(unit: Unit, runs_dir: Path) -> list[str]:
-    """The unit's train_glue.py command line: DP_RECIPE, the recipe's flags, then the unit's (later flags win)."""
-    argv = [*DP_RECIPE, *RECIPES[unit.recipe].flags, "--task", unit.task, "--seed", str(unit.seed),
+    """The unit's train_glue.py command line: the recipe's flags, then the unit's. The script puts its defaults
+    first (``DP_RECIPE``; ``HEAD_ONLY_RECIPE`` on top with ``--train_lora false``), as for a user's command."""
+    argv = [*RECIPES[unit.recipe].flags, "--task", unit.task, "--seed", str(unit.seed),
             "--runs_dir", str(runs_dir), "--overwrite", "true", "--disable_tqdm", "true"]
     argv += list(NON_PRIVATE_FLAGS) if unit.epsilon is None else ["--target_epsilon", f"{unit.epsilon:g}"]
     return argv

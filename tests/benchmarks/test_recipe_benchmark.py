@@ -44,6 +44,10 @@ def test_every_unit_parses_as_the_training_script_would_run_it() -> None:
         if unit.epsilon is not None:
             assert config.target_epsilon == unit.epsilon
         assert script.train_lora == (unit.recipe != grid.FLOOR)
+        # the floor runs its own recipe (HEAD_ONLY_RECIPE), as a user's --train_lora false does; LoRA runs DP_RECIPE
+        floor = unit.recipe == grid.FLOOR
+        assert config.max_steps == (1000 if floor else 40)
+        assert config.per_device_train_batch_size == (1024 if floor else 256)
 
 
 def test_holm_matches_its_definition_by_brute_force() -> None:
