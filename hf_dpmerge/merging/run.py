@@ -6,7 +6,9 @@ For any method, before anything is written: the YAML keys are checked against me
 is an error, :func:`~hf_dpmerge.merging.config_edit.unknown_config_keys`), the method name must be known, an
 existing non-empty output is refused unless ``overwrite`` and it holds a previous merge (:mod:`.output_dir`), and for
 ``cauchy_poe``/``dp_aware``/``safe_merge`` every input and setting is checked (:func:`.registration.check_config`).
-Stale ``--lora-merge-cache`` entries are dropped. The merge is written into a scratch directory beside the output
+Stale ``--lora-merge-cache`` entries are dropped, and so are the tensor loaders mergekit keeps for the whole process
+(keyed by the path *as written*: a second merge in one process, from another working directory or after an input
+was rewritten, would read the first one's tensors). The merge is written into a scratch directory beside the output
 and renamed into place at the end, so a failed or killed merge leaves nothing at the output; before that, the
 model card gets its privacy section and ``finish(staged, config)`` adds what the caller writes into the output
 (``hf-dpmerge merge``: each task's folder for stock loaders).
@@ -21,6 +23,7 @@ from typing import Any
 
 import yaml
 from mergekit.config import MergeConfiguration
+from mergekit.io.tasks import LoaderCache
 from mergekit.merge import run_merge
 from mergekit.options import MergeOptions
 
@@ -63,6 +66,7 @@ def merge(config: str | os.PathLike | Mapping[str, Any], out_path: str | os.Path
     check_config(merge_config, options.lora_merge_cache)
     if options.lora_merge_cache:
         drop_stale_lora_merges(merge_config, options.lora_merge_cache)
+    _forget_loaded_inputs()
     with staged_directory(out_path) as staged:  # same basename: mergekit titles the model card after it
         run_merge(merge_config, str(staged), options=options, config_source=source)
         if not staged.is_dir():
@@ -72,3 +76,10 @@ def merge(config: str | os.PathLike | Mapping[str, Any], out_path: str | os.Path
         if finish is not None:
             finish(staged, merge_config)
     return out_path
+
+
+def _forget_loaded_inputs() -> None:
+    """Empty mergekit's per-process ``LoaderCache`` (its loaders are keyed by the input's path string only)."""
+    cache = LoaderCache()
+    cache.flush_all()
+    cache.loaders.clear()

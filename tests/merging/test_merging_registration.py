@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_dpmerge.merging import run as merge_run
 
@@ -105,3 +106,22 @@ def test_kernels_via_mergekit_api_name_the_tensor_of_a_nan_input() -> None:
     with pytest.raises(ValueError, match=r"encoder.layer.0.query.weight: input b holds NaN"):
         merge_tensors([base, inputs[0], broken], "cauchy_poe", base_index=0, ids=["base", "a", "b"],
                       name="encoder.layer.0.query.weight", parameters={"lambda": 1.0})
+
+
+def test_a_second_merge_in_one_process_reads_its_own_inputs(tmp_path: Path, monkeypatch) -> None:
+    """mergekit keeps tensor loaders per process, keyed by the path as written: the same relative ``./model`` in
+    another working directory is another model, and merge() must read it."""
+    from safetensors.torch import load_file
+
+    from tests.utils.tiny_models import save_tiny_bert
+
+    config = {"merge_method": "linear", "dtype": "float32",
+              "models": [{"model": "./model", "parameters": {"weight": 1.0}}]}
+    for seed in (0, 1):
+        workdir = tmp_path / f"work{seed}"
+        save_tiny_bert(workdir / "model", seed=seed)
+        monkeypatch.chdir(workdir)
+        merge_run.merge(config, workdir / "merged")
+        merged, source = (load_file(d / "model.safetensors") for d in (workdir / "merged", workdir / "model"))
+        key = "bert.encoder.layer.0.attention.self.query.weight"
+        assert torch.equal(merged[key], source[key]), seed  # seed 1 read seed 0's tensors before the fix
