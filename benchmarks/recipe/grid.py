@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hf_dpmerge.training.recipe import HEAD_ONLY_RECIPE
+
 PROXY_TASKS = ("rotten_tomatoes", "election_tweets")
 """Recipes are chosen on these tasks' validation splits."""
 REPORT_TASKS = ("reuters_r8", "reuters_r52", "20newsgroups", "bbc_news")
@@ -16,9 +18,20 @@ FLOOR = "floor"
 PACKAGED = "packaged"
 
 
+BASE_FLAGS: tuple[str, ...] = (
+    "--per_device_train_batch_size", "256", "--physical_batch_size", "64", "--max_steps", "40",
+    "--learning_rate", "2e-3", "--head_learning_rate", "2e-2", "--lr_scheduler_type", "constant",
+    "--weight_decay", "0.0", "--per_sample_max_grad_norm", "1.0", "--logging_steps", "5", "--save_strategy", "no",
+    "--report_to", "none", "--lora_freeze_a", "false", "--head_warmup_steps", "0", "--sam_mode", "dp_sat",
+    "--sam_rho", "0.05", "--align_lambda", "0.05",
+)
+"""The packaged recipe this benchmark started from (``DP_RECIPE`` then), stated in full in every unit's command
+line: a later change of ``DP_RECIPE`` (the benchmark's output) does not change what a stored unit means."""
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """A training recipe: train_glue.py flags appended after ``DP_RECIPE`` (later flags win)."""
+    """A training recipe: train_glue.py flags appended after :data:`BASE_FLAGS` (later flags win)."""
 
     flags: tuple[str, ...]
     description: str
@@ -26,10 +39,10 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    FLOOR: Recipe(("--train_lora", "false"),
+    FLOOR: Recipe(("--train_lora", "false", *HEAD_ONLY_RECIPE),
                   "frozen encoder + private linear head on cached features (HEAD_ONLY_RECIPE)", candidate=False),
-    PACKAGED: Recipe((), "DP_RECIPE: r = 8 on query/value of the top half, B = 256, 40 steps, lr 2e-3 / head 2e-2"),
-    "ffa": Recipe(("--lora_freeze_a", "true"), "DP_RECIPE with A frozen at its public-seed draw (FFA-LoRA)"),
+    PACKAGED: Recipe((), "BASE_FLAGS: r = 8 on query/value of the top half, B = 256, 40 steps, lr 2e-3 / head 2e-2"),
+    "ffa": Recipe(("--lora_freeze_a", "true"), "BASE_FLAGS with A frozen at its public-seed draw (FFA-LoRA)"),
     "ffa_head_first": Recipe(("--lora_freeze_a", "true", "--head_warmup_steps", "10"),
                              "FFA-LoRA, the first 10 of the 40 steps on the head alone (one accountant)"),
 }

@@ -14,7 +14,7 @@ from typing import Any
 from hf_dpmerge.scripts import train as train_script
 from hf_dpmerge.utils.io import write_text_atomic
 
-from .grid import RECIPES, Unit
+from .grid import BASE_FLAGS, RECIPES, Unit
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS_DIR = REPO / "benchmarks" / "reports" / "recipe" / "units"
@@ -22,9 +22,9 @@ NON_PRIVATE_FLAGS = ("--dp", "false", "--sam_mode", "none", "--align_lambda", "0
 
 
 def train_arguments(unit: Unit, runs_dir: Path) -> list[str]:
-    """The unit's train_glue.py command line: the recipe's flags, then the unit's. The script puts its defaults
-    first (``DP_RECIPE``; ``HEAD_ONLY_RECIPE`` on top with ``--train_lora false``), as for a user's command."""
-    argv = [*RECIPES[unit.recipe].flags, "--task", unit.task, "--seed", str(unit.seed),
+    """The unit's train_glue.py command line: :data:`.grid.BASE_FLAGS`, the recipe's flags, then the unit's (later
+    flags win over these and over the script's own defaults)."""
+    argv = [*BASE_FLAGS, *RECIPES[unit.recipe].flags, "--task", unit.task, "--seed", str(unit.seed),
             "--runs_dir", str(runs_dir), "--overwrite", "true", "--disable_tqdm", "true"]
     argv += list(NON_PRIVATE_FLAGS) if unit.epsilon is None else ["--target_epsilon", f"{unit.epsilon:g}"]
     return argv

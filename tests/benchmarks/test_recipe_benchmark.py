@@ -14,7 +14,8 @@ from benchmarks.recipe import grid
 from benchmarks.recipe.__main__ import stored
 from benchmarks.recipe.report import FLOOR_GAP_EVIDENCE, choose_recipe, floor_gaps, holm, paired_comparisons, render
 from benchmarks.recipe.run import UNITS_DIR, load_result, train_arguments, unit_path
-from hf_dpmerge.scripts.train import parse_arguments
+from hf_dpmerge.scripts.train import DP_DEFAULTS, parse_arguments
+from hf_dpmerge.training.recipe import HEAD_ONLY_RECIPE
 
 
 def _result(unit: grid.Unit, accuracy: float, seconds: float = 100.0) -> dict:
@@ -44,10 +45,19 @@ def test_every_unit_parses_as_the_training_script_would_run_it() -> None:
         if unit.epsilon is not None:
             assert config.target_epsilon == unit.epsilon
         assert script.train_lora == (unit.recipe != grid.FLOOR)
-        # the floor runs its own recipe (HEAD_ONLY_RECIPE), as a user's --train_lora false does; LoRA runs DP_RECIPE
+        # the floor runs its own recipe (HEAD_ONLY_RECIPE), as a user's --train_lora false does; LoRA the base recipe
         floor = unit.recipe == grid.FLOOR
         assert config.max_steps == (1000 if floor else 40)
         assert config.per_device_train_batch_size == (1024 if floor else 256)
+
+
+def test_every_unit_states_every_flag_the_scripts_defaults_set() -> None:
+    """A stored unit keeps its meaning when DP_RECIPE (the benchmark's output) changes: its command line sets every
+    flag the defaults set."""
+    defaults = {flag for flag in [*DP_DEFAULTS, *HEAD_ONLY_RECIPE] if flag.startswith("--")}
+    for unit in [*grid.select_units(), *grid.report_units("ffa_head_first")]:
+        argv = train_arguments(unit, Path("/tmp/runs"))
+        assert defaults - {"--per_device_eval_batch_size", "--seed", "--target_epsilon"} <= set(argv), unit
 
 
 def test_holm_matches_its_definition_by_brute_force() -> None:
