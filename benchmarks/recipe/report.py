@@ -31,6 +31,11 @@ TARGET_RATIO = 0.95  # of the non-private LoRA adapters' task-averaged accuracy,
 TARGET_SECONDS = 300.0  # one default adapter on the 2-core machine
 FLOOR_GAP_EVIDENCE = Path(__file__).resolve().parents[2] / "hf_dpmerge" / "merging" / "data" / "recipe_floor_gap.json"
 """What ``hf-dpmerge recommend``'s head-only check reads: :func:`floor_gaps`, rewritten with the report."""
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_TABLE_MARKERS = ("<!-- recipe-table: copied from benchmarks/reports/recipe/RECIPES.md by its report; a test "
+                        "keeps them equal -->", "<!-- /recipe-table -->")
+"""The README's "task model and DP defaults" table, between these lines: :func:`level_table`, rewritten with the
+report."""
 
 
 def accuracy(result: dict[str, Any]) -> float:
@@ -134,15 +139,7 @@ def render(results: Results) -> str:
     lines += ["## Report tasks (test accuracy, task-averaged; mean ± sd over seeds)", "",
               f"{done} of {total} report units stored.", ""]
     recipes = list(dict.fromkeys((FLOOR, PACKAGED, chosen or PACKAGED)))
-    rows = []
-    for epsilon in (1.0, 4.0, 8.0, None):
-        row = [_level(epsilon)]
-        for recipe in recipes:
-            values = list(seed_averages(results, recipe, epsilon).values())
-            row.append("–" if not values else f"{_pct(np.mean(values))} ± {100 * np.std(values, ddof=1):.1f} "
-                       f"(n = {len(values)})" if len(values) > 1 else f"{_pct(values[0])} (n = 1)")
-        rows.append(row)
-    lines += _table(["level", *recipes], rows)
+    lines += level_table(results)
     lines += ["", "### Per task (seed 0)", ""]
     rows = []
     for epsilon in (1.0, 4.0, 8.0, None):
@@ -162,6 +159,31 @@ def render(results: Results) -> str:
         lines += _table(["level", "comparison", "per seed (points)", "mean", "p", "p (Holm)"], rows)
         lines += ["", "## Targets", "", *targets(results, chosen)]
     return "\n".join(lines) + "\n"
+
+
+def level_table(results: Results) -> list[str]:
+    """Task-averaged test accuracy per privacy level: the floor, the packaged recipe and the chosen one (mean ± sd
+    over the stored seeds)."""
+    chosen, _ = choose_recipe(results)
+    recipes = list(dict.fromkeys((FLOOR, PACKAGED, chosen or PACKAGED)))
+    rows = []
+    for epsilon in (1.0, 4.0, 8.0, None):
+        row = [_level(epsilon)]
+        for recipe in recipes:
+            values = list(seed_averages(results, recipe, epsilon).values())
+            row.append("–" if not values else f"{_pct(np.mean(values))} ± {100 * np.std(values, ddof=1):.1f} "
+                       f"(n = {len(values)})" if len(values) > 1 else f"{_pct(values[0])} (n = 1)")
+        rows.append(row)
+    return _table(["level", *recipes], rows)
+
+
+def with_readme_table(readme: str, results: Results) -> str:
+    """``readme`` with the lines between :data:`README_TABLE_MARKERS` replaced by :func:`level_table`."""
+    start, end = README_TABLE_MARKERS
+    if readme.count(start) != 1 or readme.count(end) != 1:
+        raise ValueError(f"the README needs exactly one {start!r} … {end!r} block for the recipe table")
+    head, rest = readme.split(start)
+    return head + start + "\n" + "\n".join(level_table(results)) + "\n" + end + rest.split(end, 1)[1]
 
 
 def targets(results: Results, chosen: str) -> list[str]:
@@ -214,10 +236,12 @@ def floor_gaps(results: Results) -> dict[str, Any]:
 
 
 def write_report(results: Results, path: Path, log: Callable[[str], None] = print,
-                 evidence: Path = FLOOR_GAP_EVIDENCE) -> Path:
-    """Write the report to ``path`` and the floor gaps ``recommend`` reads to ``evidence``."""
+                 evidence: Path = FLOOR_GAP_EVIDENCE, readme: Path = README) -> Path:
+    """Write the report to ``path``, the floor gaps ``recommend`` reads to ``evidence`` and the level table into
+    ``readme``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(results))
     evidence.write_text(json.dumps(floor_gaps(results), indent=1) + "\n")
-    log(f"wrote {path} and {evidence}")
+    readme.write_text(with_readme_table(readme.read_text(), results))
+    log(f"wrote {path}, {evidence} and the table in {readme}")
     return path

@@ -56,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.data import load_task
     from hf_dpmerge.training.dpsam_config import DPSAMConfig
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-    from hf_dpmerge.training.recipe import DP_RECIPE
+    from hf_dpmerge.training.recipe import DP_RECIPE, LORA_RECIPE
 
     task, lora, config_flags = HfArgumentParser((TaskArguments, LoraArguments)).parse_args_into_dataclasses(
-        args=args.extra, return_remaining_strings=True
+        args=[*LORA_RECIPE, *args.extra], return_remaining_strings=True  # the released adapters' recipe first
     )
     for name, value in {"num_canaries": args.num_canaries, "canary_length": args.canary_length,
                         "canary_rows": args.canary_rows, "max_length": task.max_length, "lora_r": lora.lora_r,

@@ -59,13 +59,15 @@ from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
-DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128"]
-HEAD_ONLY_DEFAULTS = [*DP_DEFAULTS, *HEAD_ONLY_RECIPE]  # --train_lora false: the head-only recipe on top
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE]
+# --train_lora false: no LoRA factors to freeze or warm up before (LORA_RECIPE undone), then the head-only recipe
+HEAD_ONLY_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", "--lora_freeze_a", "false",
+                      "--head_warmup_steps", "0", *HEAD_ONLY_RECIPE]
 HUB_FLAG = "a release goes to the Hub with its privacy card through `hf-dpmerge push`"
 # TrainingArguments flags this script cannot honour as Trainer would, and what to use instead (docs/bad-inputs.md)
 REFUSED_FLAGS = {

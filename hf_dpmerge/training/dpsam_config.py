@@ -68,10 +68,11 @@ class DPSAMConfig(TrainingArguments):
         metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
                   "A fresh head needs larger steps than the LoRA factors under DP noise."},
     )
-    head_warmup_steps: int = field(
+    head_warmup_steps: float = field(
         default=0,
         metadata={"help": "Linear probe, then fine-tune: the first K steps train the task head only (LoRA frozen: "
-                  "not clipped, not noised), the rest LoRA and head; one accountant over all max_steps steps "
+                  "not clipped, not noised), the rest LoRA and head; one accountant over all max_steps steps. "
+                  "An integer K ≥ 1, or a float in [0, 1): that fraction of max_steps, rounded down "
                   "(docs/design.md §15.3)."},
     )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
@@ -111,8 +112,10 @@ class DPSAMConfig(TrainingArguments):
             problems.append(f"clipping must be one of {CLIPPING_MODES}, got {self.clipping!r}")
         if not (math.isfinite(self.clipping_gamma) and self.clipping_gamma > 0):
             problems.append(f"clipping_gamma must be a finite number > 0, got {self.clipping_gamma}")
-        if self.head_warmup_steps < 0:
-            problems.append(f"head_warmup_steps must be ≥ 0, got {self.head_warmup_steps}")
+        if not (math.isfinite(self.head_warmup_steps) and self.head_warmup_steps >= 0
+                and (self.head_warmup_steps < 1 or float(self.head_warmup_steps).is_integer())):
+            problems.append("head_warmup_steps must be an integer ≥ 1 (steps) or a fraction in [0, 1) of max_steps, "
+                            f"got {self.head_warmup_steps}")
         if self.physical_batch_size < 1:
             problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
         if self.dp:
@@ -122,6 +125,13 @@ class DPSAMConfig(TrainingArguments):
             self.ignore_data_skip = True
         if problems:
             raise ValueError("invalid DPSAMConfig: " + "; ".join(problems))
+
+    def head_warmup_step_count(self, total_steps: int) -> int:
+        """K, the head-only steps of a run of ``total_steps``: ``head_warmup_steps`` when ≥ 1, else
+        ⌊head_warmup_steps · total_steps⌋ (a fraction leaves the LoRA factors at least one step)."""
+        if self.head_warmup_steps >= 1:
+            return int(self.head_warmup_steps)
+        return math.floor(self.head_warmup_steps * total_steps)
 
     def _dp_problems(self) -> list[str]:
         problems = []

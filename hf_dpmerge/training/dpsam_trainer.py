@@ -366,7 +366,7 @@ class DPSAMTrainer(Trainer):
         units = inputs.pop(UNIT_KEY, None)
         if "labels" not in inputs:
             raise ValueError("DPSAMTrainer needs 'labels' in every batch")
-        warmup = self.state.global_step < self.args.head_warmup_steps
+        warmup = self.state.global_step < self.args.head_warmup_step_count(self.state.max_steps)
         frozen = [p for p, head in zip(self._params, self._is_head) if warmup and not head]
         with frozen_parameters(frozen):
             loss, gradient = self._private_step(model, inputs, units, warmup)
@@ -542,8 +542,8 @@ class DPSAMTrainer(Trainer):
         extra: dict[str, Any] = {}
         if lora_a := frozen_lora_a_record(self.model):
             extra["lora_a"] = lora_a
-        if self.args.head_warmup_steps > 0:
-            extra["head_warmup_steps"] = self.args.head_warmup_steps
+        if warmup_steps := self.args.head_warmup_step_count(self.state.max_steps):
+            extra["head_warmup_steps"] = warmup_steps
         if self.args.clipping == "automatic":
             extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
         return extra

@@ -12,7 +12,18 @@ from scipy import stats
 
 from benchmarks.recipe import grid
 from benchmarks.recipe.__main__ import stored
-from benchmarks.recipe.report import FLOOR_GAP_EVIDENCE, choose_recipe, floor_gaps, holm, paired_comparisons, render
+from benchmarks.recipe.report import (
+    FLOOR_GAP_EVIDENCE,
+    README,
+    README_TABLE_MARKERS,
+    choose_recipe,
+    floor_gaps,
+    holm,
+    level_table,
+    paired_comparisons,
+    render,
+    with_readme_table,
+)
 from benchmarks.recipe.run import UNITS_DIR, load_result, train_arguments, unit_path
 from hf_dpmerge.scripts.train import DP_DEFAULTS, parse_arguments
 from hf_dpmerge.training.recipe import HEAD_ONLY_RECIPE
@@ -124,3 +135,17 @@ def test_floor_gaps_are_the_seed_level_differences_and_the_packaged_file_matches
     assert row["p"] == pytest.approx(direct)
     # what recommend reads is what the committed units give (rerun --report-only after adding units)
     assert json.loads(FLOOR_GAP_EVIDENCE.read_text()) == json.loads(json.dumps(floor_gaps(stored(UNITS_DIR))))
+
+
+def test_the_readme_shows_the_level_table_of_the_stored_units() -> None:
+    """The README's defaults section shows the table the defaults came from (rerun --report-only after adding
+    units); the block is replaced in place, the text around it kept."""
+    start, end = README_TABLE_MARKERS
+    readme = README.read_text()
+    block = readme.split(start, 1)[1].split(end, 1)[0].strip().splitlines()
+    assert block == level_table(stored(UNITS_DIR))
+    results = {u.name: _result(u, 0.7) for u in grid.select_units()}
+    replaced = with_readme_table(f"before\n{start}\nold\n{end}\nafter\n", results)
+    assert replaced == f"before\n{start}\n" + "\n".join(level_table(results)) + f"\n{end}\nafter\n"
+    with pytest.raises(ValueError, match="exactly one"):
+        with_readme_table("no block here", results)

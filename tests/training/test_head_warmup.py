@@ -56,6 +56,25 @@ def test_sigma_is_calibrated_for_all_steps_warmup_included(tmp_path):
     assert warm.noise_multiplier == plain.noise_multiplier and warm.planned_steps == STEPS
 
 
-def test_a_negative_warmup_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="head_warmup_steps must be ≥ 0"):
-        DPSAMConfig(output_dir=str(tmp_path), head_warmup_steps=-1, use_cpu=True, report_to="none")
+@pytest.mark.parametrize("value", [-1, 1.5, float("nan"), float("inf")])
+def test_a_warmup_that_is_neither_a_step_count_nor_a_fraction_is_refused(tmp_path, value):
+    with pytest.raises(ValueError, match="head_warmup_steps must be an integer ≥ 1 .* or a fraction in"):
+        DPSAMConfig(output_dir=str(tmp_path), head_warmup_steps=value, use_cpu=True, report_to="none")
+
+
+@pytest.mark.parametrize(("value", "total", "expected"),
+                         [(0.25, 40, 10), (0.25, 5, 1), (0.25, 3, 0), (0.99, 1, 0), (0.0, 40, 0), (3, 40, 3)])
+def test_a_fractional_warmup_is_that_share_of_the_steps_rounded_down(tmp_path, value, total, expected):
+    config = DPSAMConfig(output_dir=str(tmp_path), head_warmup_steps=value, use_cpu=True, report_to="none")
+    assert config.head_warmup_step_count(total) == expected
+
+
+def test_a_fractional_warmup_trains_the_head_alone_for_its_share_and_records_the_count(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=STEPS, head_warmup_steps=0.5, noise_multiplier=1.0,
+                           target_epsilon=None, logging_steps=STEPS, lr_scheduler_type="constant")
+    lora_before = [p.detach().clone() for n, p in zip(trainer._param_names, trainer._params) if ".lora_" in n]
+    trainer.train()
+    assert trainer.privacy_record().extra["head_warmup_steps"] == STEPS // 2
+    assert trainer.sum_lr_squared == pytest.approx((STEPS - STEPS // 2) * 1e-2**2)  # LoRA's noisy steps only
+    lora_after = [p for n, p in zip(trainer._param_names, trainer._params) if ".lora_" in n]
+    assert any(not torch.equal(a, b) for a, b in zip(lora_before, lora_after))

@@ -29,6 +29,18 @@ def test_every_training_flag_parses_into_the_script_arguments() -> None:
     assert parse_arguments(["--max_steps", "7"])[1].max_steps == 7  # and any flag overrides it
 
 
+def test_lora_adapters_default_to_the_measured_recipe_and_the_head_only_floor_does_not_take_it() -> None:
+    """LORA_RECIPE (FFA-LoRA, the first quarter of the steps on the head) is the LoRA default; --train_lora false
+    (no LoRA factors to freeze or warm up for) runs HEAD_ONLY_RECIPE without it; any flag overrides both."""
+    script, config = parse_arguments([])
+    assert script.lora_freeze_a is True and config.head_warmup_steps == 0.25
+    assert config.head_warmup_step_count(config.max_steps) == 10
+    script, config = parse_arguments(["--train_lora", "false"])
+    assert script.lora_freeze_a is False and config.head_warmup_steps == 0
+    script, config = parse_arguments(["--lora_freeze_a", "false", "--head_warmup_steps", "3"])
+    assert script.lora_freeze_a is False and config.head_warmup_step_count(config.max_steps) == 3
+
+
 def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() -> None:
     from hf_dpmerge.scripts.train import REFUSED_FLAGS, argument_parser
 
