@@ -5,10 +5,7 @@ Names load lazily (PEP 562) so that ``import hf_dpmerge`` — and the mergekit s
 
 from __future__ import annotations
 
-from hf_dpmerge import moved_modules
 from hf_dpmerge.lazy_exports import lazy_getattr
-
-moved_modules.install()
 
 __version__ = "0.1.0"
 

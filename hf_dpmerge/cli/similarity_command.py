@@ -52,27 +52,15 @@ def default_base(runs: list[str]) -> Path:
     return base
 
 
-def check_output_dir(directory: Path, overwrite: bool) -> None:
-    """Refuse a non-empty --output_dir unless --overwrite and it holds a previous similarity output."""
-    if directory.exists() and not directory.is_dir():
-        raise FileExistsError(f"--output_dir {directory} exists and is not a directory")
-    if not directory.is_dir() or not any(directory.iterdir()):
-        return
-    if not overwrite:
-        raise FileExistsError(f"--output_dir {directory} is not empty; pass --overwrite to replace a previous "
-                              "similarity output, or choose another --output_dir")
-    if not (directory / RESULTS_NAME).is_file():
-        raise FileExistsError(f"--output_dir {directory} holds no previous similarity output (no {RESULTS_NAME}); "
-                              "refusing to replace it: choose another --output_dir")
-
-
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.merging.merge_groups import merge_groups, write_group_configs
     from hf_dpmerge.merging.task_similarity import load_task_vector, plot_similarity, task_similarity
     from hf_dpmerge.utils.io import staged_directory
+    from hf_dpmerge.utils.own_output import check_own_output
 
     output = Path(args.output_dir)
-    check_output_dir(output, args.overwrite)
+    check_own_output(output, overwrite=args.overwrite, marker=RESULTS_NAME, output="similarity output",
+                     flag="--output_dir")
     report = task_similarity([load_task_vector(run) for run in args.runs])
     base = Path(args.base) if args.base else default_base(args.runs)
     if not (base / "config.json").is_file():

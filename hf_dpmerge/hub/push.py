@@ -36,6 +36,7 @@ from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, Privac
 from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.records.selection_record import find_selection_record
 from hf_dpmerge.records.statement import check_unseeded_release
+from hf_dpmerge.utils.own_output import check_own_output
 
 if TYPE_CHECKING:
     from hf_dpmerge.analysis.evaluation import EvaluationReport
@@ -167,16 +168,11 @@ def _prepare_staging_dir(staging_dir: Path, merged_dir: Path) -> None:
     merged = merged_dir.resolve()
     if staging == merged or merged in staging.parents or staging in merged.parents:
         raise PushError(f"staging folder {staging_dir} must lie outside the merged model directory {merged_dir}")
-    if staging_dir.exists():
-        if not staging_dir.is_dir():
-            raise FileExistsError(f"staging path {staging_dir} exists and is not a directory")
-        if any(staging_dir.iterdir()):
-            if not (staging_dir / STAGING_MARKER).is_file():
-                raise FileExistsError(
-                    f"staging folder {staging_dir} is not empty and was not written by hf-dpmerge push; "
-                    "choose another --staging_dir"
-                )
-            shutil.rmtree(staging_dir)
+    # a dry run's staging folder is always replaced, if it is one (it holds the marker)
+    check_own_output(staging_dir, overwrite=True, marker=STAGING_MARKER, output="hf-dpmerge push staging",
+                     flag="--staging_dir")
+    if staging_dir.is_dir():
+        shutil.rmtree(staging_dir)
     staging_dir.mkdir(parents=True, exist_ok=True)
 
 

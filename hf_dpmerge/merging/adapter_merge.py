@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from hf_dpmerge.lora import SavedAdapter
 from hf_dpmerge.merging.factor_space import FACTOR_METHODS, merged_lora_b
 from hf_dpmerge.merging.inputs import NOISE_STD, adapter_weights, input_lora_b_noise, require_private
-from hf_dpmerge.merging.output_dir import MERGE_MARKER, check_merge_output
+from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
 from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.statement import PrivacyStatement

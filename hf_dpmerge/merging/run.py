@@ -4,8 +4,9 @@ mergekit's own: nothing of mergekit is patched).
 
 For any method, before anything is written: the YAML keys are checked against mergekit's schema (a misspelt key
 is an error, :func:`~hf_dpmerge.merging.config_edit.unknown_config_keys`), the method name must be known, an
-existing non-empty output is refused unless ``overwrite`` and it holds a previous merge (:mod:`.output_dir`), and for
-``cauchy_poe``/``dp_aware``/``safe_merge`` every input and setting is checked (:func:`.registration.check_config`).
+existing non-empty output is refused unless ``overwrite`` and it holds a previous merge
+(:func:`check_merge_output`), and for ``cauchy_poe``/``dp_aware``/``safe_merge`` every input and setting is checked
+(:func:`.registration.check_config`).
 Stale ``--lora-merge-cache`` entries are dropped, and so are the tensor loaders mergekit keeps for the whole process
 (keyed by the path *as written*: a second merge in one process, from another working directory or after an input
 was rewritten, would read the first one's tensors). The merge is written into a scratch directory beside the output
@@ -29,12 +30,19 @@ from mergekit.options import MergeOptions
 
 from hf_dpmerge.merging.config_edit import load_config_mapping, unknown_config_keys
 from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
-from hf_dpmerge.merging.output_dir import check_merge_output
 from hf_dpmerge.merging.privacy_section import write_privacy_section
 from hf_dpmerge.merging.registration import check_config, register_methods
 from hf_dpmerge.utils.io import staged_directory
+from hf_dpmerge.utils.own_output import check_own_output
 
 Finish = Callable[[Path, MergeConfiguration], Any]
+MERGE_MARKER = "mergekit_config.yml"  # every merge output holds it (mergekit's copy of the config)
+
+
+def check_merge_output(target: str | os.PathLike, overwrite: bool) -> None:
+    """A merge's output path: missing, empty, or (``overwrite``) a previous merge
+    (:mod:`hf_dpmerge.utils.own_output`)."""
+    check_own_output(target, overwrite=overwrite, marker=MERGE_MARKER, output="merge", flag="merge output")
 
 
 def parse_config(config: str | os.PathLike | Mapping[str, Any]) -> tuple[MergeConfiguration, str]:

@@ -165,8 +165,8 @@ def tune_merge(
     """
     from mergekit.config import MergeConfiguration
 
-    from hf_dpmerge.merging.output_dir import check_merge_output
     from hf_dpmerge.merging.privacy_section import write_privacy_section
+    from hf_dpmerge.merging.run import check_merge_output
 
     output_dir = Path(output_dir)
     if regression := [run.name for run in runs if run.spec.is_regression]:

@@ -225,7 +225,7 @@ def test_dry_run_default_staging_dir_and_foreign_dir(release, cli, tmp_path, cap
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     rc = cli(["push", str(merged), "--runs", str(release.runs), "--dry-run", "--staging_dir", str(foreign)])
-    assert rc == 1 and "not written by hf-dpmerge push" in capsys.readouterr().err
+    assert rc == 1 and "holds no previous hf-dpmerge push staging" in capsys.readouterr().err
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 

@@ -13,14 +13,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hf_dpmerge"
 
-_LOW = {"utils", "lazy_exports", "moved_modules"}
+_LOW = {"utils", "lazy_exports"}
 _MODELS = _LOW | {"records", "data", "modeling", "lora"}
 _LIBRARY = _MODELS | {"training", "analysis", "merging", "audit", "hub", "federated"}
 MAY_IMPORT: dict[str, set[str]] = {
     "utils": set(),
     "lazy_exports": set(),
-    "moved_modules": set(),
-    "privacy": set(),  # the old package: its modules are aliases (moved_modules), its __init__ a docstring
     "records": {"utils"},
     "data": _LOW,
     "modeling": _LOW,
