@@ -15,7 +15,6 @@ Local paths never enter a card: the base is named by Hub id (:func:`hub_model_id
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,12 @@ from huggingface_hub import ModelCard, ModelCardData
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.statement import FEDERATED_KEY, PrivacyStatement
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
-from hf_dpmerge.utils.io import write_text_atomic
+from hf_dpmerge.utils.io import is_hub_repo_id, write_text_atomic
 
 TEMPLATES = Path(__file__).with_name("card_templates")
 CARD_NAME = "README.md"
 PIPELINE_TAG = "text-classification"
 ADAPTER_TAGS = ["hf_dpmerge", "differential-privacy", "peft", "lora"]
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
 
 
 def hub_model_id(candidate: str | None, local_roots: Sequence[str | os.PathLike] = ()) -> str | None:
@@ -41,7 +38,7 @@ def hub_model_id(candidate: str | None, local_roots: Sequence[str | os.PathLike]
     A relative path such as ``runs/base`` looks like a Hub id; it counts as local when it, or its first
     component, exists under the working directory or one of ``local_roots``.
     """
-    if not candidate or not isinstance(candidate, str) or not _HUB_ID.match(candidate):
+    if not candidate or not isinstance(candidate, str) or not is_hub_repo_id(candidate):
         return None
     first = candidate.split("/")[0]
     for root in [Path.cwd(), *map(Path, local_roots)]:

@@ -11,14 +11,11 @@ directory), and whether a model location can exist.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 @contextmanager
@@ -95,6 +92,18 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> Path:
     return write_bytes_atomic(target, text.encode())
 
 
+def is_hub_repo_id(text: str) -> bool:
+    """Whether ``text`` is a well-formed Hub repo id (``name`` or ``namespace/name``), by huggingface_hub's own rule
+    (:func:`huggingface_hub.utils.validate_repo_id`)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
 def require_model_source(source: str | os.PathLike, what: str = "model") -> None:
     """Refuse a location that is no directory and cannot be a Hub id, or, offline, a Hub id whose
     ``config.json`` is not in the huggingface_hub cache (transformers loads a cached one with
@@ -107,7 +116,7 @@ def require_model_source(source: str | os.PathLike, what: str = "model") -> None
     source = str(source)
     if os.path.isdir(source):
         return
-    if not _HUB_ID.fullmatch(source):
+    if not is_hub_repo_id(source):
         raise FileNotFoundError(f"{what} directory {source} does not exist")
     if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
         raise FileNotFoundError(

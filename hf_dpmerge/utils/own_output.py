@@ -25,8 +25,8 @@ def check_own_output(target: str | os.PathLike, *, overwrite: bool, marker: str,
     if not target.is_dir() or not any(target.iterdir()):
         return
     if not overwrite:
-        raise FileExistsError(f"{flag} {target} exists and is not empty; pass --overwrite to replace a previous {output}, or "
-                              f"choose another {flag}")
+        raise FileExistsError(f"{flag} {target} exists and is not empty; pass --overwrite to replace a previous "
+                              f"{output}, or choose another {flag}")
     if not (target / marker).is_file():
         raise FileExistsError(f"{flag} {target} is not empty and holds no previous {output} (no {marker}); refusing "
                               f"to replace it even when overwriting: remove it yourself or choose another {flag}")

@@ -62,6 +62,9 @@ def test_hub_model_id(tmp_path):
     assert hub_model_id("runs/base", local_roots=[tmp_path]) is None
     assert hub_model_id("runs/other", local_roots=[tmp_path]) is None  # runs/ is local even if base moved
     assert hub_model_id(None) is None
+    # huggingface_hub's own rule decides what can be a Hub id (validate_repo_id), not a look-alike regex
+    assert hub_model_id("org--name/model") is None and hub_model_id("a/b/c") is None
+    assert hub_model_id("user/model.git") is None and hub_model_id("x" * 97) is None
 
 
 def test_merge_recipe(tmp_path):
