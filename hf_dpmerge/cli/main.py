@@ -8,6 +8,7 @@ import sys
 
 # verb -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
 VERBS: dict[str, str] = {
+    "train": "hf_dpmerge.cli.train_command",
     "merge": "hf_dpmerge.cli.merge_command",
     "evaluate": "hf_dpmerge.cli.evaluate_command",
     "diagnose": "hf_dpmerge.cli.diagnose_command",
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
     for verb, module_name in VERBS.items():
         module = importlib.import_module(module_name)
-        verb_parser = sub.add_parser(verb, help=module.__doc__.strip().splitlines()[0])
+        verb_parser = sub.add_parser(verb, help=module.__doc__.strip().splitlines()[0],
+                                     add_help=getattr(module, "ADD_HELP", True))  # False: the verb adds its own
         module.add_arguments(verb_parser)
         verb_parser.set_defaults(run=module.run)
     return parser

@@ -91,3 +91,21 @@ def test_every_option_of_every_verb_has_help() -> None:
     bare = [f"{verb} {action.option_strings[0]}" for verb, parser in verbs.items() for action in parser._actions
             if action.option_strings and action.dest != "help" and not (action.help or "").strip()]
     assert not bare, f"options without help text: {bare}"
+
+
+def test_the_train_verb_runs_the_training_script_with_every_flag(monkeypatch) -> None:
+    import hf_dpmerge.scripts.train as train_script
+
+    seen = []
+    monkeypatch.setattr(train_script, "main", seen.append)
+    argv = ["--task", "bbc_news", "--max_steps", "3", "--lora_freeze_a", "false", "--no_dp"]
+    assert main(["train", *argv]) == 0 and seen == [argv]
+
+
+def test_the_train_verb_shows_the_scripts_help_and_reports_bad_input(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert exit_info.value.code == 0 and help_text.startswith("usage: hf-dpmerge train")
+    assert re.search(r"--lora_freeze_a .*?\(default: True\)", help_text)  # the defaults it runs with
+    assert main(["train", "--task", "nope"]) == 1 and "unknown task 'nope'" in capsys.readouterr().err
