@@ -24,59 +24,106 @@ The simulation runs in Flower's engine (Ray backend, installed with hf_dpmerge's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+from dataclasses import dataclass
+from typing import Any
 
-from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments, add_dataclass_flag
+from hf_dpmerge.cli.dataclass_help import add_dataclass_help
+
+ADD_HELP = False  # -h/--help prints the dataclass parser's help
+AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
+# flags of TaskArguments / LoraArguments the federation does not implement: refused when set
+UNSUPPORTED = {"dataset_path": "the federation shards a packaged task's training split",
+               "lora_freeze_a": "clients train both LoRA factors", "lora_a_seed": "clients train both LoRA factors"}
+
+
+def _as_training(name: str, default: Any, help_text: str | None = None) -> Any:
+    """A field that means what ``DPSAMConfig.<name>`` means: its help (unless ``help_text``), this command's default."""
+    from hf_dpmerge.training.dpsam_config import DPSAMConfig  # torch: only when the flags are parsed
+
+    metadata = dict(next(f for f in dataclasses.fields(DPSAMConfig) if f.name == name).metadata)
+    if help_text:
+        metadata["help"] = help_text
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _flag(default: Any, help_text: str, **metadata: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
+
+
+def federated_arguments() -> type:
+    """The federation's flags as a dataclass (with :class:`TaskArguments` and :class:`LoraArguments`, what
+    ``HfArgumentParser`` parses); the client's DP-SGD flags share ``DPSAMConfig``'s fields."""
+
+    @dataclass
+    class FederatedArguments:
+        output_dir: str = _flag("runs/federated", "Where adapter/, encoder_adapter/, eval_metrics.json and "
+                                "federated_privacy.json are written.")
+        overwrite: bool = _flag(False, "Replace a global adapter already released there.")
+        num_clients: int = _flag(4, "K, clients with disjoint shards.")
+        rounds: int = _flag(4, "Federated rounds.")
+        local_steps: int = _flag(10, "DP-SGD steps per client per round.")
+        batch_size: int = _flag(64, "Expected Poisson batch per client step.")
+        physical_batch_size: int = _as_training("physical_batch_size", 64)
+        learning_rate: float = _as_training("learning_rate", 2e-3, "Learning rate of the LoRA factors.")
+        head_learning_rate: float = _as_training("head_learning_rate", 2e-2, "Learning rate of the task head.")
+        per_sample_max_grad_norm: float = _as_training("per_sample_max_grad_norm", 1.0)
+        target_epsilon: float = _as_training("target_epsilon", 8.0, "Each client's example-level ε over ALL rounds "
+                                             "(σ calibrated for rounds·local_steps steps).")
+        noise_multiplier: float | None = _as_training("noise_multiplier", None)
+        target_delta: float | None = _as_training("target_delta", None, "Example-level δ; default 1/(10·N_k) per "
+                                                  "client.")
+        accountant: str = _as_training("accountant", "prv")
+        sam_mode: str = _as_training("sam_mode", "dp_sat")
+        sam_rho: float = _as_training("sam_rho", 0.05)
+        align_lambda: float = _as_training("align_lambda", 0.05)
+        max_eval_samples: int | None = _flag(None, "Evaluate on a seeded stratified subset of this size.")
+        aggregation: str = _flag("fedavg", "fedavg: Flower's weighted mean; task_arithmetic: θ + λ·mean update; "
+                                 "dp_aware: SURE-denoised updates, random-effects weights.", choices=AGGREGATIONS)
+        server_learning_rate: float = _flag(1.0, "λ of task_arithmetic and dp_aware.")
+        client_sample_rate: float = _flag(1.0, "q, Poisson client sampling.")
+        client_noise_multiplier: float | None = _flag(None, "z: turn on client-level DP at the server (noise "
+                                                      "N(0, z²S²) on the clipped sum).")
+        client_clip_norm: float = _flag(0.1, "S, L2 clip of a whole client update.")
+        client_delta: float | None = _flag(None, "Client-level δ; default 1/(100·K), so that K·δ = 1%%.")
+        allow_large_client_delta: bool = _flag(False, "Permit a client-level δ ≥ 1/K (a weak guarantee; the "
+                                               "record says so).")
+        concurrent_clients: int = _flag(1, "Clients trained at once (CPUs used).")
+        seed: int = _flag(0, "Seed of the shards, the initial adapter and training.")
+        dp_seed: int | None = _as_training("dp_seed", None)
+
+    return FederatedArguments
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """``hf-dpmerge federated``'s flags: :class:`TaskArguments`, :class:`LoraArguments` and the federation's."""
+    from transformers import HfArgumentParser
+
+    from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+
+    parser = HfArgumentParser((TaskArguments, LoraArguments, federated_arguments()))
+    for action in parser._actions:
+        if action.dest in UNSUPPORTED:
+            action.help = argparse.SUPPRESS  # refused by parse_arguments, so not offered
+    return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--task", default="rotten_tomatoes", help="task whose training split is sharded")
-    parser.add_argument("--model_name_or_path", help="base sequence-classification model (default: the packaged "
-                        "all-MiniLM-L6-v2; pass runs/base to share the base of train_glue.py's adapters)")
-    parser.add_argument("--output_dir", default="runs/federated", help="where adapter/, encoder_adapter/, "
-                        "eval_metrics.json and federated_privacy.json are written (default: runs/federated)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a global adapter already released there")
-    parser.add_argument("--num_clients", type=int, default=4, help="K, clients with disjoint shards (default: 4)")
-    parser.add_argument("--rounds", type=int, default=4, help="federated rounds (default: 4)")
-    parser.add_argument("--local_steps", type=int, default=10, help="DP-SGD steps per client per round (default: 10)")
-    parser.add_argument("--batch_size", type=int, default=64, 
-                        help="expected Poisson batch per client step (default: 64)")
-    parser.add_argument("--physical_batch_size", type=int, default=64, help="micro-batch for memory (default: 64)")
-    parser.add_argument("--learning_rate", type=float, default=2e-3, help="LoRA learning rate (default: 2e-3)")
-    parser.add_argument("--head_learning_rate", type=float, default=2e-2, 
-                        help="task head learning rate (default: 2e-2)")
-    parser.add_argument("--per_sample_max_grad_norm", type=float, default=1.0, help="per-example clip C (default: 1)")
-    parser.add_argument("--target_epsilon", type=float, default=8.0,
-                        help="each client's example-level ε over ALL rounds (σ calibrated for rounds·local_steps)")
-    parser.add_argument("--noise_multiplier", type=float, help="explicit client σ (overrides --target_epsilon)")
-    parser.add_argument("--target_delta", type=float, help="example-level δ (default: 1/(10·N_k) per client)")
-    parser.add_argument("--accountant", choices=("prv", "rdp"), default="prv", help="opacus accountant (both levels)")
-    parser.add_argument("--sam_mode", default="dp_sat", 
-                        help="none | dp_sat | per_example | two_query (default: dp_sat)")
-    parser.add_argument("--sam_rho", type=float, default=0.05, help="sharpness-aware ascent radius ρ (default: 0.05)")
-    parser.add_argument("--align_lambda", type=float, default=0.05,
-                        help="alignment penalty λ on ‖ΔW‖², 0 disables (default: 0.05)")
-    for name in ("lora_r", "lora_alpha", "lora_target_modules", "lora_layers"):
-        add_dataclass_flag(parser, LoraArguments, name)
-    for name in ("classifier_pooling", "max_length", "max_train_samples"):
-        add_dataclass_flag(parser, TaskArguments, name)
-    parser.add_argument("--max_eval_samples", type=int, help="evaluate on a seeded stratified subset")
-    parser.add_argument("--aggregation", choices=("fedavg", "task_arithmetic", "dp_aware"), default="fedavg",
-                        help="fedavg: Flower's weighted mean; task_arithmetic: θ + λ·mean update; dp_aware: "
-                        "SURE-denoised updates, random-effects weights (default: fedavg)")
-    parser.add_argument("--server_learning_rate", type=float, default=1.0, help="λ (default: 1)")
-    parser.add_argument("--client_sample_rate", type=float, default=1.0, help="q, Poisson client sampling (default: 1)")
-    parser.add_argument("--client_noise_multiplier", type=float,
-                        help="z: turn on client-level DP at the server (noise N(0, z²S²) on the clipped sum)")
-    parser.add_argument("--client_clip_norm", type=float, default=0.1, help="S, L2 clip of a whole client update")
-    parser.add_argument("--client_delta", type=float, help="client-level δ (default: 1/(100·K), so that K·δ = 1%%)")
-    parser.add_argument("--allow_large_client_delta", action="store_true",
-                        help="permit a client-level δ ≥ 1/K (a weak guarantee; the record says so)")
-    parser.add_argument("--concurrent_clients", type=int, default=1, help="clients trained at once (CPUs used)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shards, the initial adapter and training")
-    parser.add_argument("--dp_seed", type=int, help="seed the DP noise and sampling (tests only; default: OS entropy)")
+    add_dataclass_help(parser, argument_parser, __doc__)
+    parser.set_defaults(accepts_extra=True)
+
+
+def parse_arguments(argv: list[str]) -> tuple[Any, Any, Any]:
+    """(task, lora, federation) flags of ``argv``; a flag the federation does not implement is refused."""
+    parser = argument_parser()
+    task, lora, federation = parser.parse_args_into_dataclasses(args=argv)
+    given, defaults = {**vars(task), **vars(lora)}, vars(parser.parse_args([]))
+    for name, why in UNSUPPORTED.items():
+        if given[name] != defaults[name]:
+            raise ValueError(f"hf-dpmerge federated does not support --{name} ({why}): leave it out")
+    return task, lora, federation
 
 
 def require_flower() -> None:
@@ -88,44 +135,38 @@ def require_flower() -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_flower()
-    from hf_dpmerge.data import default_model_path
     from hf_dpmerge.federated.client_level_dp import ClientLevelDP
     from hf_dpmerge.federated.federation import FederatedSetup
-    from hf_dpmerge.federated.simulation import (
-        FEDERATED_RECORD_NAME,
-        ServerSettings,
-        run_federated,
-    )
-    from hf_dpmerge.modeling import default_classifier_pooling
+    from hf_dpmerge.federated.simulation import FEDERATED_RECORD_NAME, ServerSettings, run_federated
 
-    base = args.model_name_or_path or str(default_model_path())
+    task, lora, fed = parse_arguments(args.extra)
+    base, task = task.model_source(), task.with_pooling()
     setup = FederatedSetup(
-        task=args.task, base=base, num_clients=args.num_clients, rounds=args.rounds,
-        local_steps=args.local_steps, batch_size=args.batch_size, physical_batch_size=args.physical_batch_size,
-        learning_rate=args.learning_rate, head_learning_rate=args.head_learning_rate,
-        max_grad_norm=args.per_sample_max_grad_norm, target_epsilon=args.target_epsilon,
-        noise_multiplier=args.noise_multiplier, target_delta=args.target_delta, accountant=args.accountant,
-        sam_mode=args.sam_mode, sam_rho=args.sam_rho, align_lambda=args.align_lambda, lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha, lora_target_modules=tuple(args.lora_target_modules.split(",")),
-        lora_layers=args.lora_layers,
-        classifier_pooling=args.classifier_pooling or default_classifier_pooling(base),
-        max_length=args.max_length, max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples, seed=args.seed, dp_seed=args.dp_seed,
+        task=task.task, base=base, num_clients=fed.num_clients, rounds=fed.rounds,
+        local_steps=fed.local_steps, batch_size=fed.batch_size, physical_batch_size=fed.physical_batch_size,
+        learning_rate=fed.learning_rate, head_learning_rate=fed.head_learning_rate,
+        max_grad_norm=fed.per_sample_max_grad_norm, target_epsilon=fed.target_epsilon,
+        noise_multiplier=fed.noise_multiplier, target_delta=fed.target_delta, accountant=fed.accountant,
+        sam_mode=fed.sam_mode, sam_rho=fed.sam_rho, align_lambda=fed.align_lambda, lora_r=lora.lora_r,
+        lora_alpha=lora.lora_alpha, lora_target_modules=tuple(lora.lora_target_modules.split(",")),
+        lora_layers=lora.lora_layers, classifier_pooling=task.classifier_pooling, max_length=task.max_length,
+        max_train_samples=task.max_train_samples, max_eval_samples=fed.max_eval_samples, seed=fed.seed,
+        dp_seed=fed.dp_seed,
     )
     client_dp = None
-    if args.client_noise_multiplier is not None:
+    if fed.client_noise_multiplier is not None:
         client_dp = ClientLevelDP(
-            noise_multiplier=args.client_noise_multiplier, clip_norm=args.client_clip_norm,
-            sample_rate=args.client_sample_rate, num_clients=args.num_clients, accountant=args.accountant,
-            target_delta=args.client_delta, allow_large_delta=args.allow_large_client_delta,
+            noise_multiplier=fed.client_noise_multiplier, clip_norm=fed.client_clip_norm,
+            sample_rate=fed.client_sample_rate, num_clients=fed.num_clients, accountant=fed.accountant,
+            target_delta=fed.client_delta, allow_large_delta=fed.allow_large_client_delta,
         )
     server = ServerSettings(
-        aggregation=args.aggregation, server_learning_rate=args.server_learning_rate,
-        client_sample_rate=args.client_sample_rate, client_dp=client_dp, concurrent_clients=args.concurrent_clients,
+        aggregation=fed.aggregation, server_learning_rate=fed.server_learning_rate,
+        client_sample_rate=fed.client_sample_rate, client_dp=client_dp, concurrent_clients=fed.concurrent_clients,
     )
-    summary = run_federated(setup, server, args.output_dir, overwrite=args.overwrite)
+    summary = run_federated(setup, server, fed.output_dir, overwrite=fed.overwrite)
     print(format_guarantee(summary))
-    print(f"saved {args.output_dir}/adapter and {args.output_dir}/{FEDERATED_RECORD_NAME}")
+    print(f"saved {fed.output_dir}/adapter and {fed.output_dir}/{FEDERATED_RECORD_NAME}")
     return 0
 
 

@@ -10,32 +10,21 @@ same code (:mod:`hf_dpmerge.scripts.train`).
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-ADD_HELP = False  # -h/--help prints the training script's help (:class:`_ScriptHelp`)
+from hf_dpmerge.cli.dataclass_help import add_dataclass_help
 
-
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """This module's docstring as written; each flag with the default the script runs with."""
+ADD_HELP = False  # -h/--help prints the training script's help
 
 
-class _ScriptHelp(argparse.Action):
-    """``-h``/``--help``: the training script's own help (its flags and defaults), not this verb's stub."""
+def _script_parser() -> argparse.ArgumentParser:
+    from hf_dpmerge.scripts.train import argument_parser  # torch and transformers: only when asked for
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str = "") -> None:
-        from hf_dpmerge.scripts.train import argument_parser
-
-        script = argument_parser()
-        script.prog = "hf-dpmerge train"
-        script.description = __doc__
-        script.formatter_class = _Formatter
-        script.print_help()
-        parser.exit()
+    return argument_parser()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.add_argument("-h", "--help", action=_ScriptHelp, nargs=0, help="the training script's flags")
+    add_dataclass_help(parser, _script_parser, __doc__)
     parser.set_defaults(accepts_extra=True)
 
 

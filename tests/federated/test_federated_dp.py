@@ -236,3 +236,26 @@ def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, c
                  "--output_dir", str(tmp_path / "fed"), *flags])
     assert code == 1 and message in capsys.readouterr().err
     assert not (tmp_path / "fed").exists()
+
+
+@pytest.mark.parametrize("flag", ["--dataset_path", "--lora_freeze_a", "--lora_a_seed"])
+def test_a_flag_of_training_the_federation_does_not_implement_is_refused_not_ignored(tmp_path, capsys, flag):
+    value = {"--dataset_path": "glue", "--lora_freeze_a": "true", "--lora_a_seed": "3"}[flag]
+    code = main(["federated", flag, value, "--output_dir", str(tmp_path / "fed")])
+    assert code == 1 and f"does not support {flag}" in capsys.readouterr().err
+    assert not (tmp_path / "fed").exists()
+
+
+def test_the_federated_flags_are_the_training_dataclasses_fields(capsys):
+    """One source per flag: the client's DP-SGD flags carry DPSAMConfig's help, task and LoRA flags the training
+    script's dataclasses; the help shows the defaults the federation runs with."""
+    from hf_dpmerge.training.dpsam_config import DPSAMConfig
+
+    with pytest.raises(SystemExit):
+        main(["federated", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    sam_help = " ".join(next(f for f in dataclasses.fields(DPSAMConfig) if f.name == "sam_mode").metadata["help"]
+                        .split())
+    assert f"--sam_mode SAM_MODE, --sam-mode SAM_MODE {sam_help} (default: dp_sat)" in text
+    assert "--lora_target_modules" in text and "--learning_rate LEARNING_RATE" in text and "(default: 0.002)" in text
+    assert "--dataset_path" not in text and "--lora_freeze_a" not in text  # refused, so not offered
