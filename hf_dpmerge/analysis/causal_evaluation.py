@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, task_runs
+from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
 from hf_dpmerge.data.instructions import verbaliser_choices
 from hf_dpmerge.data.metrics import compute_metrics
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
 from hf_dpmerge.records.record import CAUSAL_LM
+from hf_dpmerge.records.runs_layout import BASE_DIR
 
 RESULTS_NAME = "results.json"
 SCORED = ("floor", "individual", "merged")

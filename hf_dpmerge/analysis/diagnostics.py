@@ -33,7 +33,7 @@ from hf_dpmerge.analysis.interpolation import (
     interpolation_gammas,
     plot_interpolation,
 )
-from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, find_tokenizer, load_split, task_runs
+from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.sharpness import Sharpness, TopEigenvalue, hessian_top_eigenvalue, sharpness
 from hf_dpmerge.analysis.task_models import (
     load_individual_model,
@@ -41,6 +41,7 @@ from hf_dpmerge.analysis.task_models import (
     load_task_adapter,
     resolve_device,
 )
+from hf_dpmerge.records.runs_layout import BASE_DIR
 
 RESULTS_NAME = "diagnostics.json"
 CHART_NAME = "interpolation.png"

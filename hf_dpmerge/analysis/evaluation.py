@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.batching import length_sorted_batches
-from hf_dpmerge.analysis.runs_layout import BASE_DIR, check_model_dirs, find_tokenizer, load_split, task_runs
+from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import (
     compute_metrics,
@@ -48,6 +48,7 @@ from hf_dpmerge.data.metrics import (
     predictions_from_logits,
     retention_and_interference,
 )
+from hf_dpmerge.records.runs_layout import BASE_DIR
 
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"

@@ -1,8 +1,5 @@
-"""The runs layout that training and mergekit write, and how one task's run in it is resolved.
-
-    runs/base/                 the saved sequence-classification base all adapters trained from
-    runs/<task>/adapter/       peft LoRA adapter, the task's head in ``modules_to_save``, dp_privacy.json
-    merged/                    mergekit output: a full model whose own classifier head is meaningless
+"""How one task's run in the runs layout (:mod:`hf_dpmerge.records.runs_layout`) is resolved for evaluation:
+its record, dataset, split seed and length, and the runs a merged model merged.
 
 A run folder's dataset is the task named in its privacy record (the folder name when it has none). The
 split seed and ``max_length`` come from the caller, else the record's ``extra`` (``data_seed``,
@@ -19,11 +16,8 @@ from pathlib import Path
 
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
 
-ADAPTER_DIR = "adapter"
-BASE_DIR = "base"
-MERGE_CONFIG_NAME = "mergekit_config.yml"
 DEFAULT_MAX_LENGTH = 128
 SPLITS = ("train", "validation", "test")
 
@@ -45,17 +39,14 @@ class TaskRun:
 
 
 def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:
-    """Run folders ``<runs>/<name>/`` that hold an ``adapter/`` with a privacy record, sorted."""
-    runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
-        raise FileNotFoundError(f"runs folder {runs_dir} does not exist; train adapters first")
-    return sorted(d.name for d in runs_dir.iterdir() if (d / ADAPTER_DIR / "dp_privacy.json").is_file())
+    """The names of the runs under ``runs_dir`` (:func:`~hf_dpmerge.records.runs_layout.run_adapters`), sorted."""
+    return list(run_adapters(runs_dir))
 
 
 def merged_tasks(runs_dir: str | os.PathLike, merged_dir: str | os.PathLike) -> list[str] | None:
     """The run folders whose adapter or model the merged model's ``mergekit_config.yml`` names, in its order
     (None when the merged model has no such file). A path names run folder ``t`` when one of its parts is
-    ``t`` and ``<runs>/t/adapter/dp_privacy.json`` exists (``runs/t/encoder_adapter`` → ``t``)."""
+    ``t`` and ``<runs>/t/adapter/`` is a run's adapter (``runs/t/encoder_adapter`` → ``t``)."""
     import yaml
 
     config_path = Path(merged_dir) / MERGE_CONFIG_NAME
@@ -94,7 +85,7 @@ def task_runs(
     merged_dir: str | os.PathLike | None = None,
 ) -> list[TaskRun]:
     """The runs named ``names``; by default the runs ``merged_dir`` merged (:func:`merged_tasks`), else every
-    run folder with an adapter and privacy record."""
+    run of ``runs_dir``."""
     from hf_dpmerge.data.load import DEFAULT_SPLIT_SEED
 
     runs_dir = Path(runs_dir)
@@ -102,7 +93,7 @@ def task_runs(
         names = merged_tasks(runs_dir, merged_dir)
     names = list(names) if names else discover_tasks(runs_dir)
     if not names:
-        raise FileNotFoundError(f"no <task>/{ADAPTER_DIR}/dp_privacy.json under {runs_dir}")
+        raise FileNotFoundError(f"no <task>/{ADAPTER_DIR}/ adapters under {runs_dir}")
     runs = []
     for name in names:
         adapter_dir = runs_dir / name / ADAPTER_DIR
@@ -111,7 +102,7 @@ def task_runs(
             close = difflib.get_close_matches(name, found, 1)
             raise FileNotFoundError(f"--tasks {name}: no folder {runs_dir / name}" + (
                 f" (did you mean {close[0]!r}?)" if close else "") + f"; task runs under {runs_dir}: {found or 'none'}")
-        if not (adapter_dir / ADAPTER_CONFIG_NAME).is_file():
+        if not is_peft_adapter(adapter_dir):
             raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
         record = PrivacyRecord.load(adapter_dir)
         runs.append(TaskRun(

@@ -21,7 +21,7 @@ from pathlib import Path
 from hf_dpmerge.data.tasks import parse_task_list
 from hf_dpmerge.hub.causal_release import push_merged_causal_lm
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, PushError, default_staging_dir, push_merged_model
-from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, run_adapters
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,14 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _adapters(runs: Path, tasks: str | None) -> dict[str, Path]:
     if tasks:
-        return {t: runs / t / "adapter" for t in parse_task_list(tasks)}
-    if not runs.is_dir():
-        raise FileNotFoundError(f"runs folder {runs} does not exist (pass --runs, or --tasks)")
-    found = {
-        d.name: d / "adapter"
-        for d in sorted(runs.iterdir())
-        if (d / "adapter" / ADAPTER_CONFIG_NAME).is_file()
-    }
+        return {t: runs / t / ADAPTER_DIR for t in parse_task_list(tasks)}
+    found = run_adapters(runs)
     if not found:
         raise PushError(f"no adapters under {runs}/<task>/adapter/: train some first, or pass --runs/--tasks")
     return found

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
 from hf_dpmerge.merging.merge_groups import DEFAULT_THRESHOLD
+from hf_dpmerge.records.runs_layout import BASE_DIR, is_peft_adapter
 
 RESULTS_NAME = "similarity.json"
 HEATMAP_NAME = "similarity.png"
@@ -44,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_base(runs: list[str]) -> Path:
     """``<runs>/base`` shared by every run given (an adapter folder is taken as ``<runs>/<task>/<adapter>``)."""
-    folders = {Path(run).parent if (Path(run) / "adapter_config.json").is_file() else Path(run) for run in runs}
+    folders = {Path(run).parent if is_peft_adapter(run) else Path(run) for run in runs}
     parents = {folder.parent for folder in folders}
-    base = next(iter(parents)) / "base"
+    base = next(iter(parents)) / BASE_DIR
     if len(parents) != 1 or not (base / "config.json").is_file():
         raise FileNotFoundError("the runs given share no <runs>/base/config.json: pass --base")
     return base

@@ -40,6 +40,7 @@ from hf_dpmerge.federated.guarantee import client_example_level, federated_guara
 from hf_dpmerge.federated.strategy import FederatedDPStrategy
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.training.dp.accounting import replace_one_epsilon
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.release import check_release_target, release_adapter
@@ -106,7 +107,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     if server.concurrent_clients < 1:
         raise ValueError(f"--concurrent_clients must be ≥ 1, got {server.concurrent_clients}")
     output_dir = Path(output_dir)
-    check_release_target(output_dir / "adapter", overwrite)  # refuse before training, not after
+    check_release_target(output_dir / ADAPTER_DIR, overwrite)  # refuse before training, not after
     generator = torch.Generator()
     seed = setup.dp_seed if setup.dp_seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
     generator.manual_seed(seed)
@@ -161,7 +162,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     write_text_atomic(output_dir / FEDERATED_RECORD_NAME, json.dumps(summary, indent=2, allow_nan=True) + "\n")
     eval_summary = {"task": setup.task, "test": summary["test"], "epsilon": record.epsilon,
                     "delta": record.delta, "client_level": summary["released"]["client_level"]}
-    write_text_atomic(output_dir / "eval_metrics.json", json.dumps(eval_summary, indent=2, allow_nan=True) + "\n")
+    write_text_atomic(output_dir / EVAL_METRICS_NAME, json.dumps(eval_summary, indent=2, allow_nan=True) + "\n")
     return summary
 
 
@@ -175,5 +176,5 @@ def _release(setup: FederatedSetup, model, state: dict, record: PrivacyRecord, o
         record.save(directory)
         write_adapter_card(directory, record, f"{setup.task} (federated)")  # both levels, from the record
 
-    release_adapter(output_dir / "adapter", write, overwrite)
-    export_encoder_adapter(output_dir / "adapter", output_dir / "encoder_adapter")
+    release_adapter(output_dir / ADAPTER_DIR, write, overwrite)
+    export_encoder_adapter(output_dir / ADAPTER_DIR, output_dir / ENCODER_ADAPTER_DIR)

@@ -32,10 +32,11 @@ import torch
 from hf_dpmerge.lora import LoraFactor
 from hf_dpmerge.merging.inputs import adapter_weights
 from hf_dpmerge.records.record import PrivacyRecord, find_privacy_record
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_peft_adapter
 
 BLOCK_ELEMENTS = 1 << 22
 """Largest block of ΔW entries (rows × d_in) materialised at once for the sign-conflict count."""
-ADAPTER_DIRS = ("encoder_adapter", "adapter")
+ADAPTER_DIRS = (ENCODER_ADAPTER_DIR, ADAPTER_DIR)
 """A run folder's adapters, in order of preference: the LoRA-only export, then the adapter with its head."""
 
 
@@ -57,8 +58,8 @@ def load_task_vector(path: str | os.PathLike) -> TaskVector:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} does not exist: give a run folder (runs/<task>) or a peft adapter folder")
-    adapter_dir = next((path / sub for sub in ADAPTER_DIRS if (path / sub / "adapter_config.json").is_file()), path)
-    if not (adapter_dir / "adapter_config.json").is_file():
+    adapter_dir = next((path / sub for sub in ADAPTER_DIRS if is_peft_adapter(path / sub)), path)
+    if not is_peft_adapter(adapter_dir):
         raise FileNotFoundError(
             f"{path} is neither a run folder (with {' or '.join(ADAPTER_DIRS)}/) nor a peft adapter "
             "(no adapter_config.json)"

@@ -21,8 +21,7 @@ from mergekit.config import MergeConfiguration
 from hf_dpmerge.merging.inputs import input_settings
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, head_label_names, write_task_model
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
-
-ADAPTER_DIR = "adapter"
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
 
 
 def task_adapters(config: MergeConfiguration) -> dict[str, Path]:
@@ -33,7 +32,7 @@ def task_adapters(config: MergeConfiguration) -> dict[str, Path]:
             continue
         run = Path(reference.lora.path).parent
         adapter = run / ADAPTER_DIR
-        if (adapter / "adapter_config.json").is_file() and (adapter / PRIVACY_RECORD_NAME).is_file():
+        if is_peft_adapter(adapter) and (adapter / PRIVACY_RECORD_NAME).is_file():
             found.setdefault(run.name, adapter)
     return found
 

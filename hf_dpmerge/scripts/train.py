@@ -53,6 +53,7 @@ from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -158,7 +159,7 @@ def shared_base(script: ScriptArguments) -> Path:
     """Save the sequence-classification base once; later runs reuse it (and refuse a different source)."""
     source = script.model_source()
     script = script.with_pooling()
-    base_dir = Path(script.runs_dir) / "base"
+    base_dir = Path(script.runs_dir) / BASE_DIR
     marker = base_dir / "hf_dpmerge_base.json"
     if marker.exists():
         saved = json.loads(marker.read_text())
@@ -219,7 +220,7 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
         common["eval_dataset"] = data["validation"] if evaluating else None
         trainer = CachedHeadTrainer(train_dataset=data["train"], **common)
     trainer.train(resume_from_checkpoint=resume)
-    adapter_dir = out / "adapter"  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
+    adapter_dir = out / ADAPTER_DIR  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     prediction = trainer.predict(data["test"])
     metrics = compute_metrics(spec, predictions_from_logits(spec, prediction.predictions), prediction.label_ids)
@@ -232,13 +233,13 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                         base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
                         dataset_hub_id=glue_dataset_hub_id(spec, script.dataset_path))  # and its datasets
     record.save(adapter_dir)
-    export_encoder_adapter(adapter_dir, out / "encoder_adapter")
+    export_encoder_adapter(adapter_dir, out / ENCODER_ADAPTER_DIR)
     make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
     write_adapter_card(adapter_dir, record)  # now with the task, the base's Hub id and the stock base's usage
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
                "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,
                "steps": record.steps, "num_samples": record.num_samples, "num_units": record.num_units}
-    (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / EVAL_METRICS_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     replace_one = "–" if record.epsilon_replace_one is None else f"{record.epsilon_replace_one:.3g}"
     print(f"[{task}] test {spec.metric} = {metrics[spec.metric]:.4f}, ε = {record.epsilon:.3g} (add/remove-one; "
           f"replace-one {replace_one}), δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
-        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
+        check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
     for task in tasks:

@@ -36,6 +36,7 @@ from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_ggu
 from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec, parse_task_list
 from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments
 from hf_dpmerge.scripts.train import parse_arguments, resume_point
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -102,7 +103,7 @@ class CausalScriptArguments(LoraArguments):
 def shared_causal_base(script: CausalScriptArguments) -> Path:
     """Save the float32 base once; later runs reuse it (and refuse a different source)."""
     source = script.model_source()
-    base_dir = Path(script.runs_dir) / "base"
+    base_dir = Path(script.runs_dir) / BASE_DIR
     marker = base_dir / BASE_MARKER
     if marker.exists():
         saved = json.loads(marker.read_text())
@@ -141,7 +142,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                            train_dataset=train,
                            data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX))
     trainer.train(resume_from_checkpoint=resume)
-    adapter_dir = out / "adapter"
+    adapter_dir = out / ADAPTER_DIR
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
     if not config.should_save:
         return None
@@ -156,7 +157,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
     summary = {"task": task, "test": {spec.metric: score}, "epsilon": record.epsilon, "delta": record.delta,
                "privacy_unit": record.privacy_unit, "steps": record.steps, "num_samples": record.num_samples,
                "num_units": record.num_units}
-    (out / "eval_metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / EVAL_METRICS_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"[{task}] test {spec.metric} = {score:.4f} (verbaliser scoring), ε = {record.epsilon:.3g}, "
           f"δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
     return summary
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         instruction_format(get_task_spec(task))
     resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
-        check_release_target(Path(script.runs_dir) / task / "adapter", script.overwrite)
+        check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_causal_base(script)
     for task in tasks:

@@ -17,7 +17,6 @@ from hf_dpmerge.analysis.runs_layout import find_tokenizer, load_split, task_run
 from hf_dpmerge.analysis.task_models import load_merged_with_head
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
-from hf_dpmerge.merging.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.scripts import tune as tune_script
 from hf_dpmerge.scripts.tune import (
     GridAxis,
@@ -27,6 +26,7 @@ from hf_dpmerge.scripts.tune import (
     public_validation_size,
     scoring_sets,
 )
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from tests.utils.merging_builders import lora_config_yaml
 from tests.utils.records import privacy_record
 from tests.utils.runs_builders import save_fake_adapter
