@@ -9,10 +9,15 @@ task's ``dp_privacy.json``, so ``pipeline("text-classification", model=out, mode
 trust_remote_code=True)`` computes what ``hf-dpmerge evaluate`` scores. The remote code also goes to
 ``<out>/`` (transformers reads it at the root when given a subfolder). Causal-LM adapters get no folder: the
 merged causal LM is the whole model.
+
+Once the task folders are written, the root's head is removed (:func:`drop_root_head`): the root is the merged
+encoder, and a stock ``AutoModelForSequenceClassification`` loading it reports a newly initialised head instead
+of predicting silently with a meaningless one. Plain ``mergekit-yaml`` output is mergekit's and keeps its head.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -62,4 +67,35 @@ def write_task_folders(merged_dir: str | Path, config: MergeConfiguration) -> li
         if (merged_dir / task / REMOTE_CODE_FILE).is_file():
             shutil.copyfile(merged_dir / task / REMOTE_CODE_FILE, merged_dir / REMOTE_CODE_FILE)
         written.append(task)
+    if written:
+        drop_root_head(merged_dir, written)
     return written
+
+
+HEAD_PREFIX = "classifier."  # the task head of every classifier training writes (peft modules_to_save)
+ROOT_NOTE = "hf_dpmerge_merged_encoder"  # config.json key saying where the task models are
+
+
+def drop_root_head(merged_dir: str | Path, tasks: list[str]) -> None:
+    """Remove the head tensors (``classifier.*``) from the root's safetensors files (and their index) and say in
+    ``config.json`` that each task's classifier is in ``<merged>/<task>/``."""
+    from safetensors.torch import load_file, save_file
+
+    merged_dir = Path(merged_dir)
+    dropped: set[str] = set()
+    for path in sorted(merged_dir.glob("*.safetensors")):
+        tensors = load_file(path)
+        head = {name for name in tensors if name.startswith(HEAD_PREFIX)}
+        if head:
+            save_file({k: v for k, v in tensors.items() if k not in head}, path, metadata={"format": "pt"})
+            dropped |= head
+    index = merged_dir / "model.safetensors.index.json"
+    if dropped and index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {k: v for k, v in data.get("weight_map", {}).items() if k not in dropped}
+        index.write_text(json.dumps(data, indent=2) + "\n")
+    config_path = merged_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config[ROOT_NOTE] = {"tasks": tasks, "note": "the merged encoder, without a task head: load a task's classifier "
+                         "from its subfolder (subfolder='<task>')"}
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,8 +46,16 @@ def _mergekit_yaml(workdir: Path, config: str, out: str) -> subprocess.Completed
 
 
 def _assert_merged(workdir: Path, out: str, expect_changed: str, privacy_card: bool = False) -> None:
-    merged = AutoModelForSequenceClassification.from_pretrained(workdir / out).state_dict()
+    model, loading = AutoModelForSequenceClassification.from_pretrained(workdir / out, output_loading_info=True)
+    merged = model.state_dict()
     base = AutoModelForSequenceClassification.from_pretrained(workdir / "runs" / "base").state_dict()
+    if privacy_card:  # hf-dpmerge merge: the root is the merged encoder, no head (each task's is in <task>/)
+        assert set(loading["missing_keys"]) == {"classifier.weight", "classifier.bias"}  # reported, not silent
+        assert not [k for k in load_file(workdir / out / "model.safetensors") if k.startswith("classifier.")]
+        merged = {k: v for k, v in merged.items() if not k.startswith("classifier.")}
+        note = json.loads((workdir / out / "config.json").read_text())["hf_dpmerge_merged_encoder"]
+        folders = sorted(p.parent.name for p in (workdir / out).glob("*/config.json"))
+        assert folders and sorted(note["tasks"]) == folders and "subfolder='<task>'" in note["note"]
     changed = [name for name, tensor in merged.items() if not torch.equal(tensor, base[name])]
     assert changed and all(expect_changed in name for name in changed), changed
     assert all(bool(torch.isfinite(tensor).all()) for tensor in merged.values())
