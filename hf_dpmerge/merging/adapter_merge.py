@@ -28,9 +28,10 @@ from hf_dpmerge.lora import SavedAdapter
 from hf_dpmerge.merging.factor_space import FACTOR_METHODS, merged_lora_b
 from hf_dpmerge.merging.inputs import NOISE_STD, adapter_weights, input_lora_b_noise, require_private
 from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
+from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, without_peft_prefix
 from hf_dpmerge.utils.io import staged_directory
 
@@ -74,7 +75,8 @@ def _load(source: AdapterInput) -> _Loaded:
         )
     if (directory / PRIVACY_RECORD_NAME).exists():
         record = PrivacyRecord.load(directory)
-        return _Loaded(source, adapter, {str(directory): record}, record.extra.get("lora_a"), merged=False)
+        return _Loaded(source, adapter, {_input_name(directory, record): record}, record.extra.get("lora_a"),
+                       merged=False)
     if (directory / MERGE_RECORD_NAME).exists():
         merge = json.loads((directory / MERGE_RECORD_NAME).read_text())
         records = {name: PrivacyRecord.from_dict(data, f"{directory / MERGE_RECORD_NAME}: {name}")
@@ -139,14 +141,10 @@ def _noise_variances(item: _Loaded, method: str, allow_non_private: bool) -> dic
     return variances
 
 
-def _readme(method: str, lam: float, inputs: Sequence[_Loaded], records: Mapping[str, PrivacyRecord]) -> str:
-    listed = "\n".join(f"- `{item.source.directory}` (weight {item.source.weight:g})" for item in inputs)
-    return (
-        "# Merged LoRA adapter\n\n"
-        f"A factor-space **{method}** merge (λ = {lam:g}) of LoRA adapters sharing their frozen A factors "
-        f"(lora_a fingerprint `{inputs[0].lora_a['fingerprint']}`): same A, merged B, no task head.\n\n"
-        f"{listed}\n\n## Differential privacy\n\n{PrivacyStatement.from_records(records).markdown()}"
-    )
+def _input_name(directory: Path, record: PrivacyRecord) -> str:
+    """How a release names an input: its task, else its run folder's name (never a path of this machine)."""
+    return record.task or (directory.parent.name if directory.name in (ADAPTER_DIR, ENCODER_ADAPTER_DIR)
+                           else directory.name)
 
 
 def merge_shared_a_adapters(
@@ -192,13 +190,19 @@ def merge_shared_a_adapters(
     config = json.loads((inputs[0].source.directory / ADAPTER_CONFIG_NAME).read_text())
     if base_model is not None:
         config["base_model_name_or_path"] = base_model
-    records = {name: record for item in inputs for name, record in item.records.items()}
+    records: dict[str, PrivacyRecord] = {}
+    for item in inputs:
+        for name, record in item.records.items():
+            if name in records:
+                raise ValueError(f"two inputs are both named {name!r} (their tasks): merge each task once")
+            records[name] = record
+    names = [", ".join(item.records) for item in inputs]
     lora_a = {"seed": inputs[0].lora_a.get("seed") if len({i.lora_a.get("seed") for i in inputs}) == 1 else None,
               "fingerprint": inputs[0].lora_a["fingerprint"]}
     description = {"merge_method": method,
                    "parameters": {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {})},
-                   "models": [{"model": str(item.source.directory), "parameters": {"weight": item.source.weight}}
-                              for item in inputs]}
+                   "models": [{"model": name, "parameters": {"weight": item.source.weight}}
+                              for name, item in zip(names, inputs)]}
     with staged_directory(out_dir) as staged:
         staged.mkdir()
         save_file(tensors, staged / ADAPTER_SAFETENSORS_NAME, metadata={"format": "pt"})
@@ -207,5 +211,7 @@ def merge_shared_a_adapters(
             {**description, "lora_a": lora_a, "records": {n: r.to_dict() for n, r in records.items()}}, indent=2
         ) + "\n")
         (staged / MERGE_MARKER).write_text("# hf-dpmerge merge --as-adapter\n" + yaml.safe_dump(description))
-        (staged / "README.md").write_text(_readme(method, lam, inputs, records), encoding="utf-8")
+        card = merged_adapter_card(method, lam, [(name, item.source.weight) for name, item in zip(names, inputs)],
+                                   lora_a["fingerprint"], records, config.get("base_model_name_or_path"))
+        (staged / CARD_NAME).write_text(str(card), encoding="utf-8")
     return Path(out_dir)

@@ -15,7 +15,7 @@ Local paths never enter a card: the base is named by Hub id (:func:`hub_model_id
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,16 @@ def adapter_card(record: PrivacyRecord, name: str, stock_base: bool = False) -> 
     return render_card("adapter", data, statement, name=name, base_model=base, record_name=PRIVACY_RECORD_NAME,
                        federated=FEDERATED_KEY in record.extra,
                        stock_base=ADAPTER_BASE_DIR if stock_base else None)
+
+
+def merged_adapter_card(method: str, lam: float, inputs: Sequence[tuple[str, float]], fingerprint: str,
+                        records: Mapping[str, PrivacyRecord], base_model: str | None) -> ModelCard:
+    """The card of a factor-space merge of shared-A adapters: what was merged (by name and weight), the shared
+    A's fingerprint and the merge's privacy statement (parallel composition of ``records``)."""
+    base = hub_model_id(base_model)
+    data = ModelCardData(library_name="peft", base_model=base, tags=[*ADAPTER_TAGS, "merge"])
+    return render_card("merged_adapter", data, PrivacyStatement.from_records(records), method=method, lam=f"{lam:g}",
+                       inputs=[(name, f"{weight:g}") for name, weight in inputs], fingerprint=fingerprint)
 
 
 def write_adapter_card(directory: str | os.PathLike, record: PrivacyRecord, name: str | None = None) -> Path:
