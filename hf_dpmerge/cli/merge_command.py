@@ -82,10 +82,11 @@ def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: boo
 
     config = read_merge_config(config_path)
     shared = dict(config.get("parameters") or {})
-    if unknown := sorted(set(shared) - _AS_ADAPTER_SHARED):
+    poe = _cauchy_poe_settings(shared) if config.get("merge_method") == "cauchy_poe" else None
+    if unknown := sorted(set(shared) - _AS_ADAPTER_SHARED - set(poe or ())):
         raise ValueError(
             f"--as-adapter: unknown or unsupported parameter {unknown}; it takes {sorted(_AS_ADAPTER_SHARED)} "
-            "(precision_sign and random_effects act on dense coordinates: use the dense merge)"
+            "and cauchy_poe's own (precision_sign and random_effects act on dense coordinates: use the dense merge)"
         )
     adapters, weights, overrides = [], [], []
     for entry in config["models"]:
@@ -105,8 +106,27 @@ def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: boo
         adapters, out_path, method=config.get("merge_method"), lam=float(shared["lambda"]),
         weights=weights, overrides=overrides, base_model=None if base is None else str(base),
         allow_non_private=bool(shared.get("allow_non_private", False)), overwrite=overwrite,
-        shrinkage=str(shared.get("shrinkage", "scale")),
+        shrinkage=str(shared.get("shrinkage", "scale")), poe_options=poe,
     )
+
+
+def _cauchy_poe_settings(shared: dict) -> dict:
+    """cauchy_poe's shared settings of the YAML, validated and defaulted as its mergekit method does (one
+    source: :class:`hf_dpmerge.merging.methods.CauchyPoEMethod`'s parameter specs), ``lambda`` left out."""
+    from mergekit.merge_methods.base import MISSING, ParameterScope
+
+    from hf_dpmerge.merging.methods import CauchyPoEMethod
+
+    specs = {spec.name: spec for spec in CauchyPoEMethod().spec.parameters
+             if spec.scope == ParameterScope.SHARED and spec.name != "lambda"}
+    settings = {}
+    for name, spec in specs.items():
+        value = shared.get(name, spec.default)
+        try:
+            settings[name] = spec.validate(value) if value is not MISSING else value
+        except ValueError as err:
+            raise ValueError(f"--as-adapter: cauchy_poe parameter {name}={value!r}: {err}") from None
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:

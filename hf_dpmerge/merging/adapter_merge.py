@@ -25,7 +25,7 @@ from mergekit.common import ModelPath, ModelReference
 from safetensors.torch import save_file
 
 from hf_dpmerge.lora import SavedAdapter
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS, merged_lora_b
+from hf_dpmerge.merging.factor_space import FACTOR_METHODS, cauchy_poe_lora_b, merged_lora_b
 from hf_dpmerge.merging.inputs import NOISE_STD, adapter_weights, input_lora_b_noise, require_private
 from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
 from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
@@ -124,7 +124,7 @@ def _noise_variances(item: _Loaded, method: str, allow_non_private: bool) -> dic
     if item.merged:
         raise ValueError(
             f"input {item.source.directory} is itself a merged adapter: the noise variance of its B is not "
-            "recorded, so dp_aware cannot denoise it; merge the original adapters with dp_aware in one merge"
+            f"recorded, so {method} cannot use it; merge the original adapters in one merge"
         )
     if item.source.overrides.get(NOISE_STD) is not None:
         raise ValueError(
@@ -159,12 +159,15 @@ def merge_shared_a_adapters(
     allow_non_private: bool = False,
     overwrite: bool = False,
     shrinkage: str = "scale",
+    poe_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the merged adapter of ``adapter_dirs`` (shared-A LoRA adapters) to ``out_dir``; see the module doc.
     ``shrinkage`` is ``dp_aware``'s (``scale`` or ``soft_threshold``, as in its mergekit parameters).
 
     ``weights`` are the w_i (1 each by default); ``overrides`` the per-input record overrides of ``dp_aware``;
     ``base_model`` becomes the adapter's ``base_model_name_or_path`` (the first input's otherwise).
+    ``poe_options`` are ``cauchy_poe``'s settings (``tol``, ``jitter``, ``max_iter``, ``conv_tol``, ``layers``,
+    ``dp_calibrated``; its mergekit parameters); it weighs its inputs itself, so every weight must be 1.
     """
     if method not in FACTOR_METHODS:
         raise ValueError(f"--as-adapter merges with {list(FACTOR_METHODS)}, not {method!r}; use the dense merge")
@@ -174,17 +177,30 @@ def merge_shared_a_adapters(
     overrides = [{}] * len(adapter_dirs) if overrides is None else list(overrides)
     if not len(weights) == len(overrides) == len(adapter_dirs):
         raise ValueError(f"{len(adapter_dirs)} adapters but {len(weights)} weights and {len(overrides)} overrides")
+    options = dict(poe_options or {})
+    dp_calibrated = bool(options.pop("dp_calibrated", False))
+    if method == "cauchy_poe" and any(w != 1.0 for w in weights):
+        raise ValueError("cauchy_poe weighs its inputs itself (one α_i per input): drop the per-model `weight`")
     check_merge_output(out_dir, overwrite)
     inputs = [_load(AdapterInput(Path(d), float(w), dict(o))) for d, w, o in zip(adapter_dirs, weights, overrides)]
     check_shared_a(inputs)
-    variances = [_noise_variances(item, method, allow_non_private) for item in inputs] if method == "dp_aware" else None
+    noised = method == "dp_aware" or (method == "cauchy_poe" and dp_calibrated)
+    variances = [_noise_variances(item, method, allow_non_private) for item in inputs] if noised else None
 
     first = inputs[0].adapter
     tensors: dict[str, torch.Tensor] = {}
     for name, factor in first.factors.items():
         layer_variances = None if variances is None else [v[name] for v in variances]
-        merged = merged_lora_b([item.adapter.factors[name].lora_b for item in inputs], weights, lam, layer_variances,
-                               factor.lora_a, shrinkage)
+        lora_bs = [item.adapter.factors[name].lora_b for item in inputs]
+        if method == "cauchy_poe":
+            widths = None if layer_variances is None else [
+                factor.scaling**2 * float((torch.as_tensor(v, dtype=torch.float64).expand(b.shape)
+                                           @ factor.lora_a.double().square()).mean())
+                for v, b in zip(layer_variances, lora_bs)]  # mean Var(τ_i) = mean s²·V_B·(A∘A)
+            merged = cauchy_poe_lora_b(lora_bs, factor.lora_a, factor.scaling, lam, without_peft_prefix(name),
+                                       widths, **options)
+        else:
+            merged = merged_lora_b(lora_bs, weights, lam, layer_variances, factor.lora_a, shrinkage)
         tensors[factor.saved_a] = factor.lora_a.contiguous()
         tensors[factor.saved_b] = merged.to(factor.lora_b.dtype).contiguous()
     config = json.loads((inputs[0].source.directory / ADAPTER_CONFIG_NAME).read_text())
@@ -199,8 +215,9 @@ def merge_shared_a_adapters(
     names = [", ".join(item.records) for item in inputs]
     lora_a = {"seed": inputs[0].lora_a.get("seed") if len({i.lora_a.get("seed") for i in inputs}) == 1 else None,
               "fingerprint": inputs[0].lora_a["fingerprint"]}
-    description = {"merge_method": method,
-                   "parameters": {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {})},
+    parameters = {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {}),
+                  **({**options, "dp_calibrated": dp_calibrated} if method == "cauchy_poe" else {})}
+    description = {"merge_method": method, "parameters": parameters,
                    "models": [{"model": name, "parameters": {"weight": item.source.weight}}
                               for name, item in zip(names, inputs)]}
     with staged_directory(out_dir) as staged:

@@ -13,17 +13,23 @@ and a merge that combines the τ_i linearly is exactly the LoRA adapter with the
   merge with consensus ``none`` and task-arithmetic weighting; ``precision_sign``
   (a sign election per dense coordinate) and ``random_effects`` (τ² from the dense task vectors) are not linear
   in B and are refused.
+- ``cauchy_poe``: not linear in the τ_i, but its fixed point ζ = (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i ends
+  in ·A like every τ_i (row blocks and the λ·mean rule too), so ζ = s·B'·A with B' = ζ·Aᵀ(AAᵀ)⁻¹/s: the dense
+  solve of :func:`~hf_dpmerge.merging.cauchy_poe.cauchy_poe_merge` (in the span of the B_i, float64), read back
+  as B' and checked (:func:`cauchy_poe_lora_b`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
 
-FACTOR_METHODS = ("task_arithmetic", "dp_aware")
+FACTOR_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe")
+FACTOR_RESIDUAL_RTOL = 1e-9  # ‖ζ − s·B'·A‖ ≤ this · ‖ζ‖ in float64, else ζ left A's row space
 SHRINKAGES = ("scale", "soft_threshold")
 
 
@@ -62,3 +68,32 @@ def merged_lora_b(
     estimates = ([b.float() for b in lora_bs] if variances is None else
                  [denoised_lora_b(b, v, lora_a, shrinkage) for b, v in zip(lora_bs, variances, strict=True)])
     return lam * sum(w * e for w, e in zip(weights, estimates, strict=True))
+
+
+def cauchy_poe_lora_b(
+    lora_bs: Sequence[torch.Tensor],
+    lora_a: torch.Tensor,
+    scaling: float,
+    lam: float,
+    name: str,
+    noise_variance: Sequence[float] | None = None,
+    **options: Any,
+) -> torch.Tensor:
+    """One layer's merged B for ``cauchy_poe``: B' with s·B'·A the dense merge λζ of the τ_i = s·B_i·A.
+
+    ``options`` are the kernel's (``tol``, ``jitter``, ``max_iter``, ``conv_tol``, ``layers``); ``noise_variance``
+    the mean per-coordinate noise variance of each τ_i (DP-calibrated widths) or None.
+    """
+    from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
+
+    a = lora_a.double()
+    factors = [(scaling * b.double(), a) for b in lora_bs]
+    base = torch.zeros(lora_bs[0].shape[0], a.shape[1], dtype=torch.float64)
+    merged = cauchy_poe_merge(base, [left @ right for left, right in factors], lam=lam, name=name,
+                              noise_variance=noise_variance, factors=factors, **options)
+    lora_b = merged @ a.T @ torch.linalg.inv(a @ a.T) / scaling
+    residual = float((scaling * lora_b @ a - merged).norm())
+    if residual > FACTOR_RESIDUAL_RTOL * max(float(merged.norm()), 1e-30):
+        raise RuntimeError(f"{name}: the cauchy_poe merge left the shared A's row space (residual {residual:.3g}); "
+                           "use the dense merge")
+    return lora_b.float()

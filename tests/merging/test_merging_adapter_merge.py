@@ -173,3 +173,31 @@ def test_cli_as_adapter_reads_the_merge_yaml(runs: Path, tmp_path: Path, capsys)
     assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 1
     assert "unsupported parameter ['consensus']" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+def test_cauchy_poe_adapter_gives_the_dense_cauchy_poe_merges_logits_through_stock_peft(runs: Path, tmp_path: Path):
+    """The fixed point of the τ_i = s·B_i·A lies in A's row space: the adapter is the dense merge, at adapter size,
+    from mergekit-yaml's config through hf-dpmerge merge --as-adapter."""
+    from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
+
+    inputs, lam = adapters(runs, "sst2", "mnli", "qnli"), 0.8
+    options = {"tol": 1e-2, "jitter": 1e-3, "max_iter": 500, "conv_tol": 1e-9, "layers": "reference"}
+    (tmp_path / "poe.yaml").write_text(lora_config_yaml(
+        "cauchy_poe", str(runs / "base"), [str(d) for d in inputs], "parameters:\n  lambda: 0.8\n  conv_tol: 1e-9\n"))
+    assert main(["merge", str(tmp_path / "poe.yaml"), str(tmp_path / "merged"), "--as-adapter"]) == 0
+    dense = AutoModelForSequenceClassification.from_pretrained(runs / "base")
+    state = dense.state_dict()
+    with torch.no_grad():
+        for key in adapter_weights(inputs[0]).factors:  # a factor is named after the weight it changes
+            name = key
+            taus = [adapter_weights(d).factors[name] for d in inputs]
+            finetuned = [state[key].double() + f.scaling * f.lora_b.double() @ f.lora_a.double() for f in taus]
+            state[key].copy_(cauchy_poe_merge(state[key].double(), finetuned, lam=lam, name=name, **options))
+    merged = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(runs / "base"),
+                                       tmp_path / "merged")
+    expected = outputs(dense)
+    torch.testing.assert_close(outputs(merged), expected, atol=1e-5, rtol=0)
+    task_arithmetic = outputs(dense_merge(runs / "base", inputs, [1.0, 1.0, 1.0], lam))
+    assert (expected - task_arithmetic).abs().max() > 1e-4  # PoE is not the mean: the comparison has teeth
+    with pytest.raises(ValueError, match="cauchy_poe weighs its inputs itself"):
+        merge_shared_a_adapters(inputs, tmp_path / "weighted", method="cauchy_poe", weights=[1.0, 2.0, 1.0])
