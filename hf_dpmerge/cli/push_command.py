@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.dry_run:
             raise PushError("--repo_id user/name is required (unless --dry-run)")
         repo_id = f"your-username/{Path(args.merged_dir).resolve().name}"
-    from hf_dpmerge.analysis.evaluation import EvaluationReport
+    from hf_dpmerge.analysis.evaluation_report import EvaluationReport
 
     adapters = _adapters(Path(args.runs), args.tasks)
     causal = _causal_adapters(adapters)

@@ -6,7 +6,7 @@ Rendered by :func:`hf_dpmerge.records.card.render_card` from the ``merged`` temp
 (``extra.dataset_hub_id``: GLUE tasks), ``pipeline_tag``, ``tags``, ``eval_results``). Every privacy sentence
 is the :class:`~hf_dpmerge.records.statement.PrivacyStatement` of the records (composed with the selection of
 a tuned merge); the card never computes privacy itself. The evaluation is read through
-:class:`hf_dpmerge.analysis.evaluation.EvaluationReport`, the type ``hf-dpmerge evaluate`` writes. Local paths
+:class:`hf_dpmerge.analysis.evaluation_report.EvaluationReport`, the type ``hf-dpmerge evaluate`` writes. Local paths
 never enter the card.
 """
 
@@ -27,7 +27,7 @@ from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.records.statement import PrivacyStatement
 
 if TYPE_CHECKING:
-    from hf_dpmerge.analysis.evaluation import EvaluationReport
+    from hf_dpmerge.analysis.evaluation_report import EvaluationReport
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"

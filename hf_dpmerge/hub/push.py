@@ -39,7 +39,7 @@ from hf_dpmerge.records.statement import check_unseeded_release
 from hf_dpmerge.utils.own_output import check_own_output
 
 if TYPE_CHECKING:
-    from hf_dpmerge.analysis.evaluation import EvaluationReport
+    from hf_dpmerge.analysis.evaluation_report import EvaluationReport
 
 DEFAULT_COMMIT_MESSAGE = "Upload differentially private merged model (hf_dpmerge)"
 STAGING_MARKER = ".hf_dpmerge-staging"

@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_dpmerge.analysis.evaluation import (
-    CHART_NAME,
-    RESULTS_NAME,
-    EvaluationReport,
-    TaskEvaluation,
-    evaluate_runs,
-    predict_logits,
-)
+from hf_dpmerge.analysis.evaluation import evaluate_runs, predict_logits
+from hf_dpmerge.analysis.evaluation_report import CHART_NAME, RESULTS_NAME, EvaluationReport, TaskEvaluation
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task

@@ -8,7 +8,7 @@ import math
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_dpmerge.analysis.evaluation import EvaluationReport, TaskEvaluation
+from hf_dpmerge.analysis.evaluation_report import EvaluationReport, TaskEvaluation
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.records.card import hub_model_id
 from hf_dpmerge.records.record import PrivacyRecord

@@ -31,7 +31,7 @@ models:
     parameters: {weight: 1.0}
 dtype: float32
 """
-# the shape `hf-dpmerge evaluate` writes (hf_dpmerge.analysis.evaluation), with beta's interference missing
+# the shape `hf-dpmerge evaluate` writes (hf_dpmerge.analysis.evaluation_report), with beta's interference missing
 EVAL = {
     "tasks": {
         "alpha": {"metric": "accuracy", "epsilon": 2.5, "floor": 0.85, "individual": 0.81, "merged": 0.79,
