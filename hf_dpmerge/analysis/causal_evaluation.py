@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_dpmerge.analysis.evaluation_report import mean_of_defined
 from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
 from hf_dpmerge.data.instructions import verbaliser_choices
@@ -97,12 +98,8 @@ class CausalEvaluationReport:
     split: str = "test"
 
     def averages(self) -> dict[str, float | None]:
-        def mean(values: list[float]) -> float | None:
-            values = [v for v in values if not math.isnan(v)]
-            return float(np.mean(values)) if values else None
-
         names = (*SCORED, "retention", "gain_retained")
-        return {name: mean([getattr(t, name) for t in self.tasks]) for name in names}
+        return {name: mean_of_defined([getattr(t, name) for t in self.tasks]) for name in names}
 
     def to_dict(self) -> dict[str, Any]:
         def defined(value: float) -> float | None:

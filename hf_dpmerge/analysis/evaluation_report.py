@@ -79,6 +79,12 @@ class TaskEvaluation:
         return retention_and_interference(self.individual, self.merged)["interference"]
 
 
+def mean_of_defined(values: list[float | None]) -> float | None:
+    """The mean of the values that are neither None nor NaN (None when there are none): a report's average."""
+    values = [v for v in values if _defined(v)]
+    return float(np.mean(values)) if values else None
+
+
 @dataclass
 class EvaluationReport:
     """Per-task evaluations plus what was evaluated; averages are unweighted over tasks."""
@@ -90,10 +96,7 @@ class EvaluationReport:
     split: str = "test"
 
     def averages(self) -> dict[str, float | None]:
-        def mean(values: list[float]) -> float | None:
-            values = [v for v in values if _defined(v)]
-            return float(np.mean(values)) if values else None
-
+        mean = mean_of_defined
         individual, merged = mean([t.individual for t in self.tasks]), mean([t.merged for t in self.tasks])
         floor = mean([t.floor for t in self.tasks]) if all(t.floor is not None for t in self.tasks) else None
         gain = None if None in (floor, individual, merged) else gain_retained(merged, individual, floor)
