@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.markdown import mean_sd, table
 from hf_dpmerge.analysis.diagnostics import PRIVACY_NOTE
 from hf_dpmerge.analysis.interpolation import InterpolationCurve, plot_interpolation
 
@@ -94,13 +95,6 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _fmt(values: list[float], spec: str = ".1f") -> str:
-    """``mean ± std`` over seeds (the mean alone for one seed; – for none)."""
-    if not values:
-        return "–"
-    text = format(statistics.fmean(values), spec)
-    return text + (f" ± {format(statistics.stdev(values), spec)}" if len(values) > 1 else "")
-
 
 def _label(group: Group) -> str:
     return group[0] if group[1] is None else f"{group[0]} ε={group[1]:g}"
@@ -109,10 +103,6 @@ def _label(group: Group) -> str:
 def _eps(group: Group) -> str:
     return "∞" if group[1] is None else f"{group[1]:g}"
 
-
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _seeds(results: Results, group: Group) -> str:
@@ -295,29 +285,29 @@ def write_report(store: Store, grid: Grid, cells: Sequence[Cell], settings: Sett
         keys = ["learning_rate", "head_learning_rate", "per_sample_max_grad_norm", "expected_batch_size", "max_steps",
                 "sam_mode", "sam_rho", "align_lambda", "max_length", "lora_r", "lora_layers", "classifier_pooling"]
         out += ["", "Effective values:", "",
-                _table(["trainer", *keys], [[t, *(str(h.get(k, "–")) for k in keys)] for t, h in effective.items()])]
+                table(["trainer", *keys], [[t, *(str(h.get(k, "–")) for k in keys)] for t, h in effective.items()])]
 
     out += ["", "## Targets", ""] + targets(results)
 
     merges = list(grid.merges)
     out += ["", "## Headline: merged accuracy (%)", "",
             "Mean over tasks of the merged encoder with each task's own head, on the test split.", "",
-            _table(["trainer", "ε", "n", "individual", *merges],
-                   [[g[0], _eps(g), _seeds(results, g), _fmt(results.merged(g, merges[0], "individual")),
-                     *(_fmt(results.merged(g, m)) for m in merges)] for g in groups])]
+            table(["trainer", "ε", "n", "individual", *merges],
+                   [[g[0], _eps(g), _seeds(results, g), mean_sd(results.merged(g, merges[0], "individual")),
+                     *(mean_sd(results.merged(g, m)) for m in merges)] for g in groups])]
     out += ["", "## Normalised accuracy (%) = merged / individual", "",
-            _table(["trainer", "ε", *merges],
-                   [[g[0], _eps(g), *(_fmt(results.merged(g, m, "retention")) for m in merges)] for g in groups])]
+            table(["trainer", "ε", *merges],
+                   [[g[0], _eps(g), *(mean_sd(results.merged(g, m, "retention")) for m in merges)] for g in groups])]
     out += ["", "## Individual accuracy (%) per task", "",
-            _table(["trainer", "ε", *grid.tasks],
-                   [[g[0], _eps(g), *(_fmt(results.individual(g, t)) for t in grid.tasks)] for g in groups])]
+            table(["trainer", "ε", *grid.tasks],
+                   [[g[0], _eps(g), *(mean_sd(results.individual(g, t)) for t in grid.tasks)] for g in groups])]
     out += ["", "## Geometry (validation subsets, mean over tasks)", "",
             "Sharpness L(w + ρ∇L/‖∇L‖) − L(w) and the top Hessian eigenvalue over the adapter's parameters; drift "
             "‖ΔW‖_F/‖W_0‖_F over the LoRA-adapted matrices; merge gap L(w_merge) − L(w_task) per merge.", "",
-            _table(["trainer", "ε", "sharpness", "λ_max", "drift", *(f"gap {m}" for m in merges)],
-                   [[g[0], _eps(g), *(_fmt(results.geometry(g, k), ".3g")
+            table(["trainer", "ε", "sharpness", "λ_max", "drift", *(f"gap {m}" for m in merges)],
+                   [[g[0], _eps(g), *(mean_sd(results.geometry(g, k), ".3g")
                                       for k in ("sharpness", "hessian_top_eigenvalue", "drift")),
-                     *(_fmt(results.gap(g, m), ".3g") for m in merges)] for g in groups])]
+                     *(mean_sd(results.gap(g, m), ".3g") for m in merges)] for g in groups])]
 
     out += ["", "## Plots", ""]
     if results.merge:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.markdown import mean_sd, table
 from hf_dpmerge.data.metrics import gain_retained
 
 from .floor import floor_group
@@ -178,16 +179,6 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _fmt(values: list[float], spec: str = ".1f") -> str:
-    if not values:
-        return "–"
-    text = format(statistics.fmean(values), spec)
-    return text + (f" ± {format(statistics.stdev(values), spec)}" if len(values) > 1 else "")
-
-
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _describe(c: Comparison) -> str:
@@ -305,7 +296,7 @@ def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Mar
                 margins.append((len(rows), f"{group[0]} + {method}", found))
             rows.append([setting, str(len(results.grid.tasks)), "0 (no merge)", f"{floor[0]} (LoRA frozen)",
                          "none: base encoder + each task's head",
-                         _fmt(results.per_seed_mean(results.individual_accuracy(floor))), "–"])
+                         mean_sd(results.per_seed_mean(results.individual_accuracy(floor))), "–"])
             continue
         runner = next((c for c in candidates[1:] if c[1] == group), None)
         merged = results.per_seed_mean(results.merged_accuracy(group, method))
@@ -317,7 +308,7 @@ def which_method_when(results: StressResults) -> tuple[list[list[str]], list[Mar
             if found is not None:
                 margins.append((len(rows), runner[2], found))
         rows.append([setting, str(len(results.grid.tasks)), interference, group[0] if kind != "noise" else "–",
-                     method, _fmt(merged), "–"])
+                     method, mean_sd(merged), "–"])
         points = [point_label(r["point"]) for r in results.tuned[group][method].values()]
         chosen = max(results.tuned[group][method].values(), key=lambda r: points.count(point_label(r["point"])))
         entries.append({**entry, "choice": "merge", "trainer": group[0], "merge": method, "point": chosen["point"],
@@ -426,7 +417,7 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
         "per cell the point with the best mean validation accuracy is chosen and only that merge is scored on "
         "test. Spaces:",
         "",
-        _table(["method", "scale", "points", "fixed"],
+        table(["method", "scale", "points", "fixed"],
                [[m, SCALE.get(m, "–"), "; ".join(point_label(p) for p in SPACES[m]),
                  point_label(FIXED[m]) if m in FIXED else "–"] for m in merges]),
     ]
@@ -435,21 +426,21 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
     rows = fill_margins(rows, margins)
     out += ["", "## Targets", "", *targets(comparisons, rows)]
 
-    floor_row = [_fmt([100 * statistics.fmean(f.values())]) if (f := results.floor_accuracy(g)) else "–"
+    floor_row = [mean_sd([100 * statistics.fmean(f.values())]) if (f := results.floor_accuracy(g)) else "–"
                  for g in groups]
     out += ["", "## Merged accuracy (%) on test", "",
             "Each merge at its validation-chosen point; individual = each task's own adapter; floor = base encoder "
             "+ own head.", "",
-            _table(["adapters", "n", "floor", "individual", *merges],
+            table(["adapters", "n", "floor", "individual", *merges],
                    [[label(g), str(len(results.individual.get(g, {}))), floor_row[i],
-                     _fmt(results.per_seed_mean(results.individual_accuracy(g))),
-                     *(_fmt(results.per_seed_mean(results.merged_accuracy(g, m))) for m in merges)]
+                     mean_sd(results.per_seed_mean(results.individual_accuracy(g))),
+                     *(mean_sd(results.per_seed_mean(results.merged_accuracy(g, m))) for m in merges)]
                     for i, g in enumerate(groups)])]
     out += ["", "## Gain retained (%) = (merged − floor) / (individual − floor)", "",
             "On task-averaged test accuracies, per seed. \"below floor\": the adapters themselves do not beat the "
             "floor, so there is no gain to retain.", "",
-            _table(["adapters", *merges], [[label(g), *(("below floor" if results.below_floor(g) else
-                                                          _fmt(results.gain(g, m))) for m in merges)]
+            table(["adapters", *merges], [[label(g), *(("below floor" if results.below_floor(g) else
+                                                          mean_sd(results.gain(g, m))) for m in merges)]
                                            for g in groups])]
     chosen = [(m, r["point"]) for g in groups for m in merges for r in results.tuned.get(g, {}).get(m, {}).values()]
     edges = sorted({m for m, point in chosen if grid_edges(m, point)})
@@ -458,7 +449,7 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
             "**(edge)**: the choice is the smallest or largest value of its grid axis, so the optimum may lie "
             "outside the grid; " + (f"{at_edge} of {len(chosen)} choices are at an edge ({', '.join(edges)})."
                                     if edges else "no choice is."), "",
-            _table(["adapters", *merges],
+            table(["adapters", *merges],
                    [[label(g), *(" / ".join(_choice(m, r["point"]) for _, r in sorted(
                        results.tuned.get(g, {}).get(m, {}).items())) or "–" for m in merges)] for g in groups])]
     out += ["", "## Significance of the headline comparisons", "",
@@ -476,7 +467,7 @@ def write_stress_report(store: Store, grid: Grid, cells: Sequence[Cell], setting
             "mean, the floor (LoRA frozen, each task's head on the shared base encoder: nothing to merge) included "
             "as a candidate; interference = individual − merged (test, points); the margin is the paired test "
             "difference to the runner-up merge of the same adapters (for the floor: to the best merge).", "",
-            _table(["setting", "tasks", "interference", "trainer", "merge", "merged accuracy", "margin"], rows)
+            table(["setting", "tasks", "interference", "trainer", "merge", "merged accuracy", "margin"], rows)
             if rows else "Not measured yet."]
     plots = report_dir / "benchmarks" / "plots"
     plots.mkdir(parents=True, exist_ok=True)

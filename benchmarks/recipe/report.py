@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from benchmarks.markdown import table_lines
+
 from .grid import (
     FLOOR,
     PACKAGED,
@@ -106,10 +108,6 @@ def _level(epsilon: float | None) -> str:
     return "non-private" if epsilon is None else f"ε = {epsilon:g}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows)]
-
 
 def render(results: Results) -> str:
     """The report as markdown (complete or not: missing cells show –, and the status line counts them)."""
@@ -119,7 +117,7 @@ def render(results: Results) -> str:
              "Protocol in `benchmarks/recipe/__init__.py`: recipes are chosen on the validation splits of "
              f"{', '.join(PROXY_TASKS)} and reported on the test splits of {', '.join(REPORT_TASKS)} (never used "
              "to choose). Accuracy in %; base model: the packaged all-MiniLM-L6-v2.", "",
-             "## Recipes", "", *_table(["recipe", "what"], [[name, r.description] for name, r in RECIPES.items()]),
+             "## Recipes", "", *table_lines(["recipe", "what"], [[name, r.description] for name, r in RECIPES.items()]),
              "", "## Selection (validation accuracy on the proxy tasks, seed 0)", ""]
     header = ["recipe", *(f"{t} {_level(e)}" for e in SELECT_EPSILONS for t in PROXY_TASKS), "mean", "s / adapter"]
     rows = []
@@ -132,7 +130,7 @@ def render(results: Results) -> str:
                                sorted(units, key=lambda u: (u.epsilon, u.task)))],
                     )
         rows[-1] += [_pct(means.get(recipe)), f"{np.mean(seconds):.0f}" if seconds else "–"]
-    lines += _table(header, rows)
+    lines += table_lines(header, rows)
     lines += ["", f"Chosen: **{chosen}**." if chosen else "Chosen: none yet (the select stage is incomplete).", ""]
     done = sum(u.name in results for u in (report_units(chosen) if chosen else []))
     total = len(report_units(chosen)) if chosen else 0
@@ -148,7 +146,7 @@ def render(results: Results) -> str:
             seconds = [results[c]["train_seconds"] for c in cells if c in results]
             rows.append([_level(epsilon), recipe, *(_pct(accuracy(results[c])) if c in results else "–" for c in cells),
                          f"{np.mean(seconds):.0f}" if seconds else "–"])
-    lines += _table(["level", "recipe", *REPORT_TASKS, "s / adapter"], rows)
+    lines += table_lines(["level", "recipe", *REPORT_TASKS, "s / adapter"], rows)
     if chosen:
         lines += ["", "## Seed-level paired tests (chosen − other, task-averaged test accuracy; one-sided paired t, "
                   "Holm over this table)", ""]
@@ -156,7 +154,7 @@ def render(results: Results) -> str:
                  f"{100 * r['mean']:+.2f}" if math.isfinite(r["mean"]) else "–",
                  f"{r['p']:.3g}" if math.isfinite(r["p"]) else "–", f"{r['p_holm']:.3g}" if "p_holm" in r else "–"]
                 for r in paired_comparisons(results, chosen)]
-        lines += _table(["level", "comparison", "per seed (points)", "mean", "p", "p (Holm)"], rows)
+        lines += table_lines(["level", "comparison", "per seed (points)", "mean", "p", "p (Holm)"], rows)
         lines += ["", "## Targets", "", *targets(results, chosen)]
     return "\n".join(lines) + "\n"
 
@@ -174,7 +172,7 @@ def level_table(results: Results) -> list[str]:
             row.append("–" if not values else f"{_pct(np.mean(values))} ± {100 * np.std(values, ddof=1):.1f} "
                        f"(n = {len(values)})" if len(values) > 1 else f"{_pct(values[0])} (n = 1)")
         rows.append(row)
-    return _table(["level", *recipes], rows)
+    return table_lines(["level", *recipes], rows)
 
 
 def with_readme_table(readme: str, results: Results) -> str:
