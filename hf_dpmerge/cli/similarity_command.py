@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         results = {**report.to_dict(), "threshold": args.threshold, "groups": groups, "method": args.method}
         (staged / RESULTS_NAME).write_text(json.dumps(results, indent=2) + "\n")
         plot_similarity(report, staged / HEATMAP_NAME, groups)
-        configs = iter(write_group_configs(report, groups, base, args.method, staged))
+        configs = iter(write_group_configs(report, groups, base, args.method, staged, output))
         for group in groups:
             where = f"-> {output / next(configs).name}" if len(group) > 1 else "(alone: use its adapter as it is)"
             print(f"  {', '.join(group)} {where}")

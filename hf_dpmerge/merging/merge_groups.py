@@ -1,9 +1,9 @@
 """Merge groups: adapters whose task vectors point the same way, found by hierarchical clustering.
 
-Average-linkage agglomerative clustering (scipy) on the distance 1 − cos(τᵢ, τⱼ) of
-:mod:`hf_dpmerge.merging.task_similarity`, cut at 1 − ``threshold``: two clusters join while the mean
-cosine similarity between their members is at least ``threshold``. Each group of two or more adapters gets
-one mergekit config; an adapter alone in its group needs no merge (use it as it is).
+Average-linkage agglomerative clustering (scipy) on the distance 1 − ĉos(τᵢ, τⱼ), the noise-aware cosine of
+:mod:`hf_dpmerge.merging.task_similarity` (the plain cosine for non-private adapters), cut at 1 − ``threshold``:
+two clusters join while the mean cosine similarity between their members is at least ``threshold``. Each group
+of two or more adapters gets one mergekit config; an adapter alone in its group needs no merge (use it as it is).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def merge_groups(report: SimilarityReport, threshold: float = DEFAULT_THRESHOLD)
 
     if not -1.0 <= threshold <= 1.0:
         raise ValueError(f"--threshold is a cosine similarity in [-1, 1], got {threshold}")
-    distance = np.clip(1.0 - report.cosine, 0.0, 2.0)
+    distance = np.clip(1.0 - report.grouping_cosine, 0.0, 2.0)  # noise-aware (task_similarity docstring)
     np.fill_diagonal(distance, 0.0)
     tree = linkage(squareform((distance + distance.T) / 2, checks=False), method="average")
     labels = fcluster(tree, t=1.0 - threshold, criterion="distance")
@@ -44,9 +44,12 @@ def write_group_configs(
     base: str | os.PathLike,
     method: str,
     directory: str | os.PathLike,
+    final_directory: str | os.PathLike | None = None,
 ) -> list[Path]:
-    """``merge_group_<k>.yaml`` in ``directory`` for every group of ≥ 2 adapters, merging them with ``method``."""
+    """``merge_group_<k>.yaml`` in ``directory`` for every group of ≥ 2 adapters, merging them with ``method``;
+    each config's ``Run:`` line names it in ``final_directory`` (where a staged ``directory`` ends up)."""
     directory = Path(directory)
+    shown = Path(final_directory) if final_directory is not None else directory
     paths = []
     multi = [group for group in groups if len(group) > 1]
     for number, group in enumerate(multi, start=1):
@@ -54,11 +57,12 @@ def write_group_configs(
         config = lora_merge_config(method, base, adapters)
         pairs = [(a, b) for k, a in enumerate(group) for b in group[k + 1:]]
         cosines = ", ".join(
-            f"{a}/{b} {report.cosine[report.names.index(a), report.names.index(b)]:.3f}" for a, b in pairs
+            f"{a}/{b} {report.cosine[report.names.index(a), report.names.index(b)]:.3f} (noise-aware "
+            f"{report.denoised_cosine[report.names.index(a), report.names.index(b)]:.3f})" for a, b in pairs
         )
         comment = (f"Merge group {number} from hf-dpmerge similarity: {', '.join(group)}\n"
                    f"cosine similarity of the task vectors: {cosines}\n"
-                   f"Run: mergekit-yaml {directory / f'merge_group_{number}.yaml'} merged/group_{number} "
+                   f"Run: mergekit-yaml {shown / f'merge_group_{number}.yaml'} merged/group_{number} "
                    f"--lora-merge-cache lora_cache")
         path = directory / f"merge_group_{number}.yaml"
         path.write_text(merge_config_yaml(config, comment))

@@ -13,6 +13,19 @@ interference, arXiv 2306.01708 §3). It needs entries, so it is computed exactly
 blocks of rows of at most :data:`BLOCK_ELEMENTS` entries (memory stays bounded; no sampling). Two
 unrelated dense task vectors conflict on about half of their coordinates; aligned ones on fewer.
 
+**Noise-aware cosine.** A DP adapter's task vector is τ̃ = τ + ε with ε the training noise, independent across
+adapters, of expected energy N = E‖ε‖² = Σ Var(ΔW) (the noise model of docs/design.md §6, from each privacy
+record). Then E⟨τ̃_i, τ̃_j⟩ = ⟨τ_i, τ_j⟩ and E‖τ̃_i‖² = ‖τ_i‖² + N_i, so
+
+    ĉos(τ_i, τ_j) = ⟨τ̃_i, τ̃_j⟩ / √((‖τ̃_i‖² − N_i)(‖τ̃_j‖² − N_j))
+
+estimates the cosine of the noise-free task vectors (undefined, NaN, when an adapter's energy is not above its
+predicted noise: it is indistinguishable from noise). Its 95 % interval is ±1.96·SE of the inner product over
+the same denominator, with Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j + ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's
+mean noise variance v = N_layer/n. The raw cosine of noisy adapters is shrunk toward 0 by the noise (|cos| ≈
+0.003 between DP adapters whose noise-free vectors have cosine ≈ 0.2); grouping uses the noise-aware one. The
+sign-conflict rate is not corrected (it is reported raw).
+
 Only LoRA layers enter: task heads (peft ``modules_to_save``) differ per task and are never merged.
 The statistics are post-processing of released adapters and cost no privacy.
 """
@@ -30,7 +43,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging.inputs import adapter_weights
+from hf_dpmerge.merging.inputs import adapter_weights, factor_noise_variance, input_lora_noise, is_private
 from hf_dpmerge.records.record import PrivacyRecord, find_privacy_record
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_peft_adapter
 
@@ -115,6 +128,14 @@ class SimilarityReport:
     norms: list[float]
     cosine: np.ndarray
     sign_conflict: np.ndarray
+    noise_energy: list[float]  # N_i = E‖τ̃_i − τ_i‖², 0 for an adapter without a DP record
+    denoised_cosine: np.ndarray  # ĉos (module docstring); NaN where an adapter is indistinguishable from noise
+    denoised_interval: np.ndarray  # n×n×2: its 95 % interval
+
+    @property
+    def grouping_cosine(self) -> np.ndarray:
+        """What adapters group by: the noise-aware cosine, 0 where it is undefined (nothing shown to be shared)."""
+        return np.nan_to_num(self.denoised_cosine, nan=0.0)
 
     def off_diagonal(self, matrix: np.ndarray) -> np.ndarray:
         """The entries above the diagonal of an n×n statistic (one per pair)."""
@@ -127,6 +148,9 @@ class SimilarityReport:
             "norms": self.norms,
             "cosine": self.cosine.tolist(),
             "sign_conflict": self.sign_conflict.tolist(),
+            "noise_energy": self.noise_energy,
+            "denoised_cosine": np.where(np.isnan(self.denoised_cosine), None, self.denoised_cosine).tolist(),
+            "denoised_interval": np.where(np.isnan(self.denoised_interval), None, self.denoised_interval).tolist(),
             "sign_conflict_method": f"exact, every coordinate of the layers both adapters change, in blocks of "
                                     f"≤ {BLOCK_ELEMENTS} entries",
         }
@@ -143,6 +167,16 @@ class SimilarityReport:
                 cells.append(f"{value:>{width}.3f}")
             lines.append(f"{name:<{width}}" + "".join(cells))
         lines.append("‖τ‖_F: " + ", ".join(f"{n} {v:.4g}" for n, v in zip(self.names, self.norms, strict=True)))
+        if any(self.noise_energy):
+            lines.append("predicted noise share N/‖τ̃‖²: " + ", ".join(
+                f"{n} {e / v**2:.3f}" for n, e, v in zip(self.names, self.noise_energy, self.norms, strict=True)))
+            lines.append("noise-aware cosine [95 % interval] (what grouping uses):")
+            for i, j in zip(*np.triu_indices(len(self.names), k=1), strict=True):
+                low, high = self.denoised_interval[i, j]
+                value = self.denoised_cosine[i, j]
+                lines.append(f"  {self.names[i]} / {self.names[j]}: " + (
+                    "undefined (an adapter is indistinguishable from its noise)" if math.isnan(value)
+                    else f"{value:.3f} [{low:.3f}, {high:.3f}]"))
         return "\n".join(lines)
 
 
@@ -159,19 +193,49 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
     for vector, norm in zip(vectors, norms, strict=True):
         if norm == 0.0:
             raise ValueError(f"{vector.adapter_dir}: the task vector is zero (an untrained adapter?)")
+    noise = [layer_noise_energy(vector) for vector in vectors]
+    energy = [sum(layers.values()) for layers in noise]
+    clean = [norm**2 - e if norm**2 > e else math.nan for norm, e in zip(norms, energy, strict=True)]  # ‖τ‖² est.
     cosine, conflict = np.eye(n), np.zeros((n, n))
+    denoised, interval = np.full((n, n), math.nan), np.full((n, n, 2), math.nan)
     for i in range(n):
+        denoised[i, i] = interval[i, i] = 1.0 if not math.isnan(clean[i]) else math.nan
         for j in range(i + 1, n):
-            inner, conflicts, compared = 0.0, 0, 0
+            inner, variance, conflicts, compared = 0.0, 0.0, 0, 0
             for layer in vectors[i].factors.keys() & vectors[j].factors.keys():
                 first, second = vectors[i].factors[layer], vectors[j].factors[layer]
                 _check_shapes(layer, first, second)
                 inner += lora_inner_product(first, second)
                 count, total = lora_sign_conflicts(first, second)
                 conflicts, compared = conflicts + count, compared + total
+                noise_i, noise_j = noise[i].get(layer, 0.0), noise[j].get(layer, 0.0)
+                variance += (max(lora_sq_norm(first) - noise_i, 0.0) * noise_j / total
+                             + max(lora_sq_norm(second) - noise_j, 0.0) * noise_i / total + noise_i * noise_j / total)
             cosine[i, j] = cosine[j, i] = inner / (norms[i] * norms[j])
             conflict[i, j] = conflict[j, i] = conflicts / compared if compared else math.nan
-    return SimilarityReport(names, [str(v.adapter_dir) for v in vectors], norms, cosine, conflict)
+            scale = math.sqrt(clean[i] * clean[j])  # NaN when either is noise-dominated
+            denoised[i, j] = denoised[j, i] = inner / scale
+            half = 1.96 * math.sqrt(variance)
+            interval[i, j] = interval[j, i] = ((inner - half) / scale, (inner + half) / scale)
+    return SimilarityReport(names, [str(v.adapter_dir) for v in vectors], norms, cosine, conflict, energy, denoised,
+                            interval)
+
+
+def layer_noise_energy(vector: TaskVector) -> dict[str, float]:
+    """Per LoRA layer, the expected noise energy Σ Var(ΔW) of ``vector`` predicted from its privacy record (and
+    noise statistics); empty for an adapter without a DP record."""
+    if not is_private(vector.record):
+        return {}
+    from mergekit.common import ModelPath, ModelReference
+
+    directory = str(vector.adapter_dir)
+    reference = ModelReference(model=ModelPath(path=directory), lora=ModelPath(path=directory))
+    energy = {}
+    for layer in vector.factors:
+        noisy = input_lora_noise(reference, layer, {})
+        if noisy is not None:
+            energy[layer] = float(factor_noise_variance(*noisy).sum())
+    return energy
 
 
 def _check_same_base(vectors: Sequence[TaskVector]) -> None:

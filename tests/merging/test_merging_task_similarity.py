@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -57,7 +58,9 @@ def test_gram_trace_statistics_equal_the_dense_ones(monkeypatch, rank_1, rank_2,
 def _report(cosine: list[list[float]]) -> SimilarityReport:
     n = len(cosine)
     names = [f"t{i}" for i in range(n)]
-    return SimilarityReport(names, names, [1.0] * n, torch.tensor(cosine).numpy(), torch.zeros(n, n).numpy())
+    matrix = torch.tensor(cosine).numpy()  # non-private adapters: the noise-aware cosine is the cosine
+    return SimilarityReport(names, names, [1.0] * n, matrix, torch.zeros(n, n).numpy(), [0.0] * n, matrix,
+                            np.stack([matrix, matrix], axis=-1))
 
 
 def test_clusters_join_while_the_mean_cosine_reaches_the_threshold() -> None:
@@ -113,6 +116,8 @@ def test_similarity_command_writes_heatmap_results_and_one_config_per_group(runs
     assert results["groups"] == [["task", "near"], ["orthogonal"]] and results["threshold"] == 0.5
     config = MergeConfiguration.model_validate(yaml.safe_load((out / "merge_group_1.yaml").read_text()))
     assert config.merge_method == "task_arithmetic"
+    run_line = next(line for line in (out / "merge_group_1.yaml").read_text().splitlines() if "# Run:" in line)
+    assert f"mergekit-yaml {out / 'merge_group_1.yaml'} " in run_line  # where the config is, not the staging
     assert [str(m.model) for m in config.models] == ["./runs/base+./runs/task/encoder_adapter",
                                                      "./runs/base+./runs/near/encoder_adapter"]
     assert config.parameters == METHOD_PARAMETERS["task_arithmetic"]  # the shipped task_arithmetic.yaml's
@@ -147,3 +152,59 @@ def test_adapters_of_different_bases_are_refused(runs: Path, tmp_path: Path) -> 
     hashed = save_adapter(tmp_path, "hashed", random_factors(8), base_model_hash="sha256:" + "2" * 64)
     with pytest.raises(ValueError, match="different base models"):
         task_similarity.task_similarity([load_task_vector(other), load_task_vector(hashed)])
+
+
+def _noisy_shared_a_adapter(runs: Path, task: str, signal: dict[str, torch.Tensor], seed: int,
+                            noise_std: float = 0.01) -> tuple[Path, dict[str, torch.Tensor]]:
+    """``runs/<task>/encoder_adapter`` with A frozen (shared seed), B = ``signal`` + N(0, noise_std²) — the noise
+    its record predicts (V_B = Σ η² = 1e-4 for the AdamW record) — and the clean B by parameter name."""
+    from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
+    from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+    from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record
+    from tests.utils.merging_builders import adamw_record
+    from tests.utils.training_helpers import lora_classifier
+
+    model = lora_classifier(seed=0)
+    freeze_shared_lora_a(model, 5)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(signal[name] + noise_std * torch.randn(parameter.shape, generator=generator))
+    tensors = peft_base_tensors(model)
+    adapter = runs / task / "adapter"
+    model.save_pretrained(adapter)
+    adamw_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
+                 extra={"lora_a": frozen_lora_a_record(model)}).save(adapter)
+    return export_encoder_adapter(adapter, runs / task / "encoder_adapter"), model
+
+
+def test_noise_aware_cosine_recovers_the_noise_free_cosine_that_dp_noise_hides(tmp_path):
+    """Two DP adapters sharing a weak signal: the raw cosine is shrunk toward 0 by their independent noise, the
+    noise-aware one (record-predicted noise energy removed) is the noise-free cosine within its interval, and
+    grouping finds the pair; an unrelated third adapter stays apart."""
+    from tests.utils.training_helpers import lora_classifier
+
+    shapes = {n: p.shape for n, p in lora_classifier(seed=0).named_parameters() if ".lora_B." in n}
+    generator = torch.Generator().manual_seed(0)
+    shared = {n: 0.006 * torch.randn(shape, generator=generator) for n, shape in shapes.items()}
+    other = {n: 0.006 * torch.randn(shape, generator=generator) for n, shape in shapes.items()}
+    related = {n: 0.8 * t + 0.6 * 0.006 * torch.randn(t.shape, generator=generator) for n, t in shared.items()}
+    dirs = [_noisy_shared_a_adapter(tmp_path, task, signal, seed)[0]
+            for task, signal, seed in (("alpha", shared, 1), ("beta", related, 2), ("gamma", other, 3))]
+    report = task_similarity.task_similarity([load_task_vector(d) for d in dirs])
+    # A is shared and frozen: cos(s·B₁·A, s·B₂·A) of the clean B's, exactly, from dense ΔW
+    dense = []
+    for signal in (shared, related):
+        by_module = {n.removeprefix("base_model.model.").split(".lora_B")[0]: t for n, t in signal.items()}
+        dense.append(torch.cat([(f.scaling * by_module[layer.removesuffix(".weight")].double()
+                                 @ f.lora_a.double()).flatten()
+                                for layer, f in load_task_vector(dirs[0]).factors.items()]))
+    truth = float(dense[0] @ dense[1] / (dense[0].norm() * dense[1].norm()))
+    assert truth > 0.6
+    assert report.cosine[0, 1] < truth - 0.2  # the noise hides most of it
+    low, high = report.denoised_interval[0, 1]
+    assert low <= truth <= high and abs(report.denoised_cosine[0, 1] - truth) < 0.15
+    assert low > 0.3 and report.denoised_interval[0, 2][0] < 0 < report.denoised_interval[0, 2][1]
+    assert merge_groups(report, 0.4) == [["alpha", "beta"], ["gamma"]]
+    assert "noise-aware cosine [95 % interval]" in report.table()
