@@ -55,7 +55,8 @@ def default_base(runs: list[str]) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.merging.merge_groups import merge_groups, write_group_configs
-    from hf_dpmerge.merging.task_similarity import load_task_vector, plot_similarity, task_similarity
+    from hf_dpmerge.merging.similarity_plot import plot_similarity
+    from hf_dpmerge.merging.task_similarity import load_task_vector, task_similarity
     from hf_dpmerge.utils.io import staged_directory
     from hf_dpmerge.utils.own_output import check_own_output
 
