@@ -145,5 +145,5 @@ def test_plan_states_headline_and_rest_times():
     headline = re.search(r"headline cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     rest = re.search(r"rest cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     assert headline and rest
-    assert float(headline.group(1)) <= 120  # the budget for the headline cells on 2 cores
+    assert float(headline.group(1)) <= 120  # the budget for the headline cells on 2 cores
     assert "reductions:" in done.stdout

@@ -22,7 +22,7 @@ span or a ```bash block is a claim about the repository, checked by this rule:
 - Any other bare name (``dp_privacy.json``, ``mergekit_config.yml``) is a file a command writes: not checked.
 
 **Citations.** README.md, docs/*.md and the .py files under hf_dpmerge/, benchmarks/, examples/ and tests/
-cite nothing outside the repository: no shared folder beside it, no notes or handbook that do not ship with it,
+cite nothing outside the repository: no shared folder beside it, no notes or book chapters that do not ship with it,
 no issue tracker numbers. Cite docs/design.md §N, or a paper by its authors and venue.
 """
 
