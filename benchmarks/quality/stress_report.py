@@ -228,8 +228,8 @@ def headline_comparisons(results: StressResults) -> list[tuple[str, Comparison]]
 
 
 def targets(comparisons: list[tuple[str, Comparison]], rows: list[list[str]]) -> list[str]:
-    """The stress benchmark's three targets (docs/benchmarks.md), each judged on the (Holm-adjusted) paired comparisons; ``rows``: the
-    "which method when" table."""
+    """The stress benchmark's three targets (docs/benchmarks.md), each judged on the (Holm-adjusted) paired
+    comparisons; ``rows``: the "which method when" table."""
     by_title = dict(comparisons)
     lines = []
     ties = by_title.get("ties, ε = 4: DP-Merging vs DP-SGD")
