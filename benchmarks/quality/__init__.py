@@ -17,7 +17,7 @@ skips every unit whose JSON exists with the same settings, so an interrupted run
     python -m benchmarks.quality --grid cpu            # reduced grid for 2 CPU cores (see --plan)
     python -m benchmarks.quality --grid full           # the full grid, for a GPU
     python -m benchmarks.quality --grid smoke --work-dir /tmp/quality-smoke   # minutes: it runs and resumes
-    python -m benchmarks.quality --grid stress --plan  # the stress grid (issue 17): headline and rest timed apart
+    python -m benchmarks.quality --grid stress --plan  # the stress grid: headline and rest timed apart
     python -m benchmarks.quality --grid stress         # → BENCHMARKS_STRESS.md; --grid stress-full for a GPU
 
 The stress grids make merging hard and compare fairly: six overlapping tasks, LoRA on every layer and module, a

@@ -1,6 +1,6 @@
 """What the quality benchmark runs: the grids, their cells (trainer × ε × seed) and each trainer's flags.
 
-The ``stress*`` grids (issue 17) make merging hard and compare fairly: six overlapping tasks, LoRA on every layer
+The ``stress*`` grids make merging hard and compare fairly: six overlapping tasks, LoRA on every layer
 and module, every merge tuned alike on validation splits (:mod:`.merge_space`, :mod:`.tuning`), a head-only floor
 (:mod:`.floor`), a noise-injection arm (:mod:`.noise_injection`) and paired significance tests
 (:mod:`.significance`).

@@ -2,8 +2,8 @@
 configuration of one point, generated per cell instead of read from ``merge_configs/*.yaml``.
 
 Every output is W₀ + λ·(the method's combined task vector), and λ means different things on different scales
-(README "One scale convention"): the **sum** scale (Σᵢ τᵢ: task_arithmetic, dp_aware, cauchy_poe's ζ for
-orthogonal tasks, and the sparsifying methods mergekit leaves unnormalised) or the **mean** scale (ties and della
+(docs/merging.md, "One scale convention"): the **sum** scale (Σᵢ τᵢ: task_arithmetic, dp_aware, cauchy_poe's ζ
+for orthogonal tasks, and the sparsifying methods mergekit leaves unnormalised) or the **mean** scale (ties and della
 normalise by the summed weights). Methods on one scale search the same λ grid (:data:`LAMBDAS`), and every method
 has :data:`BUDGET` points: a method whose only knob is λ (task_arithmetic) fixes equal budgets at the grid's size,
 so the other knobs (``density``, the Cauchy width floor ``tol``, dp_aware's ``consensus``) are set once per

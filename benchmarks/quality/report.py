@@ -126,7 +126,7 @@ def _target(title: str, checks: list[tuple[str, bool, str]]) -> list[str]:
 
 
 def targets(results: Results) -> list[str]:
-    """The issue's four targets, each with the numbers it was judged on."""
+    """The benchmark's four targets (docs/benchmarks.md), each with the numbers it was judged on."""
     grid = results.grid
     private = [t for t in grid.trainers if t != "non_private"]
 

@@ -203,7 +203,7 @@ def _margin(versus: str, c: Comparison) -> str:
 
 
 def headline_comparisons(results: StressResults) -> list[tuple[str, Comparison]]:
-    """The issue's comparisons: DP-Merging vs DP-SGD under ties at ε = 4; best of ours vs best stock per group."""
+    """The headline comparisons: DP-Merging vs DP-SGD under ties at ε = 4; best of ours vs best stock per group."""
     out = []
     ties = comparison(results, (("dp_merging", HEADLINE_EPSILON), "ties"), (("dp_sgd", HEADLINE_EPSILON), "ties"))
     if ties is not None:
@@ -219,8 +219,8 @@ def headline_comparisons(results: StressResults) -> list[tuple[str, Comparison]]
 
 
 def targets(comparisons: list[tuple[str, Comparison]], rows: list[list[str]]) -> list[str]:
-    """The issue's three targets, each judged on the (Holm-adjusted) paired comparisons; ``rows``: the
-    "which method when" table."""
+    """The stress benchmark's three targets (docs/benchmarks.md), each judged on the (Holm-adjusted) paired
+    comparisons; ``rows``: the "which method when" table."""
     by_title = dict(comparisons)
     lines = []
     ties = by_title.get("ties, ε = 4: DP-Merging vs DP-SGD")

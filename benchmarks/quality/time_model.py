@@ -10,10 +10,11 @@ from .grid import Cell, is_headline
 from .merge_space import BUDGET
 from .run import Context, parse_train_arguments, train_arguments
 
-# Time model of --plan, for MiniLM on 2 idle CPU cores. Throughput: ASSETS.md (fwd+bwd); per-sample gradients
-# cost 1.5–2× a plain step (1.75 taken), two_query makes two such queries; a forward pass ≈ 1/3 of fwd+bwd; a
-# Hessian-vector product (double backward) ≈ 3 fwd+bwd. Fixed costs per training run (data, tokenisation, model,
-# σ calibration), per merge (mergekit, MiniLM: 2.4–5 s measured on the loaded smoke run), per data and model load.
+# Time model of --plan, for MiniLM on 2 idle CPU cores. Throughput: MiniLM's measured fwd+bwd tokens per second;
+# per-sample gradients cost 1.5–2× a plain step (1.75 taken), two_query makes two such queries; a forward pass ≈ 1/3
+# of fwd+bwd; a Hessian-vector product (double backward) ≈ 3 fwd+bwd. Fixed costs per training run (data,
+# tokenisation, model, σ calibration), per merge (mergekit, MiniLM: 2.4–5 s measured on the loaded smoke run), per
+# data and model load.
 TOKENS_PER_SECOND = 3400.0
 TRAINER_COST = {"non_private": 1.0, "dp_sgd": 1.75, "dp_merging": 1.75, "two_query": 3.5}
 FORWARD_COST, HVP_COST = 1 / 3, 3.0

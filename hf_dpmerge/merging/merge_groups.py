@@ -18,7 +18,7 @@ from hf_dpmerge.merging.merge_config import lora_merge_config, merge_config_yaml
 from hf_dpmerge.merging.task_similarity import SimilarityReport
 
 DEFAULT_THRESHOLD = 0.1
-"""Default cosine similarity at which adapters group (see the README section "Task grouping")."""
+"""Default cosine similarity at which adapters group (see docs/merging.md, "Task grouping")."""
 
 
 def merge_groups(report: SimilarityReport, threshold: float = DEFAULT_THRESHOLD) -> list[list[str]]:

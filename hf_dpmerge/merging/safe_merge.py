@@ -6,8 +6,8 @@ Per output tensor, with task vectors τ_i = W_i − W_0 and the inputs marked ``
     t_p  = the nearest-rank p-th percentile of the entries of risk (the ⌈p·n/100⌉-th smallest, at least 1st)
     W    = W_0 + scale · 1[risk ≤ t_p] ⊙ Σ_{i∉U} weight_i · τ_i
 
-The merging handbook's safety recipe (S-LoRA-style "merge only low-risk parameters", handbook §2.2) ranks
-whole tensors by the mean |τ_u| across the model; a mergekit kernel sees one output tensor at a time, and a
+The usual "merge only low-risk parameters" safety recipe ranks whole tensors by the mean |τ_u| across the
+model; a mergekit kernel sees one output tensor at a time, and a
 LoRA ΔW = s·B·A spreads its change over every entry of an adapted matrix, so the risk is ranked **per entry
 within each tensor** instead (docs/design.md §13). Entries tied at t_p are kept, so a tensor the
 unwanted model left unchanged (risk ≡ 0) receives the useful task vectors in full; ``percentile: 100`` is

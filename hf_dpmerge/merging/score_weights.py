@@ -1,4 +1,4 @@
-"""Score-weighted merging: per-input weights w = softmax(s / T) from user-supplied scores s (handbook §2.3).
+"""Score-weighted merging: per-input weights w = softmax(s / T) from user-supplied scores s (docs/design.md §13).
 
 w_i = exp(s_i / T) / Σ_j exp(s_j / T). The temperature T > 0 sets how sharp the weighting is: T → ∞ gives
 equal weights 1/N, T → 0 puts all the weight on the best-scored input. The weights sum to 1, so they

@@ -47,7 +47,7 @@ from hf_dpmerge.utils.io import require_model_source, staged_directory
 
 SCRIPT = "train_causal_lm.py"
 BASE_MARKER = "hf_dpmerge_base.json"
-# The DP recipe for the packaged SmolLM2 at ε = 8 (README "Causal language models"); any later flag overrides it.
+# The DP recipe for the packaged SmolLM2 at ε = 8 (docs/causal-lm.md); any later flag overrides it.
 CAUSAL_DP_DEFAULTS: list[str] = [
     "--per_device_train_batch_size", "64",
     "--physical_batch_size", "8",

@@ -1,4 +1,4 @@
-"""benchmarks/quality/report.py: the issue's targets are judged on the stored numbers, tables show mean ± std."""
+"""benchmarks/quality/report.py: the benchmark's targets are judged on the stored numbers, tables show mean ± std."""
 
 import dataclasses
 

@@ -17,7 +17,7 @@ from tests.utils.subprocess_helpers import REPO, run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
 
 
-def test_stress_grid_has_the_issue_tasks_floor_and_noise_arm():
+def test_stress_grid_has_the_six_tasks_floor_and_noise_arm():
     grid = GRIDS["stress"]
     assert {"reuters_r8", "reuters_r52", "20newsgroups", "rotten_tomatoes", "election_tweets", "bbc_news"} <= set(
         grid.tasks)
@@ -145,5 +145,5 @@ def test_plan_states_headline_and_rest_times():
     headline = re.search(r"headline cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     rest = re.search(r"rest cells:.*?total\s+([\d.]+) min", done.stdout, re.S)
     assert headline and rest
-    assert float(headline.group(1)) <= 120  # the issue's budget for the headline cells on 2 cores
+    assert float(headline.group(1)) <= 120  # the budget for the headline cells on 2 cores
     assert "reductions:" in done.stdout

@@ -1,6 +1,6 @@
 """Releases leak nothing beyond ε: seeds, the release allow-list, model selection and unsafe combinations.
 
-Each test here failed before the fix it checks (issue 12, findings 1, 2, 4, 5).
+Each test here failed before the fix it checks (docs/privacy.md, "What a release holds").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's imports flow one way (README "Layout"): every import of a hf_dpmerge module — at module
+"""The package's imports flow one way (docs/architecture.md, "Layers"): every import of a hf_dpmerge module — at module
 level, inside a function or under TYPE_CHECKING — goes to the importer's own package or to one it may use, and
 the module graph has no cycle. benchmarks/ and examples/ reach the package by its name only."""
 

@@ -1,5 +1,5 @@
-"""The README's "Layout" block matches the tree: every path it names exists, and every module and subpackage of
-``hf_dpmerge`` is named in its package's entry (or has an entry of its own).
+"""The "Layout" block of docs/architecture.md (once the README's) matches the tree: every path it names exists,
+and every module and subpackage of ``hf_dpmerge`` is named in its package's entry (or has an entry of its own).
 
 The block has one entry per line that starts in column 0: a path (a folder ``…/`` or a file), then a description
 whose continuation lines are indented. A name in a description (``x.py``, ``x.md``, ``x.sh``, ``x/``) is relative
@@ -17,19 +17,19 @@ NAME = re.compile(r"(?<![\w./<>-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_][\w-]*(?:\.py|\
 
 
 def layout_entries() -> dict[str, str]:
-    """``{entry path: description}`` of the README's Layout block."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"^## Layout\n.*?^```\n(.*?)^```", readme, re.S | re.M)
-    assert block, "README.md has no ```-fenced block under '## Layout'"
+    """``{entry path: description}`` of the Layout block of docs/architecture.md."""
+    document = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"^## Layout\n.*?^```\n(.*?)^```", document, re.S | re.M)
+    assert block, "docs/architecture.md has no ```-fenced block under '## Layout'"
     entries: dict[str, str] = {}
     path = None
     for line in block.group(1).splitlines():
         if line[:1].strip():
             path, _, description = line.partition(" ")
-            assert path not in entries, f"README layout names {path} twice"
+            assert path not in entries, f"the layout names {path} twice"
             entries[path] = description
         elif line.strip():
-            assert path is not None, f"README layout starts with an indented line: {line!r}"
+            assert path is not None, f"the layout starts with an indented line: {line!r}"
             entries[path] += " " + line.strip()
     return entries
 
@@ -46,7 +46,7 @@ def test_every_path_the_layout_names_exists():
         for path in {ROOT / entry} | named_paths(entry, description)
         if not path.exists()
     ]
-    assert not missing, f"README's layout names paths that do not exist: {missing}"
+    assert not missing, f"docs/architecture.md's layout names paths that do not exist: {missing}"
 
 
 def test_every_module_and_subpackage_of_the_package_is_in_the_layout():
@@ -62,7 +62,7 @@ def test_every_module_and_subpackage_of_the_package_is_in_the_layout():
         if child.name not in ("__init__.py", "__pycache__") and (child.suffix == ".py" or child.is_dir())
         and child not in named
     )
-    assert not unlisted, f"README's layout does not list: {unlisted}"
+    assert not unlisted, f"docs/architecture.md's layout does not list: {unlisted}"
 
 
 def test_the_check_reads_names_and_folders_as_documented():
