@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "epsilon_lower_bound": "hf_dpmerge.audit.one_run_bound",
     "TaskSpec": "hf_dpmerge.data.tasks",
     "load_task": "hf_dpmerge.data.load",
+    "TaskData": "hf_dpmerge.data.load",
     "tokenize_task": "hf_dpmerge.data.tokenize",
     "compute_metrics": "hf_dpmerge.data.metrics",
     "default_model_path": "hf_dpmerge.data.model_path",

@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_TASK": "hf_dpmerge.data.tasks",
     "get_task_spec": "hf_dpmerge.data.tasks",
     "load_task": "hf_dpmerge.data.load",
+    "TaskData": "hf_dpmerge.data.load",
     "DEFAULT_SPLIT_SEED": "hf_dpmerge.data.load",
     "tokenize_task": "hf_dpmerge.data.tokenize",
     "compute_metrics": "hf_dpmerge.data.metrics",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import datasets
 import numpy as np
@@ -12,6 +13,15 @@ from hf_dpmerge.data.glue import GLUE_PATH, load_glue
 from hf_dpmerge.data.sources import READERS, RawTask
 from hf_dpmerge.data.splits import grouped_stratified_split, stratified_split, stratified_subsample
 from hf_dpmerge.data.tasks import GLUE, TaskSpec, get_task_spec
+
+
+class TaskData(NamedTuple):
+    """A loaded task: ``splits`` (``DatasetDict`` train/validation/test) and its ``spec`` (labels, text columns,
+    metric); unpacks as ``splits, spec = load_task(...)``."""
+
+    splits: datasets.DatasetDict
+    spec: TaskSpec
+
 
 DEFAULT_SPLIT_SEED = 42
 TEST_FRACTION = 0.2  # for offline tasks without an official test split
@@ -69,8 +79,9 @@ def load_task(
     max_eval_samples: int | None = None,
     path: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
-) -> tuple[datasets.DatasetDict, TaskSpec]:
-    """Load task ``name`` as ``DatasetDict(train, validation, test)`` plus its :class:`TaskSpec`.
+) -> TaskData:
+    """Load task ``name``: :class:`TaskData` with ``splits`` (``DatasetDict(train, validation, test)``) and its
+    :class:`TaskSpec` ``spec``.
 
     Columns: the spec's ``text_columns``, ``label`` (``ClassLabel``; float for STS-B) and, for
     rotten_tomatoes, ``movie``. Test is the official test split where one exists (Reuters, 20NG), GLUE's
@@ -99,4 +110,4 @@ def load_task(
     splits["train"] = _cap(splits["train"], spec, max_train_samples, seed)
     for split in ("validation", "test"):
         splits[split] = _cap(splits[split], spec, max_eval_samples, seed)
-    return splits, spec
+    return TaskData(splits, spec)

@@ -138,3 +138,14 @@ def test_unknown_task_and_misplaced_path():
         load_task("imdb")
     with pytest.raises(ValueError, match="GLUE tasks only"):
         load_task("bbc_news", path="somewhere")
+
+
+def test_load_task_names_what_it_returns_and_still_unpacks():
+    """One obvious way: ``load_task(name).splits`` / ``.spec``, and the familiar ``splits, spec = load_task(name)``."""
+    import hf_dpmerge
+
+    task = hf_dpmerge.load_task("bbc_news", max_train_samples=64, max_eval_samples=32)
+    assert isinstance(task, hf_dpmerge.TaskData) and task.spec.name == "bbc_news"
+    assert set(task.splits) == {"train", "validation", "test"} and len(task.splits["train"]) == 64
+    splits, spec = task
+    assert splits is task.splits and spec is task.spec
