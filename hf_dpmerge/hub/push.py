@@ -21,14 +21,13 @@ Everything is staged in a folder first; a real push then calls ``create_repo`` a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
@@ -96,25 +95,6 @@ def _skipped(rel: PurePosixPath) -> bool:
         rel.name in _SKIP_MERGED or rel.suffix in _MODEL_SUFFIXES)
 
 
-def _label_names(adapter_dir: Path, record: PrivacyRecord) -> list[str] | None:
-    sources: list[Any] = [record.extra.get("label_names"), record.extra.get("id2label")]
-    config = adapter_dir / "config.json"
-    if config.is_file():
-        try:
-            sources.append(json.loads(config.read_text()).get("id2label"))
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            pass
-    for source in sources:
-        if isinstance(source, list) and source and all(isinstance(x, str) for x in source):
-            return list(source)
-        if isinstance(source, dict) and source:
-            try:
-                return [str(source[k]) for k in sorted(source, key=int)]
-            except (TypeError, ValueError):
-                continue
-    return None
-
-
 def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecord) -> tuple[dict, HeadInfo]:
     """The classifier head tensors saved in an adapter's ``modules_to_save``, named as in the base model.
 
@@ -126,18 +106,10 @@ def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecor
         head = task_head_state(adapter_dir)
     except TaskHeadError as err:
         raise PushError(f"task {task!r}: {err}") from None
-    labels = _label_names(adapter_dir, record)
-    matrices = {k: v for k, v in head.items() if v.ndim == 2 and k.endswith("weight")}
-    out_proj = [k for k in matrices if k.endswith("out_proj.weight")]
-    if out_proj:
-        num_labels = int(matrices[out_proj[0]].shape[0])
-    elif matrices:
-        num_labels = int(min(v.shape[0] for v in matrices.values()))
-    else:
-        num_labels = len(labels) if labels else None
-    if labels is not None and num_labels is not None and len(labels) != num_labels:
-        labels = None  # names from elsewhere that do not match the head are worse than none
-    return head, HeadInfo(task=task, num_labels=num_labels, label_names=labels, keys=sorted(head))
+    from hf_dpmerge.modeling.stock_release import release_label_names  # transformers: only when staging
+
+    labels = release_label_names(adapter_dir, record.extra)  # the rule the merge's task folders use
+    return head, HeadInfo(task=task, num_labels=len(labels), label_names=labels, keys=sorted(head))
 
 
 def _load_record(task: str, adapter_dir: Path) -> PrivacyRecord:
@@ -190,7 +162,7 @@ def _stage(
             _place(source, staging_dir / source.name)
     for task, (_, info) in heads.items():
         task_dir = staging_dir / task
-        labels = info.label_names or [f"LABEL_{i}" for i in range(info.num_labels or 0)]
+        labels = info.label_names
         write_task_model(merged_dir, adapters[task], labels, task_dir)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +79,40 @@ def copy_tokenizer(source: str | os.PathLike, directory: str | os.PathLike) -> N
             shutil.copyfile(Path(source) / name, Path(directory) / name)
 
 
-def head_label_names(adapter_dir: str | os.PathLike, *candidates: Sequence[str] | None) -> list[str]:
-    """The first of ``candidates`` with as many names as the adapter's head has outputs, else ``LABEL_i``."""
-    head = task_head_state(adapter_dir)
-    rows = min(t.shape[0] for k, t in head.items() if k.endswith("weight") and t.ndim == 2)
-    for names in candidates:
+def head_num_labels(head: Mapping[str, Any]) -> int:
+    """The outputs of a task head: its ``out_proj`` rows (RoBERTa-style heads), else its smallest weight matrix's."""
+    matrices = {k: v for k, v in head.items() if k.endswith("weight") and v.ndim == 2}
+    out_proj = [k for k in matrices if k.endswith("out_proj.weight")]
+    return int(matrices[out_proj[0]].shape[0]) if out_proj else int(min(v.shape[0] for v in matrices.values()))
+
+
+def _names(source: Any) -> list[str] | None:
+    """Label names from a list of names or an ``id2label`` mapping (keys are indices), else None."""
+    if isinstance(source, list) and source and all(isinstance(x, str) for x in source):
+        return list(source)
+    if isinstance(source, dict) and source:
+        try:
+            return [str(source[k]) for k in sorted(source, key=int)]
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def release_label_names(adapter_dir: str | os.PathLike, record_extra: Mapping[str, Any],
+                        *fallbacks: Sequence[str] | None) -> list[str]:
+    """The label names a release gives a task's head: the first of the record's ``label_names`` (training saves
+    them), its ``id2label``, the adapter's ``config.json`` ``id2label`` and ``fallbacks`` (e.g. the task's) that
+    has as many names as the head has outputs, else ``LABEL_i``."""
+    adapter_dir = Path(adapter_dir)
+    candidates: list[Any] = [record_extra.get("label_names"), record_extra.get("id2label")]
+    config = adapter_dir / "config.json"
+    if config.is_file():
+        try:
+            candidates.append(json.loads(config.read_text()).get("id2label"))
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            pass
+    rows = head_num_labels(task_head_state(adapter_dir))
+    for names in [*map(_names, candidates), *fallbacks]:
         if names and len(names) == rows:
             return [str(name) for name in names]
     return [f"LABEL_{i}" for i in range(rows)]

@@ -24,7 +24,7 @@ from pathlib import Path
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.merging.inputs import input_settings
-from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, head_label_names, write_task_model
+from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, release_label_names, write_task_model
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
 
@@ -51,7 +51,7 @@ def label_names(task: str, adapter: Path, record: PrivacyRecord) -> list[str]:
         spec_names = list(get_task_spec(record.task or task).label_names)
     except KeyError:
         spec_names = None
-    return head_label_names(adapter, record.extra.get("label_names"), spec_names)
+    return release_label_names(adapter, record.extra, spec_names)
 
 
 def write_task_folders(merged_dir: str | Path, config: MergeConfiguration) -> list[str]:

@@ -140,3 +140,26 @@ def test_hub_release_task_subfolder_gives_hf_dpmerge_logits(released_adapter, hu
 def test_hub_release_root_is_refused_not_misread(hub_release, tmp_path):
     answer = load_without_hf_dpmerge("auto", hub_release, HF_MODULES_CACHE=str(tmp_path))
     assert "config.json" in answer.get("error", ""), answer
+
+
+def test_push_and_the_merges_task_folders_name_a_heads_labels_by_one_rule(tmp_path):
+    """The record's names when they fit the head, then its id2label, then the caller's fallback (the task's), else
+    LABEL_i — for hf-dpmerge push's card and staged folders as for hf-dpmerge merge's task folders."""
+    from hf_dpmerge.hub.push import extract_head
+    from hf_dpmerge.modeling.stock_release import release_label_names
+    from hf_dpmerge.records.record import PrivacyRecord
+    from hf_dpmerge.scripts.task_folders import label_names
+    from tests.utils.merging_builders import save_task_adapter
+
+    adapter = save_task_adapter(tmp_path, "bbc_news", 3, seed=1).parent / "adapter"
+    record = PrivacyRecord.load(adapter)
+    assert release_label_names(adapter, {"label_names": ["a", "b", "c"]}) == ["a", "b", "c"]
+    assert release_label_names(adapter, {"label_names": ["a", "b"], "id2label": {"1": "y", "0": "x", "2": "z"}}) \
+        == ["x", "y", "z"]  # names that do not fit the head are passed over
+    assert release_label_names(adapter, {}, ["p", "q", "r"]) == ["p", "q", "r"]
+    assert release_label_names(adapter, {}) == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    record.extra["label_names"] = ["n1", "n2", "n3"]
+    record.save(adapter)
+    record = PrivacyRecord.load(adapter)
+    assert extract_head("bbc_news", adapter, record)[1].label_names == label_names("bbc_news", adapter, record) \
+        == ["n1", "n2", "n3"]
