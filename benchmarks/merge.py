@@ -29,14 +29,15 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import BertConfig, BertForSequenceClassification
 
+from hf_dpmerge.merging.merge_config import lora_reference, merge_config_yaml, mergekit_config
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import PrivacyRecord
 
-METHODS = {
-    "ties": "  weight: 1.0\n  density: 0.2\n",
-    "task_arithmetic": "  weight: 1.0\n  lambda: 0.3\n",
-    "cauchy_poe": "  lambda: 1.0\n  tol: 0.01\n",
-    "dp_aware": "  lambda: 0.3\n",
+METHODS: dict[str, dict[str, float]] = {
+    "ties": {"weight": 1.0, "density": 0.2},
+    "task_arithmetic": {"weight": 1.0, "lambda": 0.3},
+    "cauchy_poe": {"lambda": 1.0, "tol": 0.01},
+    "dp_aware": {"lambda": 0.3},
 }
 ADAPTERS = 4
 VARIANTS = 8
@@ -87,13 +88,11 @@ def build_inputs(workdir: Path) -> None:
 
 
 def _config(workdir: Path, method: str, kind: str) -> Path:
-    base = str(workdir / "base")
-    inputs = [f"{base}+{workdir / f'adapter{i}'}" if kind == "lora" else str(workdir / f"full{i}")
+    base = workdir / "base"
+    inputs = [lora_reference(base, workdir / f"adapter{i}") if kind == "lora" else str(workdir / f"full{i}")
               for i in range(KINDS[kind])]
-    models = "".join(f"  - model: {model}\n" for model in inputs)
     path = workdir / f"{kind}_{method}.yaml"
-    path.write_text(f"merge_method: {method}\nbase_model: {base}\nmodels:\n{models}dtype: float32\n"
-                    f"parameters:\n{METHODS[method]}")
+    path.write_text(merge_config_yaml(mergekit_config(method, base, inputs, parameters=METHODS[method])))
     return path
 
 

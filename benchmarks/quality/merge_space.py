@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
+
 LAMBDAS: dict[str, tuple[float, ...]] = {
     "sum": (0.25, 0.5, 0.75, 1.0),  # six summed task vectors: the earlier grids' choices lay in 0.25–1
     "mean": (0.5, 1.0, 1.5, 2.0),  # the normalised merge: the earlier grids chose λ = 1, their top, almost always
@@ -81,13 +83,13 @@ def merge_configuration(method: str, point: dict[str, Any], base_dir: Path, adap
     shared = {key: value for key, value in settings.items() if key not in PER_MODEL}
     if non_private and method in NOT_PRIVATE_OPT_IN:
         shared["allow_non_private"] = True
-    models = []
-    for index, adapter in enumerate(adapters):
+    settings_per_model = []
+    for index in range(len(adapters)):
         parameters = dict(per_model)
         if method not in ("cauchy_poe", "dp_aware"):
             parameters["weight"] = 1.0
         if noise_std is not None and method in ("cauchy_poe", "dp_aware"):
             parameters["noise_std"] = noise_std[index]
-        models.append({"model": f"{base_dir}+{adapter}", **({"parameters": parameters} if parameters else {})})
-    return {"merge_method": method, "base_model": str(base_dir), "models": models, "dtype": "float32",
-            "parameters": shared}
+        settings_per_model.append(parameters)
+    return mergekit_config(method, base_dir, [lora_reference(base_dir, adapter) for adapter in adapters],
+                           parameters=shared, per_model=settings_per_model)

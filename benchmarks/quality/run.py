@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
 from hf_dpmerge.scripts import train as train_script
 from hf_dpmerge.training.recipe import DP_RECIPE
 
@@ -160,7 +161,8 @@ def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: 
         raise ValueError(f"merge_configs/{MERGE_CONFIGS[merge]} merges with {template['merge_method']}, not {merge}")
     if non_private and merge == "dp_aware":
         template["parameters"] = {**(template.get("parameters") or {}), "allow_non_private": True}
-    return {**template, "base_model": str(base_dir), "models": [{"model": f"{base_dir}+{a}"} for a in adapters]}
+    return mergekit_config(merge, base_dir, [lora_reference(base_dir, a) for a in adapters],
+                           parameters=template.get("parameters"))
 
 
 def merge_unit(ctx: Context, cell: Cell, merge: str) -> None:

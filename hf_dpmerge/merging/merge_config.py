@@ -35,6 +35,37 @@ def mergekit_path(path: str | os.PathLike) -> str:
     return f"./{text}"
 
 
+def mergekit_config(
+    method: str,
+    base: str | os.PathLike,
+    models: Sequence[str | os.PathLike],
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    per_model: Sequence[Mapping[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """The one builder of mergekit configurations: ``models`` (model references: a path, or ``base+adapter``,
+    :func:`lora_reference`) merged on ``base`` with ``method``, shared ``parameters`` and, per model, the
+    ``per_model`` parameters; parsed with mergekit's ``MergeConfiguration`` (``ValueError`` when it rejects it)."""
+    if per_model is not None and len(per_model) != len(models):
+        raise ValueError(f"{len(per_model)} per-model settings for {len(models)} models: give one per model")
+    entries = []
+    for index, model in enumerate(models):
+        settings = dict(per_model[index] or {}) if per_model is not None else {}
+        entries.append({"model": str(model), **({"parameters": settings} if settings else {})})
+    config = {"merge_method": method, "base_model": mergekit_path(base), "models": entries, "dtype": "float32",
+              "parameters": dict(parameters or {})}
+    try:
+        MergeConfiguration.model_validate(config)
+    except Exception as err:  # pydantic's ValidationError; report it as bad input
+        raise ValueError(f"mergekit rejects the generated {method} config: {err}") from None
+    return config
+
+
+def lora_reference(base: str | os.PathLike, adapter: str | os.PathLike) -> str:
+    """mergekit's ``base+adapter`` reference (peft applies the LoRA before merging)."""
+    return f"{mergekit_path(base)}+{mergekit_path(adapter)}"
+
+
 def lora_merge_config(
     method: str,
     base: str | os.PathLike,
@@ -53,25 +84,11 @@ def lora_merge_config(
         raise ValueError(f"unknown merge method {method!r}; choose one of {sorted(METHOD_PARAMETERS)} (--method)")
     if weights is not None and len(weights) != len(adapters):
         raise ValueError(f"{len(weights)} weights for {len(adapters)} adapters: give one weight per adapter")
-    base_ref = mergekit_path(base)
-    models = []
-    for index, adapter in enumerate(adapters):
-        entry: dict[str, Any] = {"model": f"{base_ref}+{mergekit_path(adapter)}"}
-        if weights is not None:
-            entry["parameters"] = {"weight": float(weights[index])}
-        models.append(entry)
-    config = {
-        "merge_method": method,
-        "base_model": base_ref,
-        "models": models,
-        "dtype": "float32",
-        "parameters": {**METHOD_PARAMETERS[method], **(parameters or {})},
-    }
-    try:
-        MergeConfiguration.model_validate(config)
-    except Exception as err:  # pydantic's ValidationError; report it as bad input
-        raise ValueError(f"mergekit rejects the generated {method} config: {err}") from None
-    return config
+    return mergekit_config(
+        method, base, [lora_reference(base, adapter) for adapter in adapters],
+        parameters={**METHOD_PARAMETERS[method], **(parameters or {})},
+        per_model=None if weights is None else [{"weight": float(w)} for w in weights],
+    )
 
 
 def merge_config_yaml(config: Mapping[str, Any], comment: str = "") -> str:

@@ -12,7 +12,7 @@ from mergekit.config import MergeConfiguration
 from safetensors.torch import load_file
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS, lora_merge_config, mergekit_path
+from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS, lora_merge_config, mergekit_config, mergekit_path
 from tests.utils.task_vector_builders import delta, lora_modules, random_factors, save_adapter, save_runs_base
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +37,18 @@ def test_generated_config_carries_per_model_weights_and_is_refused_when_wrong() 
         lora_merge_config("ties", "base", ["a", "b"], weights=[1.0])
     with pytest.raises(ValueError, match="--method"):
         lora_merge_config("slerp", "base", ["a", "b"])
+
+
+def test_one_builder_writes_every_generated_config_full_models_and_per_model_settings_included() -> None:
+    """The builder the similarity groups, domain weighting and the benchmarks use: per-model settings where given,
+    full-model inputs as they are, and mergekit's own validation."""
+    config = mergekit_config("ties", "/b", ["/m1", "/m2"], parameters={"density": 0.2},
+                             per_model=[{"weight": 1.0}, None])
+    parsed = MergeConfiguration.model_validate(config)
+    assert [str(m.model) for m in parsed.models] == ["/m1", "/m2"] and parsed.models[1].parameters is None
+    assert parsed.models[0].parameters["weight"] == 1.0 and config["parameters"] == {"density": 0.2}
+    with pytest.raises(ValueError, match="give one per model"):
+        mergekit_config("ties", "/b", ["/m1", "/m2"], per_model=[{}])
 
 
 @pytest.fixture(scope="module")
