@@ -32,7 +32,6 @@ from typing import Any
 from hf_dpmerge.cli.dataclass_help import add_dataclass_help
 
 ADD_HELP = False  # -h/--help prints the dataclass parser's help
-AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
 # flags of TaskArguments / LoraArguments the federation does not implement: refused when set
 UNSUPPORTED = {"dataset_path": "the federation shards a packaged task's training split",
                "lora_freeze_a": "clients train both LoRA factors", "lora_a_seed": "clients train both LoRA factors"}
@@ -55,6 +54,8 @@ def _flag(default: Any, help_text: str, **metadata: Any) -> Any:
 def federated_arguments() -> type:
     """The federation's flags as a dataclass (with :class:`TaskArguments` and :class:`LoraArguments`, what
     ``HfArgumentParser`` parses); the client's DP-SGD flags share ``DPSAMConfig``'s fields."""
+
+    from hf_dpmerge.federated.aggregation import AGGREGATIONS, DEFAULT_TIES_DENSITY
 
     @dataclass
     class FederatedArguments:
@@ -80,7 +81,9 @@ def federated_arguments() -> type:
         align_lambda: float = _as_training("align_lambda", 0.05)
         max_eval_samples: int | None = _flag(None, "Evaluate on a seeded stratified subset of this size.")
         aggregation: str = _flag("fedavg", "fedavg: Flower's weighted mean; task_arithmetic: θ + λ·mean update; "
-                                 "dp_aware: SURE-denoised updates, random-effects weights.", choices=AGGREGATIONS)
+                                 "dp_aware: SURE-denoised updates, random-effects weights; ties: θ + λ·TIES of the "
+                                 "updates (not under client-level DP).", choices=AGGREGATIONS)
+        ties_density: float = _flag(DEFAULT_TIES_DENSITY, "Share of each update TIES keeps (largest magnitudes).")
         server_learning_rate: float = _flag(1.0, "λ of task_arithmetic and dp_aware.")
         client_sample_rate: float = _flag(1.0, "q, Poisson client sampling.")
         client_noise_multiplier: float | None = _flag(None, "z: turn on client-level DP at the server (noise "
@@ -163,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     server = ServerSettings(
         aggregation=fed.aggregation, server_learning_rate=fed.server_learning_rate,
         client_sample_rate=fed.client_sample_rate, client_dp=client_dp, concurrent_clients=fed.concurrent_clients,
+        ties_density=fed.ties_density,
     )
     summary = run_federated(setup, server, fed.output_dir, overwrite=fed.overwrite)
     print(format_guarantee(summary))

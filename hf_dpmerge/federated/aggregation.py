@@ -7,7 +7,11 @@ per-tensor kernels of :mod:`hf_dpmerge.merging.dp_aware` apply to it as to a tas
 - ``fedavg``: θ_g + Σ_k (n_k/Σn) Δ_k — Flower's own FedAvg aggregation (done by the strategy);
 - ``task_arithmetic``: θ_g + λ·Σ_k Δ_k/K (the dp_aware kernel with zero noise is exactly task arithmetic);
 - ``dp_aware``: each Δ_k SURE-denoised at the DP noise its client's record implies, combined by
-  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §6, §12).
+  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §6, §12);
+- ``ties``: θ_g + λ·TIES(Δ_1…Δ_K) (Yadav et al., NeurIPS 2023 §3): each Δ_k trimmed to its ``density`` share
+  of largest magnitudes, a sign elected per coordinate by the sum of the trimmed updates, and the mean of the
+  entries that agree with it (mergekit's ``sparsify`` and ``get_mask``). Not under client-level DP: the sign
+  election compares clients coordinate by coordinate, so no clipped sum bounds one client's influence.
 
 With client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
 θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic) or its
@@ -28,7 +32,9 @@ from hf_dpmerge.merging.dp_aware import dp_aware_merge
 from hf_dpmerge.merging.noise_variance import record_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 
-AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")
+AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "ties")
+PRIVATE_AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")  # those a client-level mechanism can release
+DEFAULT_TIES_DENSITY = 0.2
 HEAD_MARKER = ".modules_to_save."
 
 State = Mapping[str, torch.Tensor]
@@ -57,16 +63,31 @@ def _check_states(global_state: State, updates: Sequence[ClientUpdate]) -> None:
             raise ValueError(f"client {update.client} returned tensors that differ from the global state: {differing}")
 
 
+def ties_update(deltas: Sequence[torch.Tensor], density: float) -> torch.Tensor:
+    """TIES of client updates: trim each to ``density``, elect signs by the trimmed sum, disjoint mean."""
+    from mergekit.merge_methods.generalized_task_arithmetic import get_mask
+    from mergekit.sparsify import SparsificationMethod, sparsify
+
+    trimmed = torch.stack([sparsify(d.float(), density, SparsificationMethod.magnitude) for d in deltas])
+    agree = get_mask(trimmed, method="sum") & (trimmed != 0)
+    return (trimmed * agree).sum(0) / agree.sum(0).clamp(min=1)
+
+
 def merge_updates(
-    global_state: State, updates: Sequence[ClientUpdate], *, method: str, server_learning_rate: float
+    global_state: State, updates: Sequence[ClientUpdate], *, method: str, server_learning_rate: float,
+    density: float = DEFAULT_TIES_DENSITY,
 ) -> dict[str, torch.Tensor]:
-    """The new global state from the sampled clients' states (no client-level DP), ``task_arithmetic``
-    or ``dp_aware``; ``fedavg`` is Flower's aggregation."""
-    if method not in ("task_arithmetic", "dp_aware"):
-        raise ValueError(f"merge_updates handles task_arithmetic and dp_aware, not {method!r}")
+    """The new global state from the sampled clients' states (no client-level DP), ``task_arithmetic``,
+    ``dp_aware`` or ``ties`` (at ``density``); ``fedavg`` is Flower's aggregation."""
+    if method not in ("task_arithmetic", "dp_aware", "ties"):
+        raise ValueError(f"merge_updates handles task_arithmetic, dp_aware and ties, not {method!r}")
     _check_states(global_state, updates)
     if not updates:
         return dict(global_state)
+    if method == "ties":
+        return {name: (base.float() + server_learning_rate * ties_update(
+                    [u.state[name].float() - base.float() for u in updates], density)).to(base.dtype)
+                for name, base in global_state.items()}
     weights = [1.0 / len(updates)] * len(updates)
     merged = {}
     for name, base in global_state.items():
@@ -101,8 +122,9 @@ def private_aggregate(
     generator: torch.Generator,
 ) -> dict[str, torch.Tensor]:
     """θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K): one round of the client-level Gaussian mechanism."""
-    if method not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {method!r}")
+    if method not in PRIVATE_AGGREGATIONS:
+        raise ValueError(f"under client-level DP the aggregation must be one of {PRIVATE_AGGREGATIONS}, got "
+                         f"{method!r}")
     _check_states(global_state, updates)
     mean = private_mean_update(
         [client_contribution(global_state, u, method) for u in updates],

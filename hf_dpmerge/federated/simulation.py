@@ -27,6 +27,7 @@ from flwr.simulation import run_simulation
 
 from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.data import compute_metrics, predictions_from_logits
+from hf_dpmerge.federated.aggregation import DEFAULT_TIES_DENSITY
 from hf_dpmerge.federated.client import build_client_app
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
 from hf_dpmerge.federated.federation import (
@@ -59,6 +60,7 @@ class ServerSettings:
     client_sample_rate: float = 1.0
     client_dp: ClientLevelDP | None = None
     concurrent_clients: int = 1
+    ties_density: float = DEFAULT_TIES_DENSITY
 
 
 def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, split: str) -> dict[str, float]:
@@ -114,6 +116,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     strategy = FederatedDPStrategy(
         aggregation=server.aggregation, client_sample_rate=server.client_sample_rate,
         server_learning_rate=server.server_learning_rate, client_dp=server.client_dp, generator=generator,
+        ties_density=server.ties_density,
     )
     _, spec, _ = task_data(setup)
     for client in range(setup.num_clients):  # every shard fits the batch: refuse here, not inside a client

@@ -22,6 +22,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from hf_dpmerge.federated.aggregation import (
     AGGREGATIONS,
+    DEFAULT_TIES_DENSITY,
+    PRIVATE_AGGREGATIONS,
     ClientUpdate,
     merge_updates,
     private_aggregate,
@@ -34,7 +36,7 @@ from hf_dpmerge.records.record import PrivacyRecord
 class FederatedDPStrategy(FedAvg):
     """FedAvg's messaging with Poisson sampling at rate ``client_sample_rate`` and our aggregation.
 
-    ``aggregation`` is ``fedavg`` (Flower's weighted mean), ``task_arithmetic`` or ``dp_aware``
+    ``aggregation`` is ``fedavg`` (Flower's weighted mean), ``task_arithmetic``, ``dp_aware`` or ``ties``
     (:mod:`hf_dpmerge.federated.aggregation`); with ``client_dp`` every round, sampled clients or none, is
     one step of the client-level Gaussian mechanism. ``records`` collects each client's per-round records.
     """
@@ -47,6 +49,7 @@ class FederatedDPStrategy(FedAvg):
         server_learning_rate: float,
         client_dp: ClientLevelDP | None,
         generator: torch.Generator,
+        ties_density: float = DEFAULT_TIES_DENSITY,
     ) -> None:
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=1)
         if aggregation not in AGGREGATIONS:
@@ -56,6 +59,11 @@ class FederatedDPStrategy(FedAvg):
         if aggregation == "fedavg" and server_learning_rate != 1 and client_dp is None:
             raise ValueError("fedavg is Flower's plain weighted mean: use --aggregation task_arithmetic for a "
                              "--server_learning_rate other than 1")
+        if client_dp is not None and aggregation not in PRIVATE_AGGREGATIONS:
+            raise ValueError(f"--aggregation {aggregation} cannot run under client-level DP (its sign election "
+                             f"compares clients coordinate by coordinate): use one of {PRIVATE_AGGREGATIONS}")
+        if not 0 < ties_density <= 1:
+            raise ValueError(f"--ties_density must be in (0, 1], got {ties_density}")
         if client_dp is not None and client_dp.sample_rate != client_sample_rate:
             raise ValueError("the client-level mechanism must be accounted at the client sample rate")
         self.aggregation = aggregation
@@ -63,6 +71,7 @@ class FederatedDPStrategy(FedAvg):
         self.server_learning_rate = server_learning_rate
         self.client_dp = client_dp
         self.generator = generator
+        self.ties_density = ties_density
         self.records: dict[int, list[PrivacyRecord]] = defaultdict(list)
         self.sampled: dict[int, list[int]] = {}
         self._global: dict[str, torch.Tensor] = {}
@@ -104,7 +113,8 @@ class FederatedDPStrategy(FedAvg):
             arrays, _ = super().aggregate_train(server_round, valid)
             return arrays, metrics
         state = merge_updates(
-            self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate
+            self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
+            density=self.ties_density,
         )
         return ArrayRecord(state), metrics
 

@@ -229,7 +229,9 @@ def test_released_guarantee_hides_participation_under_client_level_dp():
     (["--batch_size", "64"], "fewer than --batch_size 64"),
     (["--client_noise_multiplier", "1", "--client_delta", "0.25"], "--allow_large_client_delta"),
     (["--server_learning_rate", "0.5"], "--aggregation task_arithmetic"),
-], ids=["count", "shard", "client_delta", "fedavg_rate"])
+    (["--aggregation", "ties", "--client_noise_multiplier", "1"], "cannot run under client-level DP"),
+    (["--aggregation", "ties", "--ties_density", "0"], "--ties_density must be in (0, 1]"),
+], ids=["count", "shard", "client_delta", "fedavg_rate", "ties_private", "ties_density"])
 def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):
     base = save_tiny_bert(tmp_path / "base")
     code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",
@@ -259,3 +261,20 @@ def test_the_federated_flags_are_the_training_dataclasses_fields(capsys):
     assert f"--sam_mode SAM_MODE, --sam-mode SAM_MODE {sam_help} (default: dp_sat)" in text
     assert "--lora_target_modules" in text and "--learning_rate LEARNING_RATE" in text and "(default: 0.002)" in text
     assert "--dataset_path" not in text and "--lora_freeze_a" not in text  # refused, so not offered
+
+
+def test_ties_aggregation_is_trim_elect_and_disjoint_mean_of_the_client_updates():
+    """θ_g + λ·TIES(Δ_k), checked by hand on three clients: each update keeps its largest half, the elected sign
+    of a coordinate is that of the trimmed sum, and the kept entries with that sign are averaged."""
+    from hf_dpmerge.federated.aggregation import ClientUpdate, merge_updates, ties_update
+
+    deltas = [torch.tensor([0.4, -0.1, 0.3, -0.05]), torch.tensor([-0.2, 0.05, 0.6, -0.3]),
+              torch.tensor([0.1, -0.4, -0.2, 0.01])]
+    # trimmed to 2 of 4: [0.4, 0, 0.3, 0], [0, 0, 0.6, -0.3], [0, -0.4, -0.2, 0]; sums 0.4, -0.4, 0.7, -0.3
+    expected = torch.tensor([0.4, -0.4, (0.3 + 0.6) / 2, -0.3])
+    torch.testing.assert_close(ties_update(deltas, 0.5), expected)
+    base = {"w": torch.ones(4)}
+    updates = [ClientUpdate(client=k, state={"w": base["w"] + d}, num_examples=10, record=None)
+               for k, d in enumerate(deltas)]
+    merged = merge_updates(base, updates, method="ties", server_learning_rate=0.5, density=0.5)
+    torch.testing.assert_close(merged["w"], base["w"] + 0.5 * expected)
