@@ -60,7 +60,8 @@ def freeze_shared_lora_a(model: nn.Module, seed: int = DEFAULT_LORA_A_SEED) -> s
         for name, module in layers:
             for linear in module.lora_A.values():
                 if not isinstance(linear, nn.Linear):
-                    raise ValueError(f"{name}: --lora_freeze_a supports linear LoRA layers only")
+                    raise ValueError(f"{name}: --lora_freeze_a supports linear LoRA layers only; pass --lora_freeze_a "
+                                     "false to train A")
                 rank, fan_in = linear.weight.shape
                 linear.weight.copy_(seeded_lora_a(seed, name, rank, fan_in))
                 linear.weight.requires_grad_(False)
