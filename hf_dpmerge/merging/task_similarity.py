@@ -20,11 +20,10 @@ record). Then E⟨τ̃_i, τ̃_j⟩ = ⟨τ_i, τ_j⟩ and E‖τ̃_i‖² = ‖
     ĉos(τ_i, τ_j) = ⟨τ̃_i, τ̃_j⟩ / √((‖τ̃_i‖² − N_i)(‖τ̃_j‖² − N_j))
 
 estimates the cosine of the noise-free task vectors (undefined, NaN, when an adapter's energy is not above its
-predicted noise: it is indistinguishable from noise). Its 95 % interval is ±1.96·SE of the inner product over
-the same denominator, with Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j + ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's
-mean noise variance v = N_layer/n. The raw cosine of noisy adapters is shrunk toward 0 by the noise (|cos| ≈
-0.003 between DP adapters whose noise-free vectors have cosine ≈ 0.2); grouping uses the noise-aware one. The
-sign-conflict rate is not corrected (it is reported raw).
+predicted noise; grouping then uses the raw cosine, which independent noise can only shrink toward 0). Its 95 %
+interval is ±1.96·SE of the inner product over the same denominator, with Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j
++ ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's mean noise variance v = N_layer/n. The sign-conflict rate is not
+corrected (it is reported raw).
 
 Only LoRA layers enter: task heads (peft ``modules_to_save``) differ per task and are never merged.
 The statistics are post-processing of released adapters and cost no privacy.
@@ -134,8 +133,10 @@ class SimilarityReport:
 
     @property
     def grouping_cosine(self) -> np.ndarray:
-        """What adapters group by: the noise-aware cosine, 0 where it is undefined (nothing shown to be shared)."""
-        return np.nan_to_num(self.denoised_cosine, nan=0.0)
+        """What adapters group by: the noise-aware cosine (clipped to [−1, 1]) where it is defined, else the raw one
+        (independent noise only shrinks the raw cosine toward 0, so it is the conservative estimate where the
+        predicted noise is not below an adapter's energy)."""
+        return np.where(np.isnan(self.denoised_cosine), self.cosine, np.clip(self.denoised_cosine, -1.0, 1.0))
 
     def off_diagonal(self, matrix: np.ndarray) -> np.ndarray:
         """The entries above the diagonal of an n×n statistic (one per pair)."""
@@ -175,7 +176,8 @@ class SimilarityReport:
                 low, high = self.denoised_interval[i, j]
                 value = self.denoised_cosine[i, j]
                 lines.append(f"  {self.names[i]} / {self.names[j]}: " + (
-                    "undefined (an adapter is indistinguishable from its noise)" if math.isnan(value)
+                    "undefined (the predicted noise is not below an adapter's energy: grouped by the raw cosine)"
+                    if math.isnan(value)
                     else f"{value:.3f} [{low:.3f}, {high:.3f}]"))
         return "\n".join(lines)
 

@@ -43,13 +43,23 @@ def _learning_rates(trainer: Any, optimizer: torch.optim.Optimizer) -> list[list
     return history
 
 
+def _updated_steps(trainer: Any, optimizer: torch.optim.Optimizer, history: list[list[float]]) -> list[list[float]]:
+    """Per param group, η_t of the steps that updated it: a head warm-up (docs/design.md §15.3) freezes every
+    group but the head's for its first K steps, which then neither noise nor move those parameters."""
+    warmup = trainer.args.head_warmup_step_count(trainer.state.max_steps or trainer.state.global_step)
+    head = {id(p) for p, is_head in zip(getattr(trainer, "_params", ()), getattr(trainer, "_is_head", ())) if is_head}
+    is_head = [bool(g["params"]) and all(id(p) in head for p in g["params"]) for g in optimizer.param_groups]
+    return [[step[i] for t, step in enumerate(history) if is_head[i] or t >= warmup]
+            for i in range(len(optimizer.param_groups))]
+
+
 def collect_noise_stats(trainer: Any) -> NoiseStats | None:
     """The run's noise statistics, or None (with a log line) when they cannot be reproduced faithfully."""
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     if optimizer is None or trainer.state.global_step == 0:
         return None
-    history = _learning_rates(trainer, optimizer)
-    replayed, recorded = sum(step[0] ** 2 for step in history), trainer.dp_state.sum_lr_squared
+    history = _updated_steps(trainer, optimizer, _learning_rates(trainer, optimizer))
+    replayed, recorded = sum(lr**2 for lr in history[0]), trainer.dp_state.sum_lr_squared
     if not math.isclose(replayed, recorded, rel_tol=1e-6, abs_tol=1e-30):
         logger.warning("noise statistics not written: the replayed schedule's Σ η² %.6g differs from the run's %.6g",
                        replayed, recorded)
@@ -70,8 +80,7 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
         optimizer={"name": type(optimizer).__name__, **{k: first[k] for k in _HYPER if k in first}},
         noise_std=trainer.noise_multiplier * trainer.privatizer.sensitivity / trainer.expected_batch_size
         if dp else 0.0,
-        lrs={str(i): torch.tensor([step[i] for step in history], dtype=torch.float64)
-             for i in range(len(optimizer.param_groups))},
+        lrs={str(i): torch.tensor(lrs, dtype=torch.float64) for i, lrs in enumerate(history)},
         weight_decay={str(i): float(g.get("weight_decay", 0.0)) for i, g in enumerate(optimizer.param_groups)},
         groups={name: str(int(index)) for name, index in groups.items()},
         second_moments=get_peft_model_state_dict(model, state_dict=moments) if moments else {},

@@ -208,3 +208,16 @@ def test_noise_aware_cosine_recovers_the_noise_free_cosine_that_dp_noise_hides(t
     assert low > 0.3 and report.denoised_interval[0, 2][0] < 0 < report.denoised_interval[0, 2][1]
     assert merge_groups(report, 0.4) == [["alpha", "beta"], ["gamma"]]
     assert "noise-aware cosine [95 % interval]" in report.table()
+
+
+def test_where_the_predicted_noise_is_not_below_an_adapters_energy_grouping_uses_the_raw_cosine():
+    """Independent noise only shrinks the raw cosine toward 0: where the noise-aware one is undefined the raw one
+    is the conservative estimate, so a visible relation still groups (the noise model may over-state)."""
+    names = ["t0", "t1", "t2"]
+    raw = np.array([[1.0, 0.36, 0.03], [0.36, 1.0, 0.02], [0.03, 0.02, 1.0]])
+    undefined = np.full((3, 3), np.nan)
+    report = SimilarityReport(names, names, [1.0] * 3, raw, np.zeros((3, 3)), [1.01] * 3, undefined,
+                              np.full((3, 3, 2), np.nan))
+    np.testing.assert_array_equal(report.grouping_cosine, raw)
+    assert merge_groups(report, 0.3) == [["t0", "t1"], ["t2"]]
+    assert "grouped by the raw cosine" in report.table()

@@ -78,3 +78,22 @@ def test_a_fractional_warmup_trains_the_head_alone_for_its_share_and_records_the
     assert trainer.sum_lr_squared == pytest.approx((STEPS - STEPS // 2) * 1e-2**2)  # LoRA's noisy steps only
     lora_after = [p for n, p in zip(trainer._param_names, trainer._params) if ".lora_" in n]
     assert any(not torch.equal(a, b) for a, b in zip(lora_before, lora_after))
+
+
+def test_the_noise_statistics_of_a_warm_started_run_count_each_groups_own_steps(tmp_path):
+    """The release ships dp_noise_stats with a warm-up too: the LoRA group's learning rates are its T − K noisy
+    steps (whose Σ η² the record holds), the head's all T (without this the statistics were dropped and merges
+    fell back to the record's over-stating formula)."""
+    from hf_dpmerge.training.noise_stats import collect_noise_stats
+
+    trainer = make_trainer(tmp_path, max_steps=STEPS, head_warmup_steps=WARMUP, noise_multiplier=1.0,
+                           target_epsilon=None, logging_steps=STEPS, lr_scheduler_type="constant")
+    trainer.train()
+    stats = collect_noise_stats(trainer)
+    assert stats is not None
+    heads = [i for i, g in enumerate(trainer.optimizer.param_groups)
+             if all(id(p) in {id(q) for q, h in zip(trainer._params, trainer._is_head) if h} for p in g["params"])]
+    lengths = {int(group): len(lrs) for group, lrs in stats.lrs.items()}
+    assert heads and all(lengths[i] == STEPS for i in heads)
+    assert all(length == STEPS - WARMUP for i, length in lengths.items() if i not in heads)
+    assert float(stats.lrs["0"].square().sum()) == pytest.approx(trainer.sum_lr_squared)
