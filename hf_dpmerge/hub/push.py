@@ -108,7 +108,7 @@ def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecor
         raise PushError(f"task {task!r}: {err}") from None
     from hf_dpmerge.modeling.stock_release import release_label_names  # transformers: only when staging
 
-    labels = release_label_names(adapter_dir, record.extra)  # the rule the merge's task folders use
+    labels = release_label_names(adapter_dir, record.extra, head=head)  # the rule of the merge's task folders
     return head, HeadInfo(task=task, num_labels=len(labels), label_names=labels, keys=sorted(head))
 
 

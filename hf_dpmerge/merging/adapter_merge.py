@@ -21,12 +21,17 @@ from typing import Any
 
 import torch
 import yaml
-from mergekit.common import ModelPath, ModelReference
 from safetensors.torch import save_file
 
 from hf_dpmerge.lora import SavedAdapter
 from hf_dpmerge.merging.factor_space import FACTOR_METHODS, cauchy_poe_lora_b, merged_lora_b
-from hf_dpmerge.merging.inputs import NOISE_STD, adapter_weights, input_lora_b_noise, require_private
+from hf_dpmerge.merging.inputs import (
+    NOISE_STD,
+    adapter_input,
+    adapter_weights,
+    input_lora_b_noise,
+    require_private,
+)
 from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
 from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint
@@ -131,8 +136,7 @@ def _noise_variances(item: _Loaded, method: str, allow_non_private: bool) -> dic
             f"input {item.source.directory}: `noise_std` gives the dense task vector's noise, not B's; delete it "
             "(the record and dp_noise_stats.safetensors give B's)"
         )
-    reference = ModelReference(model=ModelPath(path=str(item.source.directory)),
-                               lora=ModelPath(path=str(item.source.directory)))
+    reference = adapter_input(item.source.directory)
     require_private(method, reference, allow_non_private)
     variances = {}
     for name in item.adapter.factors:

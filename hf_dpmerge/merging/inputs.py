@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from mergekit.common import ModelReference
+from mergekit.common import ModelPath, ModelReference
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
@@ -57,6 +58,14 @@ def input_directory(reference: Any) -> Path | None:
     if not isinstance(reference, ModelReference):
         return None
     return Path(reference.lora.path if reference.lora else reference.model.path)
+
+
+def adapter_input(directory: str | os.PathLike) -> ModelReference:
+    """A saved adapter as a merge input outside mergekit (the factor-space merge, task similarity): a reference
+    whose model and adapter are both ``directory``, so the input functions here read its weights, record and noise
+    statistics from it."""
+    path = ModelPath(path=str(directory))
+    return ModelReference(model=path, lora=path)
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -42,7 +42,13 @@ import numpy as np
 import torch
 
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging.inputs import adapter_weights, factor_noise_variance, input_lora_noise, is_private
+from hf_dpmerge.merging.inputs import (
+    adapter_input,
+    adapter_weights,
+    factor_noise_variance,
+    input_lora_noise,
+    is_private,
+)
 from hf_dpmerge.records.record import PrivacyRecord, find_privacy_record
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_peft_adapter
 
@@ -191,7 +197,8 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
         raise ValueError(f"adapters must have distinct run names, got {names}")
     _check_same_base(vectors)
     n = len(vectors)
-    norms = [math.sqrt(sum(lora_sq_norm(f) for f in vector.factors.values())) for vector in vectors]
+    layer_sq_norms = [{layer: lora_sq_norm(f) for layer, f in vector.factors.items()} for vector in vectors]
+    norms = [math.sqrt(sum(layers.values())) for layers in layer_sq_norms]
     for vector, norm in zip(vectors, norms, strict=True):
         if norm == 0.0:
             raise ValueError(f"{vector.adapter_dir}: the task vector is zero (an untrained adapter?)")
@@ -211,8 +218,8 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
                 count, total = lora_sign_conflicts(first, second)
                 conflicts, compared = conflicts + count, compared + total
                 noise_i, noise_j = noise[i].get(layer, 0.0), noise[j].get(layer, 0.0)
-                variance += (max(lora_sq_norm(first) - noise_i, 0.0) * noise_j / total
-                             + max(lora_sq_norm(second) - noise_j, 0.0) * noise_i / total + noise_i * noise_j / total)
+                clean_i, clean_j = layer_sq_norms[i][layer] - noise_i, layer_sq_norms[j][layer] - noise_j
+                variance += (max(clean_i, 0.0) * noise_j + max(clean_j, 0.0) * noise_i + noise_i * noise_j) / total
             cosine[i, j] = cosine[j, i] = inner / (norms[i] * norms[j])
             conflict[i, j] = conflict[j, i] = conflicts / compared if compared else math.nan
             scale = math.sqrt(clean[i] * clean[j])  # NaN when either is noise-dominated
@@ -228,10 +235,7 @@ def layer_noise_energy(vector: TaskVector) -> dict[str, float]:
     noise statistics); empty for an adapter without a DP record."""
     if not is_private(vector.record):
         return {}
-    from mergekit.common import ModelPath, ModelReference
-
-    directory = str(vector.adapter_dir)
-    reference = ModelReference(model=ModelPath(path=directory), lora=ModelPath(path=directory))
+    reference = adapter_input(vector.adapter_dir)
     energy = {}
     for layer in vector.factors:
         noisy = input_lora_noise(reference, layer, {})

@@ -99,10 +99,10 @@ def _names(source: Any) -> list[str] | None:
 
 
 def release_label_names(adapter_dir: str | os.PathLike, record_extra: Mapping[str, Any],
-                        *fallbacks: Sequence[str] | None) -> list[str]:
+                        *fallbacks: Sequence[str] | None, head: Mapping[str, Any] | None = None) -> list[str]:
     """The label names a release gives a task's head: the first of the record's ``label_names`` (training saves
     them), its ``id2label``, the adapter's ``config.json`` ``id2label`` and ``fallbacks`` (e.g. the task's) that
-    has as many names as the head has outputs, else ``LABEL_i``."""
+    has as many names as the head (``head``: its tensors, when already read) has outputs, else ``LABEL_i``."""
     adapter_dir = Path(adapter_dir)
     candidates: list[Any] = [record_extra.get("label_names"), record_extra.get("id2label")]
     config = adapter_dir / "config.json"
@@ -111,7 +111,7 @@ def release_label_names(adapter_dir: str | os.PathLike, record_extra: Mapping[st
             candidates.append(json.loads(config.read_text()).get("id2label"))
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
             pass
-    rows = head_num_labels(task_head_state(adapter_dir))
+    rows = head_num_labels(task_head_state(adapter_dir) if head is None else head)
     for names in [*map(_names, candidates), *fallbacks]:
         if names and len(names) == rows:
             return [str(name) for name in names]
