@@ -47,7 +47,7 @@ def _updated_steps(trainer: Any, optimizer: torch.optim.Optimizer, history: list
     """Per param group, η_t of the steps that updated it: a head warm-up (docs/design.md §15.3) freezes every
     group but the head's for its first K steps, which then neither noise nor move those parameters."""
     warmup = trainer.args.head_warmup_step_count(trainer.state.max_steps or trainer.state.global_step)
-    head = {id(p) for p, is_head in zip(getattr(trainer, "_params", ()), getattr(trainer, "_is_head", ())) if is_head}
+    head = {id(p) for p, is_head in zip(trainer._params, trainer._is_head) if is_head}
     is_head = [bool(g["params"]) and all(id(p) in head for p in g["params"]) for g in optimizer.param_groups]
     return [[step[i] for t, step in enumerate(history) if is_head[i] or t >= warmup]
             for i in range(len(optimizer.param_groups))]
