@@ -23,14 +23,14 @@ from unittest import mock
 import torch
 
 from hf_dpmerge.merging.inputs import adapter_input, adapter_weights, input_lora_b_noise, input_noise_variance
-from hf_dpmerge.merging.noise_variance import stats_noise_variance
+from hf_dpmerge.merging.noise_variance import alignment_restoring, stats_noise_variance
 from hf_dpmerge.records.noise_stats import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR
 from hf_dpmerge.training import dpsam_trainer
 from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, stream_seed
 
-KINDS = ("lora_B", "lora_B (walk, uncapped)", "delta", "head.weight", "head.bias")
+KINDS = ("lora_B", "lora_B (walk, uncapped)", "lora_B (walk without the penalty)", "delta", "head.weight", "head.bias")
 
 
 def _train(task: str, runs_dir: Path, noise_offset: int, flags: list[str]) -> None:
@@ -67,8 +67,10 @@ def _predicted(adapter_dir: Path) -> dict[str, float]:
     for name, factor in adapter.factors.items():
         _, variance_b = input_lora_b_noise(reference, name, {})
         totals["lora_B"] += float(torch.as_tensor(variance_b).expand(factor.lora_b.shape).sum())
-        walk = stats_noise_variance(record, stats, factor.saved_b)
-        totals["lora_B (walk, uncapped)"] += float(torch.as_tensor(walk).expand(factor.lora_b.shape).sum())
+        for kind, restoring in (("lora_B (walk, uncapped)", alignment_restoring(record, factor, factor.saved_b)),
+                                ("lora_B (walk without the penalty)", 0.0)):
+            walk = stats_noise_variance(record, stats, factor.saved_b, restoring)
+            totals[kind] += float(torch.as_tensor(walk).expand(factor.lora_b.shape).sum())
         totals["delta"] += float(input_noise_variance(reference, name, {}).sum())
     for name, saved in adapter.trained.items():
         released = adapter.tensors[saved]  # its start (the seeded fresh head) is not in the release: no cap
@@ -90,6 +92,7 @@ def _measured(adapter_dirs: list[Path]) -> tuple[dict[str, float], float, float]
         totals[kind] += spread
         if kind == "lora_B":
             totals["lora_B (walk, uncapped)"] += spread
+            totals["lora_B (walk without the penalty)"] += spread
     energy = sum(float(run[key].square().sum()) for run in runs for key in run if key.startswith("lora_B|"))
     return totals, energy / len(runs), sum(
         float(torch.stack([run[key] for run in runs]).mean(0).square().sum()) for key in runs[0]

@@ -26,6 +26,7 @@ from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
 from hf_dpmerge.merging.noise_variance import (
+    alignment_restoring,
     capped_variance,
     lora_noise_variance,
     record_noise_variance,
@@ -162,16 +163,18 @@ def input_noise_stats(reference: ModelReference) -> NoiseStats | None:
 
 
 def _parameter_variance(
-    reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False
+    reference: ModelReference, record: PrivacyRecord, saved_name: str, head: bool = False,
+    factor: LoraFactor | None = None,
 ) -> torch.Tensor | float:
     """s² of one saved tensor: 0 for an A its record says was frozen (FFA-LoRA, ``extra.lora_a``: drawn from a
-    public seed, never noised); from the shipped statistics (0 for a tensor they do not list: it was frozen), else
-    the record's formula (warned)."""
+    public seed, never noised); from the shipped statistics (0 for a tensor they do not list: it was frozen; a
+    ``factor`` of a LoRA layer adds the alignment penalty's restoring force), else the record's formula (warned)."""
     if ".lora_A." in saved_name and record.extra.get("lora_a"):
         return 0.0
     stats = input_noise_stats(reference)
     if stats is not None:
-        variance = stats_noise_variance(record, stats, saved_name)
+        restoring = 0.0 if factor is None else alignment_restoring(record, factor, saved_name)
+        variance = stats_noise_variance(record, stats, saved_name, restoring)
         return 0.0 if variance is None else variance
     warnings.warn(  # one message per input: stacklevel 1 gives every call one location, shown once per message
         f"input {reference}: no {NOISE_STATS_NAME}: using the record's "
@@ -216,7 +219,8 @@ def input_lora_noise(
     if lora is None:
         return None
     factors, record = lora
-    return factors, _parameter_variance(reference, record, factors.saved_a), _b_variance(reference, record, factors)
+    return (factors, _parameter_variance(reference, record, factors.saved_a, factor=factors),
+            _b_variance(reference, record, factors))
 
 
 def input_lora_b_noise(
@@ -233,7 +237,7 @@ def input_lora_b_noise(
 def _b_variance(reference: ModelReference, record: PrivacyRecord, factors: LoraFactor) -> torch.Tensor | float:
     """V_B of the input's B: the optimiser's walk, capped by the released B where B started at zero (B̃ is then
     its task vector; docs/design.md §6)."""
-    variance_b = _parameter_variance(reference, record, factors.saved_b)
+    variance_b = _parameter_variance(reference, record, factors.saved_b, factor=factors)
     if adapter_weights(input_directory(reference)).config.init_lora_weights in _ZERO_B_INITS:
         variance_b = capped_variance(variance_b, factors.lora_b)
     return variance_b

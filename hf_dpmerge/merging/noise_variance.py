@@ -8,13 +8,14 @@ in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.opti
   coordinate): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) s_k² = S(r̂_k), the simulated variance at
   the coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0). Heads (``modules_to_save``) use their
   own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
+* with the alignment penalty's pull on LoRA factors (:func:`alignment_restoring`): the trainer adds ∇ of
+  λ·‖s·B·A‖² to every noisy gradient, a known restoring force h·p per coordinate that the walk includes (without
+  it the walk over-stated B's noise 7.8× in the packaged recipe; docs/design.md §6).
 * capped by the released weights (:func:`capped_variance`): E[τ̃_k²] = τ_k² + s_k² for a task vector τ̃ = τ + noise
   whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
-  is an upper bound on its mean s², tight when the tensor carries little signal. The model above is a random
-  walk, another upper bound: curvature pulls the weights back, most where Adam's steps η/√v̂ are large (small
-  σ_g). Taking the smaller matched 8 noise-only re-runs (tiny BERT, r = 4, AdamW, 20 steps) within 5 % for
-  lora_B, where the walk alone over-stated the variance up to 2.1× (σ = 0.25, B_exp = 20; docs/design.md §6).
-* without it (older releases, full models), from the record alone, with a warning: SGD
+  is an upper bound on its mean s², tight when the tensor carries little signal. The walk is another upper
+  bound: the data's own curvature pulls the weights back further. The merge takes the smaller.
+* without the statistics (older releases, full models), from the record alone, with a warning: SGD
   s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
   informative coordinates); heads scaled by (head_lr/lr)².
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_dpmerge.lora import LoraFactor
 from hf_dpmerge.merging.optimizer_response import adam_variance, sgd_variance
 from hf_dpmerge.records.noise_stats import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
@@ -63,11 +65,32 @@ def record_noise_variance(record: PrivacyRecord, head: bool = False) -> float:
     )
 
 
-def stats_noise_variance(record: PrivacyRecord, stats: NoiseStats, saved_name: str) -> torch.Tensor | float | None:
+def alignment_restoring(record: PrivacyRecord, factor: LoraFactor, saved_name: str) -> torch.Tensor | float:
+    """The alignment penalty's restoring force h on each coordinate of one saved LoRA factor (0 without it).
+
+    R = λ·‖s·B·A‖_F² (docs/design.md §4) adds ∇_B R = 2λs²·B·(A Aᵀ) and ∇_A R = 2λs²·(BᵀB)·A to every noisy
+    gradient: each B_ir is pulled back with h = 2λs²·(A Aᵀ)_rr, each A_rj with 2λs²·(BᵀB)_rr (the diagonal; the
+    off-diagonal terms couple coordinates with nearly orthogonal rows of a random A). Computed from the released
+    factors and the record's λ: public, data-free. Shapes broadcast against the saved B (d_out×r) and A (r×d_in).
+    """
+    penalty = float(record.align_lambda or 0.0)
+    if penalty == 0.0:
+        return 0.0
+    if saved_name == factor.saved_b:
+        return 2 * penalty * factor.scaling**2 * factor.lora_a.double().square().sum(dim=1).unsqueeze(0)
+    if saved_name == factor.saved_a:
+        return 2 * penalty * factor.scaling**2 * factor.lora_b.double().square().sum(dim=0).unsqueeze(1)
+    raise ValueError(f"{saved_name} is neither factor of LoRA layer {factor.name}")
+
+
+def stats_noise_variance(
+    record: PrivacyRecord, stats: NoiseStats, saved_name: str, restoring: torch.Tensor | float = 0.0
+) -> torch.Tensor | float | None:
     """s² of one trained tensor (per coordinate for Adam) from the shipped statistics; None if it is not in them.
 
     σ_g comes from the record (so per-model overrides of σ, C or B_exp apply); η_t, v̂ and the optimizer's
-    hyper-parameters from the statistics.
+    hyper-parameters from the statistics; ``restoring`` is a known restoring force h on the tensor's
+    coordinates (:func:`alignment_restoring`).
     """
     entry = stats.parameter(saved_name)
     if entry is None:
@@ -79,10 +102,10 @@ def stats_noise_variance(record: PrivacyRecord, stats: NoiseStats, saved_name: s
     if "adam" in name and second_moment is not None:
         betas = stats.optimizer.get("betas", (0.9, 0.999))
         eps = float(stats.optimizer.get("eps", 1e-8))
-        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay)
+        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay, restoring)
     if name == "sgd":
         hyper = {key: stats.optimizer[key] for key in _SGD_HYPER if key in stats.optimizer}
-        return sgd_variance(lrs.tolist(), _noise_std(record), weight_decay=weight_decay, **hyper)
+        return sgd_variance(lrs.tolist(), _noise_std(record), restoring, weight_decay=weight_decay, **hyper)
     raise ValueError(f"no noise model for optimizer {stats.optimizer.get('name')!r} (known: SGD, Adam, AdamW)")
 
 
