@@ -153,8 +153,11 @@ def adam_variance(
         observed, damping, surface = adam_variance_surface(*key)
         scale = float(damping[1]) / math.expm1(math.log1p(_DAMPING_MAX / _DAMPING_X0) / (_DAMPINGS - 1))
         # log S along each h column at the coordinate's r̂, then linear in log(1 + h/h₀) across the columns
-        columns = torch.stack([_interpolate(ratio.reshape(-1).clamp(float(observed[0, j]), float(observed[-1, j])),
-                                            observed[:, j].contiguous(), surface[:, j].log()) for j in range(len(damping))], 1)
+        flat_ratio = ratio.reshape(-1)
+        columns = torch.stack([
+            _interpolate(flat_ratio.clamp(float(observed[0, j]), float(observed[-1, j])),
+                         observed[:, j].contiguous(), surface[:, j].log())
+            for j in range(len(damping))], 1)
         position = torch.log1p(restoring.reshape(-1).clamp(min=0, max=float(damping[-1])) / scale)
         grid = torch.log1p(damping / scale)
         upper = torch.searchsorted(grid, position).clamp_(1, len(grid) - 1)

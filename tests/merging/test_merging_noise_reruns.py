@@ -23,8 +23,8 @@ from hf_dpmerge.merging.noise_variance import (
     lora_noise_variance,
     stats_noise_variance,
 )
-from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a
 from hf_dpmerge.training.noise_stats import collect_noise_stats
+from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a
 from tests.utils.merging_builders import adamw_record
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
