@@ -10,7 +10,7 @@ in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.opti
   own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
 * with the alignment penalty's pull on LoRA factors (:func:`alignment_restoring`): the trainer adds ∇ of
   λ·‖s·B·A‖² to every noisy gradient, a known restoring force h·p per coordinate that the walk includes (without
-  it the walk over-stated B's noise 7.8× in the packaged recipe; docs/design.md §6).
+  it the walk over-stated B's noise 7.7× in the packaged recipe; docs/design.md §6).
 * capped by the released weights (:func:`capped_variance`): E[τ̃_k²] = τ_k² + s_k² for a task vector τ̃ = τ + noise
   whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
   is an upper bound on its mean s², tight when the tensor carries little signal. The walk is another upper
