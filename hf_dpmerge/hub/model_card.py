@@ -132,6 +132,7 @@ def build_model_card(
     license: str = "apache-2.0",
     local_roots: Sequence[str | os.PathLike] = (),
     selection: SelectionRecord | None = None,
+    shared_encoder: bool = False,
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
 
@@ -140,7 +141,8 @@ def build_model_card(
     :func:`hub_model_id`, relative paths being looked up under ``local_roots``): a local path never enters
     the card.
     ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private hyper-parameter selection
-    and the composed total.
+    and the composed total. ``shared_encoder``: the release stages the merged encoder once at its root and each
+    ``<task>/`` folder holds only its head (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`).
     """
     if not records:
         raise ValueError("a model card needs the privacy record of at least one adapter")
@@ -182,4 +184,5 @@ def build_model_card(
         evaluation_rows=_evaluation_rows(evaluation) if evaluation is not None else [],
         repo_id=repo_id,
         usage_task=next(iter(heads)) if heads and repo_id else None,
+        shared_encoder=shared_encoder,
     )

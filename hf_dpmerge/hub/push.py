@@ -5,15 +5,19 @@ The repository holds only allow-listed files (``hf_dpmerge.records.release_files
     README.md                      the model card (hf_dpmerge.hub.model_card)
     mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
     modeling_mean_pooling_bert.py  the remote code (transformers looks for it at the root with subfolder=)
-    <task>/config.json, model.safetensors, modeling_mean_pooling_bert.py, tokenizer files
-                                   the task model: merged encoder + the task's head from the adapter's
-                                   modules_to_save, loadable by stock transformers
+    model.safetensors              mean pooling: the merged encoder, once, without a classifier
+    <task>/config.json, head.safetensors, modeling_mean_pooling_bert.py, tokenizer files
+                                   mean pooling: the task's head from the adapter's modules_to_save, and a
+                                   config naming ../model.safetensors (``shared_encoder_weights``), which the
+                                   remote code's ``from_pretrained`` reads (from a local folder or the Hub)
+    <task>/config.json, model.safetensors, tokenizer files
+                                   [CLS] pooling (a stock class, no remote code): merged encoder + the task's head
                                    (:mod:`hf_dpmerge.modeling.stock_release`)
     <task>/dp_privacy.json         the task's privacy record, byte for byte
 
 ``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``
-gives each task its own head and labels. The root holds no model (merged encoder with a meaningless head),
-so stock loaders refuse it instead of predicting with the base's random head.
+gives each task its own head and labels. The root holds no config.json (the merged encoder has no meaningful
+head), so stock loaders refuse it instead of predicting with the base's random head.
 
 Everything is staged in a folder first; a real push then calls ``create_repo`` and ``upload_folder``
 (``HF_ENDPOINT`` is honoured at call time), a dry run keeps the folder and touches no network.
@@ -155,15 +159,28 @@ def _stage(
     adapters: Mapping[str, Path],
     card_text: str,
 ) -> None:
-    from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, write_task_model
+    from hf_dpmerge.modeling.stock_release import (
+        REMOTE_CODE_FILE,
+        SHARED_ENCODER_FILE,
+        shares_encoder,
+        write_shared_encoder,
+        write_task_head_folder,
+        write_task_model,
+    )
 
     for source in sorted(merged_dir.iterdir()):
         if source.is_file() and not _skipped(PurePosixPath(source.name)):
             _place(source, staging_dir / source.name)
+    shared = shares_encoder(merged_dir)
+    if shared:  # the encoder once, at the root; each task folder holds its head and names the root's file
+        write_shared_encoder(merged_dir, staging_dir / SHARED_ENCODER_FILE)
     for task, (_, info) in heads.items():
         task_dir = staging_dir / task
         labels = info.label_names
-        write_task_model(merged_dir, adapters[task], labels, task_dir)
+        if shared:
+            write_task_head_folder(merged_dir, adapters[task], labels, task_dir, f"../{SHARED_ENCODER_FILE}")
+        else:
+            write_task_model(merged_dir, adapters[task], labels, task_dir)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
             shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
@@ -219,6 +236,8 @@ def push_merged_model(
     """
     from huggingface_hub.utils import validate_repo_id
 
+    from hf_dpmerge.modeling.stock_release import shares_encoder  # transformers: only when staging
+
     validate_repo_id(repo_id)
     merged_dir = Path(merged_dir)
     _check_merged_dir(merged_dir)
@@ -239,6 +258,7 @@ def push_merged_model(
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
         selection=find_selection_record(merged_dir),
+        shared_encoder=shares_encoder(merged_dir),
     )
     card_text = str(card)
     return release_staged(

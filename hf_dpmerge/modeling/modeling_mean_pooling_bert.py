@@ -8,16 +8,30 @@ imports torch and transformers only — never hf_dpmerge. The classifier reads t
 instead of the [CLS] → pooler path (docs/design.md §10). A release's ``model_type`` is
 ``mean_pooling_bert``, which transformers does not know: without ``trust_remote_code=True`` stock loaders
 refuse it loudly rather than fall back to [CLS] pooling and compute another function.
+
+A merged release stages its encoder once (docs/design.md §10): each ``<task>/`` folder holds the task's
+``config.json`` with ``shared_encoder_weights`` (the encoder's weights file, relative to the task folder:
+``../model.safetensors``) and its head in ``head.safetensors``. ``from_pretrained`` reads both, from a local
+release or from the Hub repository, and loads them as one state dict; any other checkpoint loads as usual.
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertConfig, BertForSequenceClassification, PretrainedConfig
 from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import cached_file
+
+SHARED_ENCODER_KEY = "shared_encoder_weights"  # config.json: the encoder's weights file, relative to the task folder
+HEAD_WEIGHTS_FILE = "head.safetensors"  # a task folder's classifier head, beside its config.json
+HEAD_PREFIX = "classifier."
+_HUB_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision")
 
 
 class MeanPoolingBertConfig(BertConfig):
@@ -34,10 +48,50 @@ def masked_mean(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
     return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
+def release_file(location: str | os.PathLike, subfolder: str, relative: str, hub: dict[str, Any]) -> str:
+    """The file ``relative`` (a path from the task folder ``location``/``subfolder``): a local path when
+    ``location`` is a folder, else downloaded from the Hub repository ``location`` (``hub``: its options)."""
+    if os.path.isdir(location):
+        path = os.path.normpath(os.path.join(location, subfolder, relative))
+        if not os.path.isfile(path):
+            raise OSError(
+                f"{path} does not exist: the task folder's config.json takes its encoder from {relative!r} "
+                f"({SHARED_ENCODER_KEY}); download the whole release, not only the task folder"
+            )
+        return path
+    in_repo = posixpath.normpath(posixpath.join(subfolder, relative))
+    if in_repo == ".." or in_repo.startswith("../") or posixpath.isabs(in_repo):
+        raise OSError(f"{SHARED_ENCODER_KEY}={relative!r} points outside the repository {location}")
+    folder, name = posixpath.split(in_repo)
+    return cached_file(str(location), name, subfolder=folder, **hub)
+
+
 class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
     """``BertForSequenceClassification`` whose classifier reads the masked token mean instead of [CLS]."""
 
     config_class = MeanPoolingBertConfig
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any):
+        """Stock ``from_pretrained``; a task folder whose config names ``shared_encoder_weights`` loads that
+        encoder (its ``classifier.*`` dropped) with the folder's ``head.safetensors``. The loaded model's config
+        no longer names the shared file, so ``save_pretrained`` writes a complete model."""
+        location, config = pretrained_model_name_or_path, kwargs.get("config")
+        subfolder = kwargs.get("subfolder") or ""
+        hub = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+        if location is None or not (config is None or isinstance(config, PretrainedConfig)):
+            return super().from_pretrained(location, *model_args, **kwargs)
+        if config is None:
+            config = cls.config_class.from_pretrained(location, subfolder=subfolder, **hub)
+        relative = getattr(config, SHARED_ENCODER_KEY, None)
+        if not relative:
+            return super().from_pretrained(location, *model_args, **kwargs)
+        encoder = load_file(release_file(location, subfolder, relative, hub))
+        state = {key: value for key, value in encoder.items() if not key.startswith(HEAD_PREFIX)}
+        state.update(load_file(release_file(location, subfolder, HEAD_WEIGHTS_FILE, hub)))
+        rest = {key: value for key, value in kwargs.items() if key not in (*_HUB_KWARGS, "subfolder", "config")}
+        setattr(config, SHARED_ENCODER_KEY, None)
+        return super().from_pretrained(None, *model_args, config=config, state_dict=state, **rest)
 
     def forward(
         self,

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
@@ -36,6 +37,8 @@ from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
+HEAD_WEIGHTS_FILE = remote_code.HEAD_WEIGHTS_FILE  # records.release_files allow-lists it as */head.safetensors
+SHARED_ENCODER_FILE = "model.safetensors"  # a release's root: the merged encoder, staged once for every task
 _MODULE = REMOTE_CODE_FILE.removesuffix(".py")
 AUTO_MAP = {
     "AutoConfig": f"{_MODULE}.{remote_code.MeanPoolingBertConfig.__name__}",
@@ -137,6 +140,46 @@ def write_task_model(
     """A merged model's task folder for stock loaders: ``encoder_dir``'s weights with the adapter's head, the
     release config and the tokenizer."""
     save_stock_classifier(task_model(encoder_dir, adapter_dir, label_names), directory, label_names)
+    copy_tokenizer(encoder_dir, directory)
+
+
+def shares_encoder(encoder_dir: str | os.PathLike) -> bool:
+    """Whether task folders of ``encoder_dir``'s model can take their encoder from one shared file: the release
+    class is the remote code (mean pooling), whose ``from_pretrained`` reads ``shared_encoder_weights``."""
+    config = json.loads((Path(encoder_dir) / "config.json").read_text())
+    return config.get(CLASSIFIER_POOLING_KEY) == "mean"
+
+
+def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """``encoder_dir``'s weights without its classifier, in one safetensors file (a release's root)."""
+    model = load_sequence_classifier(encoder_dir)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+             if not k.startswith(remote_code.HEAD_PREFIX)}
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def write_task_head_folder(
+    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str],
+    directory: str | os.PathLike, shared_encoder: str,
+) -> None:
+    """A task folder that takes its encoder from ``shared_encoder`` (a path relative to ``directory``): the release
+    config naming it, the adapter's head in ``head.safetensors``, the remote code and the tokenizer. Stock
+    ``from_pretrained(..., trust_remote_code=True)`` loads it as :func:`write_task_model`'s folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = stock_config(json.loads((Path(encoder_dir) / "config.json").read_text()), label_names)
+    if config.get("model_type") != REMOTE_MODEL_TYPE:
+        raise ValueError(f"{encoder_dir} is not a mean-pooling model: its task folders need their own weights")
+    config[remote_code.SHARED_ENCODER_KEY] = shared_encoder
+    head = task_head_state(adapter_dir)
+    if sorted(head) != [f"{remote_code.HEAD_PREFIX}bias", f"{remote_code.HEAD_PREFIX}weight"]:
+        raise ValueError(f"adapter {adapter_dir}: its head {sorted(head)} is not a BERT classifier")
+    if head[f"{remote_code.HEAD_PREFIX}weight"].shape[0] != len(label_names):
+        raise ValueError(f"adapter {adapter_dir}: its head has {head[f'{remote_code.HEAD_PREFIX}weight'].shape[0]} "
+                         f"outputs for {len(label_names)} labels")
+    save_file(head, str(directory / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
     copy_tokenizer(encoder_dir, directory)
 
 

@@ -39,6 +39,14 @@ def test_card_metadata_and_sections():
     assert "| sst2 | 2 | neg, pos |" in text and "| qnli | 2 | – |" in text
     assert "No evaluation results were given." in text
     assert 'pipeline("text-classification", model="bob/m", model_kwargs={"subfolder": "sst2"}' in text
+    assert "head.safetensors" not in text  # each task folder holds its whole model
+
+
+def test_card_of_a_release_with_one_shared_encoder_says_where_it_is():
+    card = build_model_card({"sst2": _record("sst2", 1.5)}, repo_id="bob/m", heads={"sst2": HeadInfo("sst2", 2)},
+                            shared_encoder=True)
+    assert "as its head (`head.safetensors`)" in card.text and "stored once for every task" in card.text
+    assert "the subfolder's config names the root's `model.safetensors`" in card.text
 
 
 def test_card_without_dp_input_claims_no_guarantee():

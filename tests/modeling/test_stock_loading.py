@@ -5,6 +5,7 @@ pipeline), each task of the Hub release (``<task>/`` subfolders) and that releas
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -135,6 +136,61 @@ def test_hub_release_task_subfolder_gives_hf_dpmerge_logits(released_adapter, hu
         by_label = {item["label"]: item["score"] for item in scores}
         torch.testing.assert_close(torch.tensor([by_label[n] for n in SPEC.label_names]), probabilities,
                                    atol=1e-5, rtol=0)
+
+
+def test_hub_release_stages_the_encoder_once_and_each_task_its_head(released_adapter, hub_release):
+    from safetensors.torch import load_file
+
+    files = sorted(p.relative_to(hub_release).as_posix() for p in hub_release.rglob("*") if p.is_file())
+    assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors", "topics/head.safetensors"]
+    encoder = load_file(hub_release / "model.safetensors")
+    assert not [k for k in encoder if k.startswith("classifier.")]  # the root has no meaningless head
+    merged = load_file(released_adapter / "merged" / "model.safetensors")
+    assert all(torch.equal(encoder[k], merged[k]) for k in encoder) and len(encoder) == len(merged) - 2
+    head = load_file(hub_release / "topics" / "head.safetensors")
+    saved = task_head_state(released_adapter / "adapter")
+    assert sorted(head) == ["classifier.bias", "classifier.weight"]
+    assert all(torch.equal(head[k], saved[k]) for k in head)
+    config = json.loads((hub_release / "topics" / "config.json").read_text())
+    assert config["shared_encoder_weights"] == "../model.safetensors"
+
+
+def test_hub_release_task_folder_loads_on_its_own_path(released_adapter, hub_release, tmp_path):
+    """``pipeline(model="<release>/<task>")``: the folder's own path, its encoder one level up."""
+    answer = load_without_hf_dpmerge("auto", hub_release / "topics", HF_MODULES_CACHE=str(tmp_path))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), merged_task_logits(released_adapter),
+                               atol=1e-5, rtol=0)
+
+
+def test_hub_release_task_subfolder_loads_from_the_hub_cache(released_adapter, hub_release, tmp_path):
+    """By repository id, as after a download from the Hub: the files in the Hub cache's layout
+    (``models--<owner>--<name>/snapshots/<commit>``), read offline through huggingface_hub."""
+    cache = tmp_path / "hub"
+    commit = "0" * 40
+    snapshot = cache / "models--alice--m" / "snapshots" / commit
+    shutil.copytree(hub_release, snapshot)
+    (cache / "models--alice--m" / "refs").mkdir()
+    (cache / "models--alice--m" / "refs" / "main").write_text(commit)
+    answer = load_without_hf_dpmerge("auto", "alice/m", "topics", HF_MODULES_CACHE=str(tmp_path / "modules"),
+                                     HF_HUB_CACHE=str(cache))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), merged_task_logits(released_adapter),
+                               atol=1e-5, rtol=0)
+
+
+def test_hub_release_task_model_saves_as_a_complete_model(released_adapter, hub_release, tmp_path):
+    """Loaded through the remote code, a task model saves all its weights: the copy no longer names the shared
+    file and loads like any checkpoint."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(hub_release, subfolder="topics", trust_remote_code=True)
+    model.save_pretrained(tmp_path / "copy")
+    assert not json.loads((tmp_path / "copy" / "config.json").read_text()).get("shared_encoder_weights")
+    again = AutoModelForSequenceClassification.from_pretrained(tmp_path / "copy", trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits = again(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
+    torch.testing.assert_close(logits, merged_task_logits(released_adapter), atol=1e-5, rtol=0)
 
 
 def test_hub_release_root_is_refused_not_misread(hub_release, tmp_path):

@@ -77,7 +77,10 @@ def test_main_command_script_on_tiny_settings(tmp_path):
     assert set(results["tasks"]) == set(TASKS.split(","))
     card = (project / "merged-hub" / "README.md").read_text()
     assert "rotten_tomatoes" in card and "bbc_news" in card and "-DP" in card
-    assert (project / "merged-hub" / "bbc_news" / "model.safetensors").is_file()  # the task's stock-loadable model
+    staged = project / "merged-hub"
+    assert (staged / "model.safetensors").is_file()  # the merged encoder, once
+    assert (staged / "bbc_news" / "head.safetensors").is_file()  # the task's head, its folder loads the encoder
+    assert not (staged / "bbc_news" / "model.safetensors").exists()
     assert json.loads((project / "merged-hub" / "bbc_news" / "config.json").read_text())["num_labels"] == 5
     # a second run refuses to overwrite the merged model it made
     again = subprocess.run(["bash", "examples/quickstart.sh"], cwd=project, capture_output=True, text=True)
