@@ -8,8 +8,8 @@ from opacus.accountants import RDPAccountant
 from safetensors.torch import load_file
 
 from hf_dpmerge import PrivacyRecord
+from hf_dpmerge.cli.main import main as hf_dpmerge
 from hf_dpmerge.training.dp.accounting import replace_one_epsilon
-from tests.utils.subprocess_helpers import run_offline as run
 from tests.utils.tiny_models import save_tiny_bert
 
 TINY = ["--max_train_samples", "128", "--max_eval_samples", "32", "--num_clients", "4", "--rounds", "2",
@@ -18,9 +18,10 @@ TINY = ["--max_train_samples", "128", "--max_eval_samples", "32", "--num_clients
 
 
 def federated(tmp_path: Path, *flags: str) -> dict:
+    """``hf-dpmerge federated`` in this process (its clients still run in Flower's Ray workers)."""
     base = save_tiny_bert(tmp_path / "base")
-    run(["hf-dpmerge", "federated", "--model_name_or_path", str(base), *TINY, "--output_dir", "fed", *flags],
-        cwd=tmp_path)
+    assert hf_dpmerge(["federated", "--model_name_or_path", str(base), *TINY, "--output_dir",
+                       str(tmp_path / "fed"), *flags]) == 0
     return json.loads((tmp_path / "fed" / "federated_privacy.json").read_text())
 
 

@@ -1,5 +1,5 @@
 """The causal-LM chain on a tiny random Llama: train_causal_lm.py → mergekit-yaml (stock and our methods) →
-stock loading → hf-dpmerge evaluate → hf-dpmerge push --dry-run."""
+stock loading → hf-dpmerge evaluate → hf-dpmerge push --dry-run (the last two in this process)."""
 
 import json
 import math
@@ -14,6 +14,7 @@ import yaml
 from opacus.accountants.utils import create_accountant
 
 from hf_dpmerge import PrivacyRecord
+from hf_dpmerge.cli.main import main as hf_dpmerge
 from hf_dpmerge.data.instructions import verbaliser_choices
 from hf_dpmerge.data.load import load_task
 from tests.utils.subprocess_helpers import run_offline as run
@@ -55,6 +56,9 @@ def project(tmp_path_factory) -> Path:
     for name in CONFIGS:
         run(["mergekit-yaml", f"merge_configs/{name}.yaml", f"merged/{name}", "--lora-merge-cache",
              "runs_causal/lora-cache"], cwd=root)
+        # hf-dpmerge evaluate of each merge, in this process (the command's own code; no interpreter start-up)
+        assert hf_dpmerge(["evaluate", "--runs", str(root / "runs_causal"), "--merged", str(root / "merged" / name),
+                           "--max_eval_samples", "24", "--output", str(root / "eval" / name)]) == 0
     return root
 
 
@@ -78,10 +82,7 @@ def test_merged_llm_loads_with_stock_transformers_and_scores_as_evaluate_does(pr
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
     merged = project / "merged" / name
-    output = project / "eval" / name
-    run(["hf-dpmerge", "evaluate", "--runs", "runs_causal", "--merged", f"merged/{name}", "--max_eval_samples",
-         "24", "--output", f"eval/{name}"], cwd=project)
-    results = json.loads((output / "results.json").read_text())
+    results = json.loads((project / "eval" / name / "results.json").read_text())
     assert results["model_kind"] == "causal_lm" and set(results["tasks"]) == set(TASKS)
 
     model = AutoModelForCausalLM.from_pretrained(merged).eval()
@@ -119,11 +120,11 @@ def test_individual_and_floor_scores_are_the_adapter_and_the_base(project):
 
 
 @pytest.mark.slow
-def test_push_dry_run_stages_the_merged_llm_with_its_privacy_card(project):
-    run(["hf-dpmerge", "push", "merged/causal_dp", "--repo_id", "me/tiny-llm", "--runs", "runs_causal",
-         "--eval_json", "eval/causal_task_arithmetic/results.json", "--dry-run", "--staging_dir", "staged",
-         "--base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
-        cwd=project)
+def test_push_dry_run_stages_the_merged_llm_with_its_privacy_card(project, monkeypatch):
+    monkeypatch.chdir(project)
+    assert hf_dpmerge(["push", "merged/causal_dp", "--repo_id", "me/tiny-llm", "--runs", "runs_causal",
+                       "--eval_json", "eval/causal_task_arithmetic/results.json", "--dry-run", "--staging_dir",
+                       "staged", "--base_model", "HuggingFaceTB/SmolLM2-135M-Instruct"]) == 0
     staged = project / "staged"
     card = (staged / "README.md").read_text()
     metadata = yaml.safe_load(card.split("---")[1])

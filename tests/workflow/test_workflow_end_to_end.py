@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_dpmerge import PrivacyRecord
+from hf_dpmerge.cli.main import main as hf_dpmerge
 from tests.utils.subprocess_helpers import run_offline as run
 from tests.utils.tiny_models import save_tiny_bert
 
@@ -26,7 +27,9 @@ def trim_merge_config(path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_readme_flow_on_tiny_settings(tmp_path):
+def test_readme_flow_on_tiny_settings(tmp_path, monkeypatch):
+    """The README's commands; evaluate, diagnose and push run in this process (the main command's test below runs
+    the ``hf-dpmerge`` console script)."""
     base_model = save_tiny_bert(tmp_path / "tiny-base")
     shutil.copytree(REPO / "merge_configs", tmp_path / "merge_configs")
     run([sys.executable, str(REPO / "examples" / "train_glue.py"), "--tasks", TASKS,
@@ -42,13 +45,14 @@ def test_readme_flow_on_tiny_settings(tmp_path):
     run(["mergekit-yaml", "merge_configs/dp.yaml", "merged", "--lora-merge-cache", "runs/lora-cache"], cwd=tmp_path)
     assert (tmp_path / "merged" / "config.json").exists()
 
-    run(["hf-dpmerge", "evaluate", "--runs", "runs", "--merged", "merged", "--tasks", TASKS,
-         "--output", "runs/eval", "--max_eval_samples", "32"], cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert hf_dpmerge(["evaluate", "--runs", "runs", "--merged", "merged", "--tasks", TASKS,
+                       "--output", "runs/eval", "--max_eval_samples", "32"]) == 0
     results = json.loads((tmp_path / "runs" / "eval" / "results.json").read_text())
     assert set(results["tasks"]) == set(TASKS.split(","))
 
-    run(["hf-dpmerge", "diagnose", "--runs", "runs", "--merged", "merged", "--tasks", TASKS, "--max-samples", "16",
-         "--hessian-iterations", "2", "--gammas", "0.5", "--output-dir", "runs/diagnostics"], cwd=tmp_path)
+    assert hf_dpmerge(["diagnose", "--runs", "runs", "--merged", "merged", "--tasks", TASKS, "--max-samples", "16",
+                       "--hessian-iterations", "2", "--gammas", "0.5", "--output-dir", "runs/diagnostics"]) == 0
     diagnostics = json.loads((tmp_path / "runs" / "diagnostics" / "diagnostics.json").read_text())
     assert set(diagnostics["tasks"]) == set(TASKS.split(","))
     for row in diagnostics["tasks"].values():
@@ -56,8 +60,8 @@ def test_readme_flow_on_tiny_settings(tmp_path):
         assert None not in (row["sharpness"], row["hessian_top_eigenvalue"], row["merge_gap"])
     assert (tmp_path / "runs" / "diagnostics" / "interpolation.png").is_file()
 
-    run(["hf-dpmerge", "push", "merged", "--repo_id", "me/tiny", "--runs", "runs", "--tasks", TASKS,
-         "--eval_json", "runs/eval/results.json", "--dry-run", "--staging_dir", "staged"], cwd=tmp_path)
+    assert hf_dpmerge(["push", "merged", "--repo_id", "me/tiny", "--runs", "runs", "--tasks", TASKS,
+                       "--eval_json", "runs/eval/results.json", "--dry-run", "--staging_dir", "staged"]) == 0
     card = (tmp_path / "staged" / "README.md").read_text()
     assert "rotten_tomatoes" in card and "-DP" in card
 
