@@ -22,7 +22,8 @@ from pathlib import Path, PurePosixPath
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_dpmerge.hub.model_card import CARD_TAGS, MergeRecipe, _common, _fingerprint_text, hub_model_id
-from hf_dpmerge.hub.push import PushError, PushResult, _load_record, _place, release_staged
+from hf_dpmerge.hub.push import PushResult, release_staged
+from hf_dpmerge.hub.staging import PushError, load_task_record, place_file
 from hf_dpmerge.records.card import render_card
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.release_files import unlisted_files
@@ -71,7 +72,7 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
 def _stage(folder: Path, merged_dir: Path, adapters: Mapping[str, Path], card_text: str) -> None:
     for source in sorted(merged_dir.iterdir()):
         if source.is_file() and source.name != "README.md" and not source.name.startswith("."):
-            _place(source, folder / source.name)
+            place_file(source, folder / source.name)
     for task, adapter in adapters.items():
         (folder / task).mkdir()
         shutil.copyfile(adapter / PRIVACY_RECORD_NAME, folder / task / PRIVACY_RECORD_NAME)
@@ -109,7 +110,7 @@ def push_merged_causal_lm(
     if evaluation is not None and evaluation.get("model_kind") != CAUSAL_LM:
         raise PushError("--eval_json holds a classifier evaluation: give the causal-LM runs' results.json")
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
-    records = {task: _load_record(task, path) for task, path in adapter_dirs.items()}
+    records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
     check_unseeded_release(records, allow_seeded, "--allow-seeded")
     card = causal_model_card(
         records, repo_id=repo_id, merge=MergeRecipe.load(merged_dir, merge_config), evaluation=evaluation,

@@ -201,7 +201,7 @@ def test_hub_release_root_is_refused_not_misread(hub_release, tmp_path):
 def test_push_and_the_merges_task_folders_name_a_heads_labels_by_one_rule(tmp_path):
     """The record's names when they fit the head, then its id2label, then the caller's fallback (the task's), else
     LABEL_i — for hf-dpmerge push's card and staged folders as for hf-dpmerge merge's task folders."""
-    from hf_dpmerge.hub.push import extract_head
+    from hf_dpmerge.hub.staging import extract_head
     from hf_dpmerge.modeling.stock_release import release_label_names
     from hf_dpmerge.records.record import PrivacyRecord
     from hf_dpmerge.scripts.task_folders import label_names

@@ -1,0 +1,180 @@
+"""The staged folder of a Hub release: the merged model's checks, each task's head and record, the layout.
+
+A release is always staged in a folder first (:mod:`hf_dpmerge.hub.push` uploads it or, for a dry run, keeps it).
+It holds only allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``), laid out as::
+
+    README.md                      the model card (hf_dpmerge.hub.model_card)
+    mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
+    modeling_mean_pooling_bert.py  the remote code (transformers looks for it at the root with subfolder=)
+    model.safetensors              mean pooling: the merged encoder, once, without a classifier
+    <task>/config.json, head.safetensors, modeling_mean_pooling_bert.py, tokenizer files
+                                   mean pooling: the task's head from the adapter's modules_to_save, and a
+                                   config naming ../model.safetensors (``shared_encoder_weights``), which the
+                                   remote code's ``from_pretrained`` reads (from a local folder or the Hub)
+    <task>/config.json, model.safetensors, tokenizer files
+                                   [CLS] pooling (a stock class, no remote code): merged encoder + the task's head
+                                   (:mod:`hf_dpmerge.modeling.stock_release`)
+    <task>/dp_privacy.json         the task's privacy record, byte for byte
+
+``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``
+gives each task its own head and labels. The root holds no config.json (the merged encoder has no meaningful
+head), so stock loaders refuse it instead of predicting with the base's random head.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from hf_dpmerge.hub.model_card import HeadInfo
+from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.utils.own_output import check_own_output
+
+STAGING_MARKER = ".hf_dpmerge-staging"
+# Files of the merged directory that the release replaces or must not carry (the root holds no model).
+_SKIP_MERGED = {"README.md", "config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+_MODEL_SUFFIXES = (".safetensors", ".bin")
+
+
+class PushError(ValueError):
+    """The release cannot be staged or uploaded as asked."""
+
+
+def check_merged_dir(merged_dir: Path) -> None:
+    """Refuse a merged directory that is missing, holds no model, or holds a file the allow-list does not allow."""
+    if not merged_dir.exists():
+        raise FileNotFoundError(f"merged model directory {merged_dir} does not exist (run mergekit-yaml first)")
+    if not merged_dir.is_dir():
+        raise PushError(f"merged model path {merged_dir} is not a directory")
+    if not (merged_dir / "config.json").is_file():
+        raise PushError(f"{merged_dir} is not a model directory: it has no config.json")
+    weights = [p for p in merged_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
+    if not weights:
+        raise PushError(f"{merged_dir} has no model weights (*.safetensors or *.bin)")
+    # every file is checked, hidden ones and root *.bin/*.safetensors that are not model weights included
+    # (training_args.bin holds dp_seed): none is skipped silently, even those the release would not copy
+    unlisted = unlisted_files(merged_dir)
+    if unlisted:
+        raise PushError(
+            f"{merged_dir} holds files a release may not carry: {', '.join(unlisted)}. A release holds only "
+            "weights, model/merge configuration, tokenizer files, privacy records and the card "
+            "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); remove these files from the merged directory "
+            "(or move them elsewhere) and push again"
+        )
+
+
+def _skipped(rel: PurePosixPath) -> bool:
+    """Merged-directory files the release does not take over: hidden ones, and at the root mergekit's card and
+    the model (each task gets its own in ``<task>/``). Only root files are copied: task folders are rebuilt."""
+    top = len(rel.parts) == 1
+    return any(part.startswith(".") for part in rel.parts) or top and (
+        rel.name in _SKIP_MERGED or rel.suffix in _MODEL_SUFFIXES)
+
+
+def extract_head(task: str, adapter_dir: str | os.PathLike, record: PrivacyRecord) -> tuple[dict, HeadInfo]:
+    """The classifier head tensors saved in an adapter's ``modules_to_save``, named as in the base model.
+
+    peft saves ``base_model.model.<module>.<param>``; the ``base_model.model.`` prefix is dropped so the
+    tensors load into the task model with ``load_state_dict(head, strict=False)``.
+    """
+    adapter_dir = Path(adapter_dir)
+    try:
+        head = task_head_state(adapter_dir)
+    except TaskHeadError as err:
+        raise PushError(f"task {task!r}: {err}") from None
+    from hf_dpmerge.modeling.stock_release import release_label_names  # transformers: only when staging
+
+    labels = release_label_names(adapter_dir, record.extra, head=head)  # the rule of the merge's task folders
+    return head, HeadInfo(task=task, num_labels=len(labels), label_names=labels, keys=sorted(head))
+
+
+def load_task_record(task: str, adapter_dir: Path) -> PrivacyRecord:
+    """The adapter's privacy record, refused if it is another task's."""
+    if not adapter_dir.exists():
+        raise FileNotFoundError(f"adapter directory of task {task!r} does not exist: {adapter_dir}")
+    record = PrivacyRecord.load(adapter_dir)
+    if record.task is not None and record.task != task:
+        raise PrivacyRecordError(
+            f"{adapter_dir / PRIVACY_RECORD_NAME} is the record of task {record.task!r}, not of {task!r}"
+        )
+    return record
+
+
+def place_file(source: Path, target: Path) -> None:
+    """Hard-link ``source`` at ``target`` (large weights are not copied), copying across file systems."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def prepare_staging_dir(staging_dir: Path, merged_dir: Path) -> None:
+    """An empty ``staging_dir`` outside ``merged_dir``; a previous staging (it holds the marker) is replaced."""
+    staging = staging_dir.resolve()
+    merged = merged_dir.resolve()
+    if staging == merged or merged in staging.parents or staging in merged.parents:
+        raise PushError(f"staging folder {staging_dir} must lie outside the merged model directory {merged_dir}")
+    # a dry run's staging folder is always replaced, if it is one (it holds the marker)
+    check_own_output(staging_dir, overwrite=True, marker=STAGING_MARKER, output="hf-dpmerge push staging",
+                     flag="--staging_dir")
+    if staging_dir.is_dir():
+        shutil.rmtree(staging_dir)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+
+
+def stage_merged_release(
+    staging_dir: Path,
+    merged_dir: Path,
+    heads: Mapping[str, tuple[dict, HeadInfo]],
+    adapters: Mapping[str, Path],
+    card_text: str,
+) -> None:
+    """Fill ``staging_dir`` with the release laid out as above; refuse it if it holds an unlisted file."""
+    from hf_dpmerge.modeling.stock_release import (  # transformers: only when staging
+        REMOTE_CODE_FILE,
+        SHARED_ENCODER_FILE,
+        shares_encoder,
+        write_shared_encoder,
+        write_task_head_folder,
+        write_task_model,
+    )
+
+    for source in sorted(merged_dir.iterdir()):
+        if source.is_file() and not _skipped(PurePosixPath(source.name)):
+            place_file(source, staging_dir / source.name)
+    shared = shares_encoder(merged_dir)
+    if shared:  # the encoder once, at the root; each task folder holds its head and names the root's file
+        write_shared_encoder(merged_dir, staging_dir / SHARED_ENCODER_FILE)
+    for task, (_, info) in heads.items():
+        task_dir = staging_dir / task
+        labels = info.label_names
+        if shared:
+            write_task_head_folder(merged_dir, adapters[task], labels, task_dir, f"../{SHARED_ENCODER_FILE}")
+        else:
+            write_task_model(merged_dir, adapters[task], labels, task_dir)
+        shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
+        if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
+            shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
+    (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
+    if unlisted := [rel for rel in unlisted_files(staging_dir) if rel != STAGING_MARKER]:
+        raise PushError(f"the staged release holds files outside the release allow-list: {', '.join(unlisted)}")
+
+
+def staged_files(staging_dir: Path) -> list[tuple[str, int]]:
+    """(path in the repository, size in bytes) of every staged file, the marker left out."""
+    return [
+        (p.relative_to(staging_dir).as_posix(), p.stat().st_size)
+        for p in sorted(staging_dir.rglob("*"))
+        if p.is_file() and p.name != STAGING_MARKER
+    ]
+
+
+def default_staging_dir(merged_dir: str | os.PathLike) -> Path:
+    """``<merged_dir>-hub``, beside the merged directory."""
+    merged_dir = Path(merged_dir)
+    return merged_dir.parent / f"{merged_dir.name}-hub"
