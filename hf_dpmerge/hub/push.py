@@ -86,6 +86,7 @@ def push_merged_model(
     records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
     check_unseeded_release(records, allow_seeded, "--allow-seeded")
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
+    shared = shares_encoder(merged_dir)
     card = build_model_card(
         records,
         repo_id=repo_id,
@@ -97,11 +98,12 @@ def push_merged_model(
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
         selection=find_selection_record(merged_dir),
-        shared_encoder=shares_encoder(merged_dir),
+        shared_encoder=shared,
     )
     card_text = str(card)
     return release_staged(
-        lambda stage: stage_merged_release(stage, merged_dir, heads, adapter_dirs, card_text), merged_dir, repo_id,
+        lambda stage: stage_merged_release(stage, merged_dir, heads, adapter_dirs, card_text, shared), merged_dir,
+        repo_id,
         private=private, dry_run=dry_run, token=token, commit_message=commit_message, staging_dir=staging_dir,
         endpoint=endpoint,
     )

@@ -35,7 +35,8 @@ from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.utils.own_output import check_own_output
 
 STAGING_MARKER = ".hf_dpmerge-staging"
-# Files of the merged directory that the release replaces or must not carry (the root holds no model).
+# Files of the merged directory that the release replaces or must not carry (the root holds no config.json; its
+# weights, if any, are the encoder the release writes itself).
 _SKIP_MERGED = {"README.md", "config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
 _MODEL_SUFFIXES = (".safetensors", ".bin")
 
@@ -68,8 +69,9 @@ def check_merged_dir(merged_dir: Path) -> None:
 
 
 def _skipped(rel: PurePosixPath) -> bool:
-    """Merged-directory files the release does not take over: hidden ones, and at the root mergekit's card and
-    the model (each task gets its own in ``<task>/``). Only root files are copied: task folders are rebuilt."""
+    """Merged-directory files the release does not take over: hidden ones, and at the root mergekit's card, the
+    config and the model (the release writes the shared encoder or per-task models itself). Only root files are
+    copied: task folders are rebuilt."""
     top = len(rel.parts) == 1
     return any(part.startswith(".") for part in rel.parts) or top and (
         rel.name in _SKIP_MERGED or rel.suffix in _MODEL_SUFFIXES)
@@ -133,12 +135,13 @@ def stage_merged_release(
     heads: Mapping[str, tuple[dict, HeadInfo]],
     adapters: Mapping[str, Path],
     card_text: str,
+    shared_encoder: bool,
 ) -> None:
-    """Fill ``staging_dir`` with the release laid out as above; refuse it if it holds an unlisted file."""
+    """Fill ``staging_dir`` with the release laid out as above; refuse it if it holds an unlisted file.
+    ``shared_encoder`` (:func:`hf_dpmerge.modeling.stock_release.shares_encoder`): the encoder once at the root."""
     from hf_dpmerge.modeling.stock_release import (  # transformers: only when staging
         REMOTE_CODE_FILE,
         SHARED_ENCODER_FILE,
-        shares_encoder,
         write_shared_encoder,
         write_task_head_folder,
         write_task_model,
@@ -147,14 +150,13 @@ def stage_merged_release(
     for source in sorted(merged_dir.iterdir()):
         if source.is_file() and not _skipped(PurePosixPath(source.name)):
             place_file(source, staging_dir / source.name)
-    shared = shares_encoder(merged_dir)
-    if shared:  # the encoder once, at the root; each task folder holds its head and names the root's file
+    if shared_encoder:  # the encoder once, at the root; each task folder holds its head and names the root's file
         write_shared_encoder(merged_dir, staging_dir / SHARED_ENCODER_FILE)
-    for task, (_, info) in heads.items():
+    for task, (head, info) in heads.items():
         task_dir = staging_dir / task
         labels = info.label_names
-        if shared:
-            write_task_head_folder(merged_dir, adapters[task], labels, task_dir, f"../{SHARED_ENCODER_FILE}")
+        if shared_encoder:
+            write_task_head_folder(merged_dir, head, labels, task_dir, f"../{SHARED_ENCODER_FILE}")
         else:
             write_task_model(merged_dir, adapters[task], labels, task_dir)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)

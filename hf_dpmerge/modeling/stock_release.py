@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
@@ -159,25 +160,26 @@ def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike
 
 
 def write_task_head_folder(
-    encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str],
+    encoder_dir: str | os.PathLike, head: Mapping[str, torch.Tensor], label_names: Sequence[str],
     directory: str | os.PathLike, shared_encoder: str,
 ) -> None:
     """A task folder that takes its encoder from ``shared_encoder`` (a path relative to ``directory``): the release
-    config naming it, the adapter's head in ``head.safetensors``, the remote code and the tokenizer. Stock
-    ``from_pretrained(..., trust_remote_code=True)`` loads it as :func:`write_task_model`'s folder."""
+    config naming it, ``head`` (an adapter's :func:`task_head_state`) in ``head.safetensors``, the remote code and
+    the tokenizer. Stock ``from_pretrained(..., trust_remote_code=True)`` loads it as :func:`write_task_model`'s
+    folder."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = stock_config(json.loads((Path(encoder_dir) / "config.json").read_text()), label_names)
     if config.get("model_type") != REMOTE_MODEL_TYPE:
         raise ValueError(f"{encoder_dir} is not a mean-pooling model: its task folders need their own weights")
     config[remote_code.SHARED_ENCODER_KEY] = shared_encoder
-    head = task_head_state(adapter_dir)
-    if sorted(head) != [f"{remote_code.HEAD_PREFIX}bias", f"{remote_code.HEAD_PREFIX}weight"]:
-        raise ValueError(f"adapter {adapter_dir}: its head {sorted(head)} is not a BERT classifier")
-    if head[f"{remote_code.HEAD_PREFIX}weight"].shape[0] != len(label_names):
-        raise ValueError(f"adapter {adapter_dir}: its head has {head[f'{remote_code.HEAD_PREFIX}weight'].shape[0]} "
-                         f"outputs for {len(label_names)} labels")
-    save_file(head, str(directory / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
+    weight, bias = f"{remote_code.HEAD_PREFIX}weight", f"{remote_code.HEAD_PREFIX}bias"
+    if sorted(head) != [bias, weight]:
+        raise ValueError(f"{directory.name}: the head {sorted(head)} is not a BERT classifier")
+    if head[weight].shape[0] != len(label_names):
+        raise ValueError(f"{directory.name}: the head has {head[weight].shape[0]} outputs for {len(label_names)} "
+                         "labels")
+    save_file(dict(head), str(directory / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
     copy_tokenizer(encoder_dir, directory)
