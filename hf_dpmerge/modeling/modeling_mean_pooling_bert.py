@@ -11,8 +11,10 @@ refuse it loudly rather than fall back to [CLS] pooling and compute another func
 
 A merged release stages its encoder once (docs/design.md §10): each ``<task>/`` folder holds the task's
 ``config.json`` with ``shared_encoder_weights`` (the encoder's weights file, relative to the task folder:
-``../model.safetensors``) and its head in ``head.safetensors``. ``from_pretrained`` reads both, from a local
-release or from the Hub repository, and loads them as one state dict; any other checkpoint loads as usual.
+``../model.safetensors``) and its head in ``head.safetensors``; a task adapter's ``base/`` folder takes its encoder
+from the runs' shared base the same way. ``from_pretrained`` reads both, from a local release or from the Hub
+repository, and loads them as one state dict (then the peft adapter an Auto class was pointed at, which
+transformers itself loads only on top of a named checkpoint); any other checkpoint loads as usual.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def release_file(location: str | os.PathLike, subfolder: str, relative: str, hub
         if not os.path.isfile(path):
             raise OSError(
                 f"{path} does not exist: the task folder's config.json takes its encoder from {relative!r} "
-                f"({SHARED_ENCODER_KEY}); download the whole release, not only the task folder"
+                f"({SHARED_ENCODER_KEY}); load it inside the release or runs folder it belongs to (download the whole "
+                "release, not only the task folder)"
             )
         return path
     in_repo = posixpath.normpath(posixpath.join(subfolder, relative))
@@ -90,8 +93,14 @@ class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
         state = {key: value for key, value in encoder.items() if not key.startswith(HEAD_PREFIX)}
         state.update(load_file(release_file(location, subfolder, HEAD_WEIGHTS_FILE, hub)))
         rest = {key: value for key, value in kwargs.items() if key not in (*_HUB_KWARGS, "subfolder", "config")}
+        adapter_kwargs = dict(rest.pop("adapter_kwargs", None) or {})
+        adapter = adapter_kwargs.pop("_adapter_model_path", None)  # Auto classes pointed at a peft adapter
         setattr(config, SHARED_ENCODER_KEY, None)
-        return super().from_pretrained(None, *model_args, config=config, state_dict=state, **rest)
+        model = super().from_pretrained(None, *model_args, config=config, state_dict=state, **rest)
+        if adapter is not None:  # transformers loads an adapter only on top of a named checkpoint: load it here
+            model.load_adapter(adapter, adapter_name=kwargs.get("adapter_name") or "default",
+                               adapter_kwargs=adapter_kwargs)
+        return model
 
     def forward(
         self,

@@ -9,19 +9,23 @@ the training-time class; without it transformers refuses the unknown ``model_typ
 ``label2id`` carry the task's label names. A ``cls``-pooling model is a stock class already and keeps its
 ``model_type``.
 
-A task adapter (``runs/<task>/adapter/``) carries its base for stock loaders in ``adapter/base/``: the
-shared base's weights with the task's head shape and values (public weights plus the head the adapter
-releases anyway) under the release config; ``adapter_config.json``'s ``base_model_name_or_path`` names that
-folder by its path relative to the adapter folder, ``base`` (the shared base has no Hub id, and a path of the
-training machine would not exist where the adapter is downloaded). ``AutoPeftModelForSequenceClassification``
-and ``pipeline(model=".")`` run in the adapter folder load it, then the adapter. (A base inside the adapter
-folder itself would make transformers load the adapter twice.)
+A task adapter (``runs/<task>/adapter/``) names its base for stock loaders in ``adapter/base/``: the task's
+release config (head shape, labels) and its head (the values the adapter releases anyway). For mean pooling the
+encoder is not copied: ``base/config.json`` takes it from the runs' shared base, ``shared_encoder_weights:
+"../../../base/model.safetensors"``, so every task's adapter holds a few hundred KiB and the encoder lives once
+in ``runs/base/``; a [CLS]-pooling base (stock classes, which cannot follow the pointer) is written whole.
+``adapter_config.json``'s ``base_model_name_or_path`` names ``base`` by its path relative to the adapter folder
+(the shared base has no Hub id, and a path of the training machine would not exist where the adapter is
+downloaded). ``AutoPeftModelForSequenceClassification`` and ``pipeline(model=".")`` run in the adapter folder
+load it, then the adapter. (A base inside the adapter folder itself would make transformers load the adapter
+twice.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +38,7 @@ from transformers import PreTrainedModel
 from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+from hf_dpmerge.records.runs_layout import BASE_DIR as RUNS_BASE_DIR
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
@@ -188,10 +193,21 @@ def write_task_head_folder(
 def make_adapter_stock_loadable(
     adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str]
 ) -> None:
-    """Write the stock base into ``adapter_dir/base/`` and point ``base_model_name_or_path`` at it (relative)."""
-    adapter_dir = Path(adapter_dir)
+    """Write ``adapter_dir/base/`` for stock loaders and point ``base_model_name_or_path`` at it (relative): the
+    task's config and head taking the encoder from ``base_dir/model.safetensors`` when ``base_dir`` is the runs'
+    shared base (``<runs>/base/`` beside ``<runs>/<task>/adapter/``) and mean-pools, else ``base_dir``'s weights
+    with the task's head, whole. A ``base/`` left by an earlier release of this adapter is replaced."""
+    adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
     stock_base = adapter_dir / ADAPTER_BASE_DIR
-    save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
-    for directory in (stock_base, adapter_dir):
-        copy_tokenizer(base_dir, directory)
+    if stock_base.is_dir():
+        shutil.rmtree(stock_base)
+    runs_base = adapter_dir.resolve().parent.parent / RUNS_BASE_DIR
+    if (base_dir.resolve() == runs_base and (base_dir / SHARED_ENCODER_FILE).is_file()
+            and shares_encoder(base_dir)):
+        pointer = posixpath.join("..", "..", "..", RUNS_BASE_DIR, SHARED_ENCODER_FILE)
+        write_task_head_folder(base_dir, task_head_state(adapter_dir), label_names, stock_base, pointer)
+    else:
+        save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
+        copy_tokenizer(base_dir, stock_base)
+    copy_tokenizer(base_dir, adapter_dir)
     set_adapter_base(adapter_dir, ADAPTER_BASE_DIR)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,38 +25,40 @@ from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 pytestmark = pytest.mark.slow  # each check loads a release in a fresh interpreter
 
 SPEC = TaskSpec("topics", 3, ("acq", "crude", "earn"), ("text",), "accuracy", "packaged")
+SHARED_BASE, ADAPTER = Path("runs", "base"), Path("runs", "topics", "adapter")  # train_glue.py's runs layout
 
 
 @pytest.fixture(scope="module")
 def released_adapter(tmp_path_factory):
-    """A mean-pooling shared base and a 3-label adapter trained from it, released as train_glue releases it."""
+    """A mean-pooling shared base and a 3-label adapter trained from it, in the runs layout, released as
+    train_glue releases it."""
     root = tmp_path_factory.mktemp("stock")
     tiny_bert().save_pretrained(root / "base")
     base = load_sequence_classifier(root / "base", classifier_pooling="mean")
-    base.save_pretrained(root / "shared_base")
-    tiny_tokenizer().save_pretrained(root / "shared_base")
-    model = lora_sequence_classifier(root / "shared_base", SPEC, r=4, alpha=8, target_modules=["query", "value"])
+    base.save_pretrained(root / SHARED_BASE)
+    tiny_tokenizer().save_pretrained(root / SHARED_BASE)
+    model = lora_sequence_classifier(root / SHARED_BASE, SPEC, r=4, alpha=8, target_modules=["query", "value"])
     torch.manual_seed(3)
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.normal_(0, 0.5)
-    model.save_pretrained(root / "adapter")
-    make_adapter_stock_loadable(root / "adapter", root / "shared_base", SPEC.label_names)
+    model.save_pretrained(root / ADAPTER)
+    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, SPEC.label_names)
     return root
 
 
 def hf_dpmerge_logits(root) -> torch.Tensor:
     """The adapter's logits as hf_dpmerge computes them: shared base + adapter, mean pooling."""
-    base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
-    model = PeftModel.from_pretrained(base, root / "adapter").eval()
+    base = load_sequence_classifier(root / SHARED_BASE, num_labels=3, ignore_mismatched_sizes=True)
+    model = PeftModel.from_pretrained(base, root / ADAPTER).eval()
     with torch.no_grad():
         return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
 
 
 @pytest.mark.parametrize("loader", ["peft", "auto"])
 def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter, loader, tmp_path):
-    answer = load_without_hf_dpmerge(loader, ".", cwd=released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    answer = load_without_hf_dpmerge(loader, ".", cwd=released_adapter / ADAPTER, HF_MODULES_CACHE=str(tmp_path))
     assert "error" not in answer, answer
     torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter),
                                atol=1e-5, rtol=0)
@@ -63,7 +66,7 @@ def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter,
 
 
 def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("pipeline", ".", cwd=released_adapter / "adapter", HF_MODULES_CACHE=str(tmp_path))
+    answer = load_without_hf_dpmerge("pipeline", ".", cwd=released_adapter / ADAPTER, HF_MODULES_CACHE=str(tmp_path))
     assert "error" not in answer, answer
     expected = torch.softmax(hf_dpmerge_logits(released_adapter), dim=-1)
     for scores, probabilities in zip(answer["pipeline"], expected):
@@ -74,13 +77,13 @@ def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
 
 
 def test_adapter_without_remote_code_is_refused_not_misread(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("no_remote_code", ".", cwd=released_adapter / "adapter",
+    answer = load_without_hf_dpmerge("no_remote_code", ".", cwd=released_adapter / ADAPTER,
                                      HF_MODULES_CACHE=str(tmp_path))
     assert "trust_remote_code" in answer.get("error", ""), answer
 
 
 def test_adapter_base_is_named_relative_to_the_adapter(released_adapter):
-    adapter = released_adapter / "adapter"
+    adapter = released_adapter / ADAPTER
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "base"  # no path of the training machine (it would not exist
     # where the adapter is downloaded)
@@ -88,6 +91,35 @@ def test_adapter_base_is_named_relative_to_the_adapter(released_adapter):
     model_config = json.loads((adapter / "base" / "config.json").read_text())
     assert model_config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_mean_pooling_bert.")
     assert "hf_dpmerge" not in (adapter / "base" / REMOTE_CODE_FILE).read_text().split('"""', 2)[2]
+
+
+def test_adapter_base_takes_the_encoder_from_the_runs_shared_base(released_adapter, tmp_path):
+    """The adapter's base/ holds the task's config and head only; the encoder is read from <runs>/base/ (a
+    relative path, once for every task). A copy of the adapter folder alone is refused by name; a base outside
+    the runs layout is written whole and loads the same."""
+    from safetensors.torch import load_file
+
+    adapter = released_adapter / ADAPTER
+    stock_base = adapter / "base"
+    assert sorted(p.name for p in stock_base.glob("*.safetensors")) == ["head.safetensors"]
+    assert json.loads((stock_base / "config.json").read_text())["shared_encoder_weights"] == \
+        "../../../base/model.safetensors"
+    head, saved = load_file(stock_base / "head.safetensors"), task_head_state(adapter)
+    assert sorted(head) == sorted(saved) and all(torch.equal(head[k], saved[k]) for k in head)
+
+    alone = tmp_path / "alone" / "adapter"
+    shutil.copytree(adapter, alone)
+    answer = load_without_hf_dpmerge("peft", ".", cwd=alone, HF_MODULES_CACHE=str(tmp_path / "m1"))
+    assert "shared_encoder_weights" in answer.get("error", "") and "base/model.safetensors" in answer["error"], answer
+
+    elsewhere = tmp_path / "elsewhere" / "adapter"
+    shutil.copytree(adapter, elsewhere)
+    make_adapter_stock_loadable(elsewhere, released_adapter / SHARED_BASE, SPEC.label_names)
+    whole = elsewhere / "base"
+    assert (whole / "model.safetensors").is_file() and not (whole / "head.safetensors").exists()
+    answer = load_without_hf_dpmerge("peft", ".", cwd=elsewhere, HF_MODULES_CACHE=str(tmp_path / "m2"))
+    assert "error" not in answer, answer
+    torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter), atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +130,14 @@ def hub_release(released_adapter, tmp_path_factory, make_record):
     from hf_dpmerge.hub.push import push_merged_model
 
     root = released_adapter
-    make_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / "adapter")
-    base = load_sequence_classifier(root / "shared_base", num_labels=3, ignore_mismatched_sizes=True)
-    merged = PeftModel.from_pretrained(base, root / "adapter").merge_and_unload()
+    make_record("topics", extra={"label_names": list(SPEC.label_names)}).save(root / ADAPTER)
+    base = load_sequence_classifier(root / SHARED_BASE, num_labels=3, ignore_mismatched_sizes=True)
+    merged = PeftModel.from_pretrained(base, root / ADAPTER).merge_and_unload()
     merged.save_pretrained(root / "merged")
     tiny_tokenizer().save_pretrained(root / "merged")
     (root / "merged" / "mergekit_config.yml").write_text("merge_method: dp_aware\n")
     with serving_loopback_hub() as hub:
-        push_merged_model(root / "merged", "alice/m", adapters={"topics": root / "adapter"}, token=hub.token,
+        push_merged_model(root / "merged", "alice/m", adapters={"topics": root / ADAPTER}, token=hub.token,
                           endpoint=hub.url)
         files = hub.repos["alice/m"].files
     download = tmp_path_factory.mktemp("download")
@@ -118,7 +150,7 @@ def hub_release(released_adapter, tmp_path_factory, make_record):
 def merged_task_logits(root) -> torch.Tensor:
     """The merged model's logits for the task as hf-dpmerge evaluate computes them: merged encoder + head."""
     model = load_sequence_classifier(root / "merged", num_labels=3, ignore_mismatched_sizes=True).eval()
-    attach_head(model, task_head_state(root / "adapter"))
+    attach_head(model, task_head_state(root / ADAPTER))
     with torch.no_grad():
         return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
 
@@ -148,7 +180,7 @@ def test_hub_release_stages_the_encoder_once_and_each_task_its_head(released_ada
     merged = load_file(released_adapter / "merged" / "model.safetensors")
     assert all(torch.equal(encoder[k], merged[k]) for k in encoder) and len(encoder) == len(merged) - 2
     head = load_file(hub_release / "topics" / "head.safetensors")
-    saved = task_head_state(released_adapter / "adapter")
+    saved = task_head_state(released_adapter / ADAPTER)
     assert sorted(head) == ["classifier.bias", "classifier.weight"]
     assert all(torch.equal(head[k], saved[k]) for k in head)
     config = json.loads((hub_release / "topics" / "config.json").read_text())
