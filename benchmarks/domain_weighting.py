@@ -4,7 +4,8 @@ For each target weight w the adapters are merged by weighted task arithmetic (or
 ``weight: w`` and every other task with ``weight: 1`` — W = W₀ + λ·(w·τ_target + Σ_others τ_i), λ from
 ``merge_configs/`` (0.3) — through ``hf-dpmerge merge`` (mergekit-yaml). Each merge is scored with every task's
 own head on a seeded stratified subset of the task's VALIDATION split (``--max_samples``, default 500): the
-weight is a choice, so it is never read off test data. Prints a markdown table and writes
+weight is a choice, so it is never read off test data. Prints a markdown table and the target's least-squares
+slope (accuracy points per unit of weight, with its standard error over the swept weights) and writes
 ``<output_dir>/results.json``, ``domain_weighting.png`` and each weight's config.
 
     python benchmarks/domain_weighting.py --runs runs --target rotten_tomatoes --weights 0,0.5,1,2,3
@@ -89,7 +90,22 @@ def table(rows: list[dict], tasks: list[str], target: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], tasks: list[str], target: str, path: Path) -> None:
+def target_slope(rows: list[dict], target: str) -> tuple[float, float]:
+    """Least-squares slope of the target's accuracy (points) on its weight, and its standard error:
+    b = Σ(w − w̄)(a − ā)/Σ(w − w̄)², SE = √(Σ residual²/(k − 2) / Σ(w − w̄)²) over the k swept weights."""
+    weights = [row["weight"] for row in rows]
+    points = [100 * row["tasks"][target]["merged"] for row in rows]
+    k = len(weights)
+    mean_w, mean_a = sum(weights) / k, sum(points) / k
+    spread = sum((w - mean_w) ** 2 for w in weights)
+    if k < 3 or spread == 0:
+        raise ValueError("the slope needs at least three different --weights")
+    slope = sum((w - mean_w) * (a - mean_a) for w, a in zip(weights, points)) / spread
+    residual = sum((a - mean_a - slope * (w - mean_w)) ** 2 for w, a in zip(weights, points))
+    return slope, (residual / (k - 2) / spread) ** 0.5
+
+
+def plot(rows: list[dict], tasks: list[str], target: str, method: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,7 +118,7 @@ def plot(rows: list[dict], tasks: list[str], target: str, path: Path) -> None:
         ax.plot(weights, [100 * row["tasks"][task]["merged"] for row in rows], marker="o", label=task, **style)
     ax.set_xlabel(f"merge weight of {target} (others 1)")
     ax.set_ylabel("validation accuracy of the merged model (%)")
-    ax.set_title("Domain weighting: weighted task arithmetic", fontsize=10)
+    ax.set_title(f"Domain weighting: weighted {method}", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -114,11 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = sweep(args)
+    slope, error = target_slope(rows, args.target) if len({row["weight"] for row in rows}) >= 3 else (None, None)
     (out / "results.json").write_text(json.dumps({
         "command": " ".join(sys.argv), "split": SPLIT, "max_samples": args.max_samples, "method": args.method,
-        "target": args.target, "tasks": args.task_list, "rows": rows}, indent=2) + "\n")
-    plot(rows, args.task_list, args.target, out / "domain_weighting.png")
+        "target": args.target, "tasks": args.task_list, "rows": rows,
+        "target_slope": slope, "target_slope_se": error}, indent=2) + "\n")
+    plot(rows, args.task_list, args.target, args.method, out / "domain_weighting.png")
     print(table(rows, args.task_list, args.target))
+    if slope is not None:
+        print(f"\n{args.target}: {slope:+.2f} accuracy points per unit of weight (SE {error:.2f}, "
+              f"least squares over {len(rows)} weights)")
     print(f"\nsaved {out / 'results.json'} and {out / 'domain_weighting.png'}")
     return 0
 

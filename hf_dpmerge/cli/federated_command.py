@@ -3,7 +3,9 @@
 K clients hold disjoint shards of a task's training split. Each round every client is sampled with
 probability --client_sample_rate (Poisson); a sampled client runs --local_steps DP-SGD steps (Poisson
 batches of expected size --batch_size) from the global adapter on its own shard and sends back its LoRA
-factors and head. The server aggregates them (--aggregation fedavg | task_arithmetic | dp_aware) and, with
+factors and head. The server (--server_strategy: Flower's fedavg, fedprox with the clients' proximal term
+--proximal_mu, or fedadam's server Adam step) aggregates them (--aggregation fedavg | task_arithmetic |
+dp_aware | ties | dare) and, with
 --client_noise_multiplier, adds client-level DP: each client's update is clipped to --client_clip_norm S,
 N(0, z²S²) is added to the sum, which is divided by the expected number of sampled clients.
 Client-level δ defaults to 1/(100·K); δ ≥ 1/K needs --allow_large_client_delta.
@@ -55,7 +57,8 @@ def federated_arguments() -> type:
     """The federation's flags as a dataclass (with :class:`TaskArguments` and :class:`LoraArguments`, what
     ``HfArgumentParser`` parses); the client's DP-SGD flags share ``DPSAMConfig``'s fields."""
 
-    from hf_dpmerge.federated.aggregation import AGGREGATIONS, DEFAULT_TIES_DENSITY
+    from hf_dpmerge.federated.aggregation import AGGREGATIONS, DEFAULT_DARE_DENSITY, DEFAULT_TIES_DENSITY
+    from hf_dpmerge.federated.strategy import DEFAULT_SERVER_ETA, DEFAULT_SERVER_TAU, SERVER_STRATEGIES
 
     @dataclass
     class FederatedArguments:
@@ -80,10 +83,19 @@ def federated_arguments() -> type:
         sam_rho: float = _as_training("sam_rho", 0.05)
         align_lambda: float = _as_training("align_lambda", 0.05)
         max_eval_samples: int | None = _flag(None, "Evaluate on a seeded stratified subset of this size.")
+        server_strategy: str = _flag("fedavg", "Flower's strategy: fedavg; fedprox (each client adds "
+                                     "(μ/2)·‖θ − θ_global‖², --proximal_mu); fedadam (Flower's server Adam step "
+                                     "on the FedAvg mean: --aggregation fedavg, no client-level DP).",
+                                     choices=tuple(SERVER_STRATEGIES))
+        proximal_mu: float = _flag(0.0, "μ of fedprox's proximal term (data-free: added after the noise).")
+        server_eta: float = _flag(DEFAULT_SERVER_ETA, "η, fedadam's server learning rate.")
+        server_tau: float = _flag(DEFAULT_SERVER_TAU, "τ, fedadam's adaptivity (added to √v).")
         aggregation: str = _flag("fedavg", "fedavg: Flower's weighted mean; task_arithmetic: θ + λ·mean update; "
                                  "dp_aware: SURE-denoised updates, random-effects weights; ties: θ + λ·TIES of the "
-                                 "updates (not under client-level DP).", choices=AGGREGATIONS)
+                                 "updates (not under client-level DP); dare: θ + λ·mean of the updates, each "
+                                 "coordinate kept with probability --dare_density and rescaled.", choices=AGGREGATIONS)
         ties_density: float = _flag(DEFAULT_TIES_DENSITY, "Share of each update TIES keeps (largest magnitudes).")
+        dare_density: float = _flag(DEFAULT_DARE_DENSITY, "Probability DARE keeps a coordinate of an update.")
         server_learning_rate: float = _flag(1.0, "λ of task_arithmetic and dp_aware.")
         client_sample_rate: float = _flag(1.0, "q, Poisson client sampling.")
         client_noise_multiplier: float | None = _flag(None, "z: turn on client-level DP at the server (noise "
@@ -166,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     server = ServerSettings(
         aggregation=fed.aggregation, server_learning_rate=fed.server_learning_rate,
         client_sample_rate=fed.client_sample_rate, client_dp=client_dp, concurrent_clients=fed.concurrent_clients,
-        ties_density=fed.ties_density,
+        ties_density=fed.ties_density, dare_density=fed.dare_density, server_strategy=fed.server_strategy,
+        proximal_mu=fed.proximal_mu, server_eta=fed.server_eta, server_tau=fed.server_tau,
     )
     summary = run_federated(setup, server, fed.output_dir, overwrite=fed.overwrite)
     print(format_guarantee(summary))

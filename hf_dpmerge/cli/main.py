@@ -11,6 +11,7 @@ VERBS: dict[str, str] = {
     "train": "hf_dpmerge.cli.train_command",
     "merge": "hf_dpmerge.cli.merge_command",
     "evaluate": "hf_dpmerge.cli.evaluate_command",
+    "probe": "hf_dpmerge.cli.probe_command",
     "diagnose": "hf_dpmerge.cli.diagnose_command",
     "push": "hf_dpmerge.cli.push_command",
     "audit": "hf_dpmerge.cli.audit_command",

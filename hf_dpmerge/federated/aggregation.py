@@ -11,13 +11,17 @@ per-tensor kernels of :mod:`hf_dpmerge.merging.dp_aware` apply to it as to a tas
 - ``ties``: θ_g + λ·TIES(Δ_1…Δ_K) (Yadav et al., NeurIPS 2023 §3): each Δ_k trimmed to its ``density`` share
   of largest magnitudes, a sign elected per coordinate by the sum of the trimmed updates, and the mean of the
   entries that agree with it (mergekit's ``sparsify`` and ``get_mask``). Not under client-level DP: the sign
-  election compares clients coordinate by coordinate, so no clipped sum bounds one client's influence.
+  election compares clients coordinate by coordinate, so no clipped sum bounds one client's influence;
+- ``dare``: θ_g + λ·Σ_k DARE(Δ_k)/K (Yu et al., ICML 2024 §3): each coordinate of each Δ_k kept with
+  probability ``density`` (the server's seeded generator) and rescaled by 1/density, E[DARE(Δ)] = Δ. One
+  client's update is transformed on its own, so under client-level DP DARE(Δ_k) is clipped and noised like
+  Δ_k. The rescaling also multiplies the client's own DP noise by 1/density on the kept coordinates.
 
 With client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
-θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic) or its
-SURE-denoised estimate (dp_aware: a per-client post-processing of the client's own release). Weights that
-depend on the clients' data (num-examples, random effects) would leave the sensitivity unbounded, so
-they are replaced by the uniform, clipped sum.
+θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic), its
+SURE-denoised estimate (dp_aware) or DARE(Δ_k) (dare): per-client post-processing of the client's own
+release. Weights that depend on the clients' data (num-examples, random effects) would leave the sensitivity
+unbounded, so they are replaced by the uniform, clipped sum.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from hf_dpmerge.merging.dp_aware import dp_aware_merge
 from hf_dpmerge.merging.noise_variance import record_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 
-AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "ties")
-PRIVATE_AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware")  # those a client-level mechanism can release
+AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "ties", "dare")
+PRIVATE_AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "dare")  # what a client-level mechanism can release
 DEFAULT_TIES_DENSITY = 0.2
+DEFAULT_DARE_DENSITY = 0.5
 HEAD_MARKER = ".modules_to_save."
 
 State = Mapping[str, torch.Tensor]
@@ -73,14 +78,23 @@ def ties_update(deltas: Sequence[torch.Tensor], density: float) -> torch.Tensor:
     return (trimmed * agree).sum(0) / agree.sum(0).clamp(min=1)
 
 
+def dare_update(delta: torch.Tensor, density: float, generator: torch.Generator) -> torch.Tensor:
+    """DARE(Δ) = m ⊙ Δ / density, m_i ~ Bernoulli(density) drawn from ``generator`` (unbiased: E = Δ)."""
+    keep = torch.rand(delta.shape, generator=generator) < density
+    return torch.where(keep, delta.float() / density, torch.zeros((), dtype=torch.float32))
+
+
 def merge_updates(
     global_state: State, updates: Sequence[ClientUpdate], *, method: str, server_learning_rate: float,
-    density: float = DEFAULT_TIES_DENSITY,
+    density: float = DEFAULT_TIES_DENSITY, generator: torch.Generator | None = None,
 ) -> dict[str, torch.Tensor]:
     """The new global state from the sampled clients' states (no client-level DP), ``task_arithmetic``,
-    ``dp_aware`` or ``ties`` (at ``density``); ``fedavg`` is Flower's aggregation."""
-    if method not in ("task_arithmetic", "dp_aware", "ties"):
-        raise ValueError(f"merge_updates handles task_arithmetic, dp_aware and ties, not {method!r}")
+    ``dp_aware``, ``ties`` (at ``density``) or ``dare`` (at ``density``, drawn from ``generator``); ``fedavg``
+    is Flower's aggregation."""
+    if method not in ("task_arithmetic", "dp_aware", "ties", "dare"):
+        raise ValueError(f"merge_updates handles task_arithmetic, dp_aware, ties and dare, not {method!r}")
+    if method == "dare" and generator is None:
+        raise ValueError("dare needs the server's generator (its drops are random)")
     _check_states(global_state, updates)
     if not updates:
         return dict(global_state)
@@ -88,6 +102,10 @@ def merge_updates(
         return {name: (base.float() + server_learning_rate * ties_update(
                     [u.state[name].float() - base.float() for u in updates], density)).to(base.dtype)
                 for name, base in global_state.items()}
+    if method == "dare":
+        contributions = [client_contribution(global_state, u, method, density, generator) for u in updates]
+        return {name: (base.float() + server_learning_rate * torch.stack([c[name] for c in contributions]).mean(0)
+                       ).to(base.dtype) for name, base in global_state.items()}
     weights = [1.0 / len(updates)] * len(updates)
     merged = {}
     for name, base in global_state.items():
@@ -99,12 +117,16 @@ def merge_updates(
     return merged
 
 
-def client_contribution(global_state: State, update: ClientUpdate, method: str) -> dict[str, torch.Tensor]:
-    """u_k: Δ_k, or for ``dp_aware`` its SURE-denoised estimate (the kernel applied to one input)."""
+def client_contribution(global_state: State, update: ClientUpdate, method: str, density: float = 1.0,
+                        generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """u_k: Δ_k, for ``dp_aware`` its SURE-denoised estimate (the kernel applied to one input), for ``dare``
+    DARE(Δ_k) at ``density`` (drawn from ``generator``)."""
     contribution = {}
     for name, base in global_state.items():
         delta = update.state[name].float() - base.float()
-        if method == "dp_aware":
+        if method == "dare":
+            delta = dare_update(delta, density, generator)
+        elif method == "dp_aware":
             variance = tensor_noise_variance(update.record, name)
             delta = dp_aware_merge(torch.zeros_like(delta), [delta], [variance], weights=[1.0], lam=1.0,
                                    shrinkage="soft_threshold")
@@ -120,14 +142,16 @@ def private_aggregate(
     server_learning_rate: float,
     client_dp: ClientLevelDP,
     generator: torch.Generator,
+    density: float = DEFAULT_DARE_DENSITY,
 ) -> dict[str, torch.Tensor]:
-    """θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K): one round of the client-level Gaussian mechanism."""
+    """θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K): one round of the client-level Gaussian mechanism
+    (``density``: DARE's, for ``dare``)."""
     if method not in PRIVATE_AGGREGATIONS:
         raise ValueError(f"under client-level DP the aggregation must be one of {PRIVATE_AGGREGATIONS}, got "
                          f"{method!r}")
     _check_states(global_state, updates)
     mean = private_mean_update(
-        [client_contribution(global_state, u, method) for u in updates],
+        [client_contribution(global_state, u, method, density, generator) for u in updates],
         global_state,
         clip_norm=client_dp.clip_norm,
         noise_multiplier=client_dp.noise_multiplier,

@@ -34,8 +34,10 @@ from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 PRIVACY_RECORD_KEY = "privacy-record"
 
 
-def train_client(setup: FederatedSetup, client: int, global_state: dict, server_round: int) -> RecordDict:
-    """Train client ``client`` for one round from ``global_state``; its reply content."""
+def train_client(setup: FederatedSetup, client: int, global_state: dict, server_round: int,
+                 proximal_mu: float = 0.0) -> RecordDict:
+    """Train client ``client`` for one round from ``global_state`` (with FedProx's term at ``proximal_mu``, the
+    round config's ``proximal-mu``); its reply content."""
     _, spec, tokenizer = task_data(setup)
     shard = client_shard(setup, client)
     model = setup.model(spec)
@@ -60,6 +62,7 @@ def train_client(setup: FederatedSetup, client: int, global_state: dict, server_
             sam_mode=setup.sam_mode,
             sam_rho=setup.sam_rho,
             align_lambda=setup.align_lambda,
+            proximal_mu=proximal_mu,
             dp_seed=dp_seed,
             seed=setup.seed + server_round,
             save_strategy="no",
@@ -87,8 +90,10 @@ def build_client_app(setup: FederatedSetup) -> ClientApp:
     @app.train()
     def train(message: Message, context: Context) -> Message:
         client = int(context.node_config["partition-id"])
-        server_round = int(message.content["config"]["server-round"])
+        config = message.content["config"]
         global_state = message.content["arrays"].to_torch_state_dict()
-        return Message(content=train_client(setup, client, global_state, server_round), reply_to=message)
+        content = train_client(setup, client, global_state, int(config["server-round"]),
+                               float(config.get("proximal-mu", 0.0)))
+        return Message(content=content, reply_to=message)
 
     return app

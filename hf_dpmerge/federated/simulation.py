@@ -27,7 +27,7 @@ from flwr.simulation import run_simulation
 
 from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.data import compute_metrics, predictions_from_logits
-from hf_dpmerge.federated.aggregation import DEFAULT_TIES_DENSITY
+from hf_dpmerge.federated.aggregation import DEFAULT_DARE_DENSITY, DEFAULT_TIES_DENSITY
 from hf_dpmerge.federated.client import build_client_app
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
 from hf_dpmerge.federated.federation import (
@@ -38,7 +38,12 @@ from hf_dpmerge.federated.federation import (
     trainable_state,
 )
 from hf_dpmerge.federated.guarantee import client_example_level, federated_guarantee, released_guarantee
-from hf_dpmerge.federated.strategy import FederatedDPStrategy
+from hf_dpmerge.federated.strategy import (
+    DEFAULT_SERVER_ETA,
+    DEFAULT_SERVER_TAU,
+    SERVER_STRATEGIES,
+    FederatedDPStrategy,
+)
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
@@ -53,7 +58,8 @@ FEDERATED_RECORD_NAME = "federated_privacy.json"
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """The server's choices: aggregation, server learning rate λ, client sample rate q, client-level DP."""
+    """The server's choices: Flower strategy (``fedavg``, ``fedprox`` with μ, ``fedadam`` with η and τ),
+    aggregation, server learning rate λ, client sample rate q, client-level DP."""
 
     aggregation: str = "fedavg"
     server_learning_rate: float = 1.0
@@ -61,6 +67,26 @@ class ServerSettings:
     client_dp: ClientLevelDP | None = None
     concurrent_clients: int = 1
     ties_density: float = DEFAULT_TIES_DENSITY
+    dare_density: float = DEFAULT_DARE_DENSITY
+    server_strategy: str = "fedavg"
+    proximal_mu: float = 0.0
+    server_eta: float = DEFAULT_SERVER_ETA
+    server_tau: float = DEFAULT_SERVER_TAU
+
+    def strategy(self, generator: torch.Generator) -> FederatedDPStrategy:
+        """The Flower strategy these settings describe (errors name the flag to change)."""
+        if self.server_strategy not in SERVER_STRATEGIES:
+            raise ValueError(f"--server_strategy must be one of {sorted(SERVER_STRATEGIES)}, got "
+                             f"{self.server_strategy!r}")
+        if self.proximal_mu and self.server_strategy != "fedprox":
+            raise ValueError("--proximal_mu is FedProx's: pass --server_strategy fedprox with it")
+        options = {"fedprox": {"proximal_mu": self.proximal_mu},
+                   "fedadam": {"eta": self.server_eta, "tau": self.server_tau}}.get(self.server_strategy, {})
+        return SERVER_STRATEGIES[self.server_strategy](
+            aggregation=self.aggregation, client_sample_rate=self.client_sample_rate,
+            server_learning_rate=self.server_learning_rate, client_dp=self.client_dp, generator=generator,
+            ties_density=self.ties_density, dare_density=self.dare_density, **options,
+        )
 
 
 def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, split: str) -> dict[str, float]:
@@ -113,11 +139,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     generator = torch.Generator()
     seed = setup.dp_seed if setup.dp_seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
     generator.manual_seed(seed)
-    strategy = FederatedDPStrategy(
-        aggregation=server.aggregation, client_sample_rate=server.client_sample_rate,
-        server_learning_rate=server.server_learning_rate, client_dp=server.client_dp, generator=generator,
-        ties_density=server.ties_density,
-    )
+    strategy = server.strategy(generator)
     _, spec, _ = task_data(setup)
     for client in range(setup.num_clients):  # every shard fits the batch: refuse here, not inside a client
         client_shard(setup, client)

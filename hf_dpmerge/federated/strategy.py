@@ -1,5 +1,12 @@
 """The Flower strategy: Poisson client sampling, aggregation by FedAvg or a merge kernel, optional
-client-level DP, and a ledger of every client's privacy records and every round's client-level step."""
+client-level DP, and a ledger of every client's privacy records and every round's client-level step.
+
+Built on Flower's own strategies (``SERVER_STRATEGIES``): :class:`FederatedDPStrategy` on ``FedAvg``;
+:class:`FederatedDPFedProx` on ``FedProx`` (Li et al., MLSys 2020: the round's config carries ``proximal-mu``
+and each client adds (μ/2)·‖θ − θ_g‖² to its objective, ``DPSAMConfig.proximal_mu``: data-free, so any
+aggregation and client-level DP still apply); :class:`FederatedDPFedAdam` on ``FedAdam`` (Reddi et al., ICLR
+2021: Flower's server Adam step on the FedAvg mean of the replies, so only with ``fedavg`` and without
+client-level DP, whose noisy mean Flower's step does not see)."""
 
 from __future__ import annotations
 
@@ -18,10 +25,12 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx
+from flwr.serverapp.strategy.fedopt import FedOpt
 
 from hf_dpmerge.federated.aggregation import (
     AGGREGATIONS,
+    DEFAULT_DARE_DENSITY,
     DEFAULT_TIES_DENSITY,
     PRIVATE_AGGREGATIONS,
     ClientUpdate,
@@ -31,6 +40,9 @@ from hf_dpmerge.federated.aggregation import (
 from hf_dpmerge.federated.client import PRIVACY_RECORD_KEY
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP, sample_clients
 from hf_dpmerge.records.record import PrivacyRecord
+
+DEFAULT_SERVER_ETA = 1e-2  # FedAdam's server step η: a LoRA factor moves ≈ 1e-2 per round of 5 client steps
+DEFAULT_SERVER_TAU = 1e-3  # FedAdam's τ, Flower's default
 
 
 class FederatedDPStrategy(FedAvg):
@@ -50,8 +62,11 @@ class FederatedDPStrategy(FedAvg):
         client_dp: ClientLevelDP | None,
         generator: torch.Generator,
         ties_density: float = DEFAULT_TIES_DENSITY,
+        dare_density: float = DEFAULT_DARE_DENSITY,
+        **flower_options: float,
     ) -> None:
-        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=1)
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_available_nodes=1,
+                         **flower_options)
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"--aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
@@ -64,6 +79,8 @@ class FederatedDPStrategy(FedAvg):
                              f"compares clients coordinate by coordinate): use one of {PRIVATE_AGGREGATIONS}")
         if not 0 < ties_density <= 1:
             raise ValueError(f"--ties_density must be in (0, 1], got {ties_density}")
+        if not 0 < dare_density <= 1:
+            raise ValueError(f"--dare_density must be in (0, 1], got {dare_density}")
         if client_dp is not None and client_dp.sample_rate != client_sample_rate:
             raise ValueError("the client-level mechanism must be accounted at the client sample rate")
         self.aggregation = aggregation
@@ -72,6 +89,7 @@ class FederatedDPStrategy(FedAvg):
         self.client_dp = client_dp
         self.generator = generator
         self.ties_density = ties_density
+        self.dare_density = dare_density
         self.records: dict[int, list[PrivacyRecord]] = defaultdict(list)
         self.sampled: dict[int, list[int]] = {}
         self._global: dict[str, torch.Tensor] = {}
@@ -83,6 +101,10 @@ class FederatedDPStrategy(FedAvg):
         nodes = sorted(grid.get_node_ids())
         chosen = sample_clients(nodes, self.client_sample_rate, self.generator)
         config["server-round"] = server_round
+        if isinstance(self, FedProx):  # what FedProx.configure_train sends, with this strategy's own sampling
+            config["proximal-mu"] = self.proximal_mu
+        if isinstance(self, FedOpt):  # what FedOpt.configure_train keeps: the state its server step starts from
+            self.current_arrays = {name: array.numpy() for name, array in arrays.items()}
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(content, chosen, MessageType.TRAIN)
 
@@ -95,6 +117,12 @@ class FederatedDPStrategy(FedAvg):
             reasons = "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed)
             raise RuntimeError(f"round {server_round}: {len(failed)} client(s) failed: {reasons}")
         updates = [self._client_update(message) for message in valid]
+        if isinstance(self, FedProx):  # the proximal term is the clients' to apply: check that they did
+            for update in updates:
+                if update.record.extra.get("proximal_mu", 0.0) != self.proximal_mu:
+                    raise RuntimeError(f"round {server_round}: client {update.client} trained with proximal_mu "
+                                       f"{update.record.extra.get('proximal_mu', 0.0)}, not the round's "
+                                       f"{self.proximal_mu}")
         self.sampled[server_round] = sorted(u.client for u in updates)
         for update in updates:
             self.records[update.client].append(update.record)
@@ -104,17 +132,18 @@ class FederatedDPStrategy(FedAvg):
         if self.client_dp is not None:  # a round with no sampled client is a noise-only step
             state = private_aggregate(
                 self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
-                client_dp=self.client_dp, generator=self.generator,
+                client_dp=self.client_dp, generator=self.generator, density=self.dare_density,
             )
             return ArrayRecord(state), metrics
         if not updates:
             return None, metrics
-        if self.aggregation == "fedavg":
+        if self.aggregation == "fedavg":  # Flower's: FedAvg's weighted mean (FedAdam: then its server step)
             arrays, _ = super().aggregate_train(server_round, valid)
-            return arrays, metrics
+            state = arrays.to_torch_state_dict()  # in the global state's dtypes (FedAdam's step is float64)
+            return ArrayRecord({name: state[name].to(self._global[name].dtype) for name in state}), metrics
         state = merge_updates(
             self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
-            density=self.ties_density,
+            density=self.dare_density if self.aggregation == "dare" else self.ties_density, generator=self.generator,
         )
         return ArrayRecord(state), metrics
 
@@ -129,3 +158,31 @@ class FederatedDPStrategy(FedAvg):
             client=client, state=message.content["arrays"].to_torch_state_dict(),
             num_examples=int(metrics["num-examples"]), record=record,
         )
+
+
+class FederatedDPFedProx(FederatedDPStrategy, FedProx):
+    """:class:`FederatedDPStrategy` on Flower's ``FedProx``: every round's config carries ``proximal-mu``."""
+
+    def __init__(self, *, proximal_mu: float, **settings) -> None:
+        if not (math.isfinite(proximal_mu) and proximal_mu > 0):
+            raise ValueError(f"--proximal_mu must be a finite number > 0 with --server_strategy fedprox, got "
+                             f"{proximal_mu}")
+        super().__init__(proximal_mu=proximal_mu, **settings)
+
+
+class FederatedDPFedAdam(FederatedDPStrategy, FedAdam):
+    """:class:`FederatedDPStrategy` on Flower's ``FedAdam``: its server Adam step (η = ``eta``, τ = ``tau``) on
+    the FedAvg mean of the sampled clients."""
+
+    def __init__(self, *, eta: float, tau: float, **settings) -> None:
+        if settings.get("aggregation") != "fedavg" or settings.get("client_dp") is not None:
+            raise ValueError("--server_strategy fedadam takes Flower's server Adam step on FedAvg's mean of the "
+                             "replies: use it with --aggregation fedavg and without --client_noise_multiplier")
+        if not (math.isfinite(eta) and eta > 0 and math.isfinite(tau) and tau > 0):
+            raise ValueError(f"--server_eta and --server_tau must be finite numbers > 0, got {eta} and {tau}")
+        super().__init__(eta=eta, tau=tau, **settings)
+
+
+SERVER_STRATEGIES: dict[str, type[FederatedDPStrategy]] = {
+    "fedavg": FederatedDPStrategy, "fedprox": FederatedDPFedProx, "fedadam": FederatedDPFedAdam,
+}

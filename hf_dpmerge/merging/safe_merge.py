@@ -13,13 +13,24 @@ within each tensor** instead (docs/design.md §13). Entries tied at t_p are kept
 unwanted model left unchanged (risk ≡ 0) receives the useful task vectors in full; ``percentile: 100`` is
 plain task arithmetic of the useful inputs; the unwanted task vector itself is never added. To also
 subtract it, use task negation (``merge_configs/negation.yaml``).
+
+``projection: away`` / ``onto`` replaces the mask by a Safe-LoRA-style subspace projection (Hsu et al.,
+NeurIPS 2024, §3, with an orthogonal projector): P = U·Uᵀ, U an orthonormal basis of the column space of the
+marked inputs' task vectors [τ_u1 … τ_uk] (their output directions; for a 1-D tensor the span of the τ_u),
+from an SVD keeping singular values above 1e-5 of the largest, and
+
+    away:  W = W_0 + scale · (I − P) · Σ_{i∉U} weight_i · τ_i      (remove what writes into the marked outputs)
+    onto:  W = W_0 + scale · P · Σ_{i∉U} weight_i · τ_i            (Safe LoRA: mark the "aligned − base" model)
+
+A tensor the marked inputs left unchanged has P = 0: ``away`` keeps the useful vectors whole there, ``onto``
+adds nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from mergekit.merge_methods import register, registered_methods
@@ -36,6 +47,8 @@ from hf_dpmerge.merging.inputs import input_settings
 from hf_dpmerge.merging.validation import check_parameter_keys
 
 Percentile = Annotated[float, Field(ge=0, le=100)]
+Projection = Literal["none", "away", "onto"]
+SUBSPACE_RTOL = 1e-5  # singular values below this share of the largest are numerical rank, not direction
 
 
 def percentile_threshold(values: torch.Tensor, percentile: float) -> torch.Tensor:
@@ -48,6 +61,24 @@ def percentile_threshold(values: torch.Tensor, percentile: float) -> torch.Tenso
     return flat.kthvalue(min(rank, flat.numel())).values
 
 
+def subspace_basis(vectors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An orthonormal basis U (columns) of the column space of the task vectors (their rows' span for 1-D
+    tensors): the left singular vectors of [τ_1 … τ_k] with singular value > SUBSPACE_RTOL·σ_max (no columns
+    when every τ is 0)."""
+    stacked = torch.cat([v.reshape(v.shape[0], -1) if v.ndim > 1 else v.reshape(-1, 1) for v in vectors], dim=1)
+    left, singular, _ = torch.linalg.svd(stacked.double(), full_matrices=False)
+    if singular.numel() == 0 or singular[0] == 0:
+        return left[:, :0]
+    return left[:, singular > SUBSPACE_RTOL * singular[0]]
+
+
+def project(delta: torch.Tensor, basis: torch.Tensor, projection: str) -> torch.Tensor:
+    """P·δ (``onto``) or (I − P)·δ (``away``), P = U·Uᵀ acting on δ's first axis (a 1-D δ as one column)."""
+    matrix = delta.reshape(delta.shape[0], -1) if delta.ndim > 1 else delta.reshape(-1, 1)
+    inside = (basis @ (basis.T @ matrix.double())).to(matrix.dtype)
+    return (inside if projection == "onto" else matrix - inside).reshape(delta.shape)
+
+
 def safe_merge_tensor(
     base: torch.Tensor,
     useful: Sequence[torch.Tensor],
@@ -56,16 +87,21 @@ def safe_merge_tensor(
     *,
     percentile: float,
     scale: float,
+    projection: str = "none",
 ) -> torch.Tensor:
-    """W_0 + scale · 1[max_u |τ_u| ≤ t_p] ⊙ Σ_i weight_i τ_i, computed in float32, returned in ``base``'s dtype."""
+    """W_0 + scale · 1[max_u |τ_u| ≤ t_p] ⊙ Σ_i weight_i τ_i, or with ``projection`` W_0 + scale·(I − P or P)·Σ_i
+    weight_i τ_i (module docstring); computed in float32, returned in ``base``'s dtype."""
     if not useful or not unwanted:
         raise ValueError("safe_merge needs at least one useful input and one input marked 'unwanted: true'")
     base32 = base.float()
     if base.numel() == 0:
         return base
-    risk = torch.stack([(u.float() - base32).abs() for u in unwanted]).amax(dim=0)
-    keep = risk <= percentile_threshold(risk, percentile)
     combined = sum(w * (t.float() - base32) for t, w in zip(useful, weights, strict=True))
+    marked = [u.float() - base32 for u in unwanted]
+    if projection != "none":
+        return (base32 + scale * project(combined, subspace_basis(marked), projection)).to(base.dtype)
+    risk = torch.stack([m.abs() for m in marked]).amax(dim=0)
+    keep = risk <= percentile_threshold(risk, percentile)
     return (base32 + scale * keep * combined).to(base.dtype)
 
 
@@ -80,6 +116,7 @@ def safe_merge(
     weight: PerNonBase[float] = 1.0,
     percentile: Percentile = 50.0,
     scale: float = 1.0,
+    projection: Projection = "none",
 ) -> torch.Tensor:
     entries = group.non_base
     return safe_merge_tensor(
@@ -89,13 +126,20 @@ def safe_merge(
         [e.tensor for e in entries if unwanted[e.id]],
         percentile=percentile,
         scale=scale,
+        projection=projection,
     )
 
 
 def check_safe_merge_config(config: Any) -> None:
-    """Before any output exists: known keys only, and at least one unwanted and one useful input."""
+    """Before any output exists: known keys only, no percentile beside a projection (which replaces the mask it
+    sets), and at least one unwanted and one useful input. (mergekit checks the projection's value.)"""
     per_input = {p.name for p in safe_merge.spec.input_parameters}
     check_parameter_keys(config, {p.name for p in safe_merge.spec.shared_parameters}, per_input)
+    shared = config.parameters or {}
+    projection = shared.get("projection", "none")
+    if projection != "none" and "percentile" in shared:
+        raise ValueError(f"safe_merge: 'percentile' sets the entry mask, which 'projection: {projection}' replaces; "
+                         "remove one of them")
     default = bool((config.parameters or {}).get("unwanted", False))
     flags = [bool(settings.get("unwanted", default)) for _, settings, _ in input_settings(config)]
     if not any(flags) or all(flags):

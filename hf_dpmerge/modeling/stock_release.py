@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,6 @@ from transformers import PreTrainedModel
 from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
-from hf_dpmerge.records.runs_layout import BASE_DIR as RUNS_BASE_DIR
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
@@ -191,21 +189,20 @@ def write_task_head_folder(
 
 
 def make_adapter_stock_loadable(
-    adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str]
+    adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str],
+    shared_encoder: str | None = None,
 ) -> None:
-    """Write ``adapter_dir/base/`` for stock loaders and point ``base_model_name_or_path`` at it (relative): the
-    task's config and head taking the encoder from ``base_dir/model.safetensors`` when ``base_dir`` is the runs'
-    shared base (``<runs>/base/`` beside ``<runs>/<task>/adapter/``) and mean-pools, else ``base_dir``'s weights
-    with the task's head, whole. A ``base/`` left by an earlier release of this adapter is replaced."""
+    """Write ``adapter_dir/base/`` for stock loaders and point ``base_model_name_or_path`` at it (relative).
+    ``shared_encoder``: ``base_dir``'s weights file as a path relative to ``adapter_dir/base/`` (the runs layout's
+    ``../../../base/model.safetensors``): a mean-pooling base then holds the task's config and head and takes its
+    encoder from there; otherwise (or for a [CLS]-pooling base) it is ``base_dir``'s weights with the task's head,
+    whole. A ``base/`` left by an earlier release of this adapter is replaced."""
     adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
     stock_base = adapter_dir / ADAPTER_BASE_DIR
     if stock_base.is_dir():
         shutil.rmtree(stock_base)
-    runs_base = adapter_dir.resolve().parent.parent / RUNS_BASE_DIR
-    if (base_dir.resolve() == runs_base and (base_dir / SHARED_ENCODER_FILE).is_file()
-            and shares_encoder(base_dir)):
-        pointer = posixpath.join("..", "..", "..", RUNS_BASE_DIR, SHARED_ENCODER_FILE)
-        write_task_head_folder(base_dir, task_head_state(adapter_dir), label_names, stock_base, pointer)
+    if shared_encoder is not None and shares_encoder(base_dir):
+        write_task_head_folder(base_dir, task_head_state(adapter_dir), label_names, stock_base, shared_encoder)
     else:
         save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
         copy_tokenizer(base_dir, stock_base)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ from hf_dpmerge.data.metrics import trainer_compute_metrics
 from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.data.tasks import GLUE, parse_task_list
 from hf_dpmerge.modeling import load_sequence_classifier
-from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+from hf_dpmerge.modeling.stock_release import SHARED_ENCODER_FILE, make_adapter_stock_loadable
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
@@ -62,6 +63,7 @@ from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE
 from hf_dpmerge.training.release import check_release_target
+from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
@@ -234,7 +236,8 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
                         dataset_hub_id=glue_dataset_hub_id(spec, script.dataset_path))  # and its datasets
     record.save(adapter_dir)
     export_encoder_adapter(adapter_dir, out / ENCODER_ADAPTER_DIR)
-    make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names)
+    shared_encoder = Path(os.path.relpath(base_dir / SHARED_ENCODER_FILE, adapter_dir / ADAPTER_BASE_DIR)).as_posix()
+    make_adapter_stock_loadable(adapter_dir, base_dir, spec.label_names, shared_encoder)  # the encoder stays once
     write_adapter_card(adapter_dir, record)  # now with the task, the base's Hub id and the stock base's usage
     summary = {"task": task, "test": metrics, "epsilon": record.epsilon, "delta": record.delta,
                "epsilon_replace_one": record.epsilon_replace_one, "privacy_unit": record.privacy_unit,

@@ -63,6 +63,12 @@ class DPSAMConfig(TrainingArguments):
     )
     sam_rho: float = field(default=0.05, metadata={"help": "Sharpness-aware ascent radius ρ."})
     align_lambda: float = field(default=0.05, metadata={"help": "Alignment penalty λ on ‖ΔW‖² (0 disables)."})
+    proximal_mu: float = field(
+        default=0.0,
+        metadata={"help": "FedProx's proximal term (μ/2)·‖θ − θ₀‖² over the trainable parameters, θ₀ their values at "
+                  "the first step (in a federation: the round's global adapter); its gradient μ·(θ − θ₀) is "
+                  "data-free and added after the noise, like the alignment penalty's (0 disables)."},
+    )
     head_learning_rate: float | None = field(
         default=None,
         metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
@@ -108,6 +114,8 @@ class DPSAMConfig(TrainingArguments):
             problems.append(f"sam_rho must be a finite number ≥ 0, got {self.sam_rho}")
         if not (math.isfinite(self.align_lambda) and self.align_lambda >= 0):
             problems.append(f"align_lambda must be a finite number ≥ 0, got {self.align_lambda}")
+        if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0):
+            problems.append(f"proximal_mu must be a finite number ≥ 0, got {self.proximal_mu}")
         if self.clipping not in CLIPPING_MODES:
             problems.append(f"clipping must be one of {CLIPPING_MODES}, got {self.clipping!r}")
         if not (math.isfinite(self.clipping_gamma) and self.clipping_gamma > 0):

@@ -165,6 +165,7 @@ class DPSAMTrainer(Trainer):
         # and the record says λ = 0 (lora_factors also refuses DoRA / LoRA biases / conv LoRA up front)
         self.align_lambda = args.align_lambda if args.align_lambda > 0 and any(
             f.lora_a.requires_grad or f.lora_b.requires_grad for f in lora_factors(self.model)) else 0.0
+        self._proximal_anchor: list[torch.Tensor] | None = None  # θ₀ of FedProx's term, taken at the first step
 
         self.num_samples = len(train_dataset)
         self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
@@ -366,6 +367,11 @@ class DPSAMTrainer(Trainer):
         units = inputs.pop(UNIT_KEY, None)
         if "labels" not in inputs:
             raise ValueError("DPSAMTrainer needs 'labels' in every batch")
+        if self.args.proximal_mu > 0 and self._proximal_anchor is None:
+            if self.state.global_step > 0:
+                raise ValueError("proximal_mu: the proximal term's anchor θ₀ is the weights at the first step, which "
+                                 "a resumed run no longer has; train from the start (or set proximal_mu=0)")
+            self._proximal_anchor = [p.detach().clone() for p in self._params]
         warmup = self.state.global_step < self.args.head_warmup_step_count(self.state.max_steps)
         frozen = [p for p, head in zip(self._params, self._is_head) if warmup and not head]
         with frozen_parameters(frozen):
@@ -380,7 +386,8 @@ class DPSAMTrainer(Trainer):
 
     def _private_step(self, model: nn.Module, inputs: dict[str, Any], units: torch.Tensor | None,
                       warmup: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The step's loss and g̃ + ∇R (SAM ascent per ``sam_mode``; R skipped during the head warm-up)."""
+        """The step's loss and g̃ + ∇R (SAM ascent per ``sam_mode``; R skipped during the head warm-up), plus
+        FedProx's μ·(θ − θ₀) with ``proximal_mu``."""
         mode, rho = self.args.sam_mode, self.args.sam_rho
         if mode == "dp_sat":
             previous = self.dp_state.previous_gradient
@@ -399,6 +406,10 @@ class DPSAMTrainer(Trainer):
                 penalty = alignment_penalty(model, self.align_lambda)
                 penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
             gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
+        if self._proximal_anchor is not None:  # FedProx: μ·(θ − θ₀), data-free, after the noise
+            mu = self.args.proximal_mu
+            gradient = [g + mu * (p.detach() - anchor) for g, p, anchor in
+                        zip(gradient, self._params, self._proximal_anchor)]
         return loss, gradient
 
     def _query(
@@ -546,6 +557,8 @@ class DPSAMTrainer(Trainer):
             extra["head_warmup_steps"] = warmup_steps
         if self.args.clipping == "automatic":
             extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
+        if self.args.proximal_mu > 0:
+            extra["proximal_mu"] = self.args.proximal_mu
         return extra
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:

@@ -73,3 +73,14 @@ def test_client_level_dp_simulation_reports_the_rounds_accounted_at_z_and_q(tmp_
     direct = RDPAccountant()
     direct.history = [(worst["noise_multiplier"], worst["sample_rate"], 4)]
     assert record.epsilon == pytest.approx(direct.get_epsilon(delta=worst["delta"]), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_fedprox_simulation_sends_mu_to_every_client_and_aggregates_by_dare(tmp_path):
+    """The server refuses a reply whose record lacks the round's μ, so finishing means every client applied it."""
+    summary = federated(tmp_path, "--server_strategy", "fedprox", "--proximal_mu", "0.5", "--aggregation", "dare",
+                        "--dare_density", "0.5", "--server_learning_rate", "0.5")
+    assert summary["server"]["server_strategy"] == "fedprox" and summary["server"]["proximal_mu"] == 0.5
+    assert summary["server"]["aggregation"] == "dare"
+    weights = load_file(tmp_path / "fed" / "adapter" / "adapter_model.safetensors")
+    assert all(t.abs().sum() > 0 for name, t in weights.items() if "lora_B" in name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,42 @@ def test_percentile_100_is_task_arithmetic_and_untouched_tensors_get_everything(
     torch.testing.assert_close(untouched, theirs)
 
 
+def _projector(unwanted, base):
+    """P onto the column space of the marked task vectors, from the pseudo-inverse (float64): V·V⁺, with float32's
+    rounding of W_u − W_0 below the cut-off (else it counts as rank)."""
+    stacked = torch.cat([(u - base).double() for u in unwanted], dim=1)
+    return stacked @ torch.linalg.pinv(stacked, rtol=1e-5)
+
+
+@pytest.mark.parametrize("projection", ["away", "onto"])
+def test_projection_kernel_matches_the_pseudo_inverse_projector(projection) -> None:
+    """Unwanted task vectors of rank 2 and 1 (LoRA-like s·B·A) span a 3-dimensional output subspace; the useful
+    vectors are projected away from it (nothing of them is left inside) or onto it."""
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(12, 9, generator=generator)
+    unwanted = [base + torch.randn(12, 2, generator=generator) @ torch.randn(2, 9, generator=generator),
+                base + torch.randn(12, 1, generator=generator) @ torch.randn(1, 9, generator=generator)]
+    useful = [base + torch.randn(12, 9, generator=generator) for _ in range(2)]
+    ours = safe_merge_tensor(base, useful, [1.0, 0.5], unwanted, percentile=50, scale=0.7, projection=projection)
+    combined = sum(w * (t - base).double() for t, w in zip(useful, [1.0, 0.5]))
+    inside = _projector(unwanted, base) @ combined
+    expected = base.double() + 0.7 * (inside if projection == "onto" else combined - inside)
+    torch.testing.assert_close(ours.double(), expected, atol=1e-5, rtol=0)
+    if projection == "away":  # nothing left in the unwanted outputs' directions
+        assert (_projector(unwanted, base) @ (ours - base).double()).abs().max() < 1e-5
+
+
+def test_projection_of_a_tensor_the_marked_input_left_unchanged() -> None:
+    base, useful = torch.zeros(4, 3), [torch.ones(4, 3)]
+    assert torch.equal(safe_merge_tensor(base, useful, [1.0], [base.clone()], percentile=50, scale=1.0,
+                                         projection="away"), useful[0])
+    assert torch.equal(safe_merge_tensor(base, useful, [1.0], [base.clone()], percentile=50, scale=1.0,
+                                         projection="onto"), base)
+    bias = safe_merge_tensor(torch.zeros(3), [torch.tensor([1.0, 2.0, 3.0])], [1.0], [torch.tensor([0.0, 1.0, 0.0])],
+                             percentile=50, scale=1.0, projection="away")
+    torch.testing.assert_close(bias, torch.tensor([1.0, 0.0, 3.0]))  # a 1-D tensor: the span of the τ_u
+
+
 def test_percentile_threshold_is_nearest_rank() -> None:
     values = torch.tensor([5.0, 1.0, 4.0, 2.0, 3.0])
     assert [float(percentile_threshold(values, p)) for p in (0, 20, 21, 50, 100)] == [1.0, 1.0, 2.0, 3.0, 5.0]
@@ -103,15 +140,33 @@ def test_mergekit_runs_safe_merge_with_the_weights_from_the_config(variants, tmp
     torch.testing.assert_close(merged[name].double(), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ("", "mark the model"),                                            # no unwanted input
-    ("    parameters: {unwated: true}\n", "unknown per-model parameter"),  # a typo must not silently merge it
-])
-def test_bad_safe_merge_configs_fail_before_any_output(variants, tmp_path, capsys, extra, message) -> None:
+def test_mergekit_runs_safe_merge_projecting_away_from_the_unwanted_subspace(variants, tmp_path) -> None:
+    base, (good1, good2, bad) = variants
+    config = tmp_path / "away.yaml"
+    config.write_text(f"merge_method: safe_merge\nbase_model: {base}\nmodels:\n  - model: {good1}\n"
+                      f"  - model: {good2}\n  - model: {bad}\n    parameters: {{unwanted: true}}\ndtype: float32\n"
+                      "parameters: {projection: away, scale: 0.8}\n")
+    assert main(["merge", str(config), str(tmp_path / "out"), "--quiet"]) == 0
+    merged = load_file(tmp_path / "out" / "model.safetensors")
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    tensors = [load_file(p / "model.safetensors")[name] for p in (base, good1, good2, bad)]
+    expected = safe_merge_tensor(tensors[0], tensors[1:3], [1.0, 1.0], [tensors[3]], percentile=50, scale=0.8,
+                                 projection="away")
+    torch.testing.assert_close(merged[name], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("extra", "shared", "message"), [
+    ("", "", "mark the model"),                                            # no unwanted input
+    ("    parameters: {unwated: true}\n", "", "unknown per-model parameter"),  # a typo must not silently merge it
+    ("    parameters: {unwanted: true}\n", "parameters: {projection: sideways}\n",
+     "Input should be 'none', 'away' or 'onto'"),
+    ("    parameters: {unwanted: true}\n", "parameters: {projection: away, percentile: 30}\n", "remove one of them"),
+], ids=["unmarked", "typo", "projection", "projection_and_percentile"])
+def test_bad_safe_merge_configs_fail_before_any_output(variants, tmp_path, capsys, extra, shared, message) -> None:
     base, (good1, _, bad) = variants
     config = tmp_path / "bad.yaml"
     config.write_text(f"merge_method: safe_merge\nbase_model: {base}\nmodels:\n  - model: {good1}\n"
-                      f"  - model: {bad}\n{extra}dtype: float32\n")
+                      f"  - model: {bad}\n{extra}dtype: float32\n{shared}")
     assert main(["merge", str(config), str(tmp_path / "out"), "--quiet"]) != 0
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -146,18 +201,24 @@ def _dense_weights(base: Path, adapter: Path) -> dict[str, torch.Tensor]:
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().state_dict()
 
 
-@pytest.mark.slow
-def test_shipped_negation_config_subtracts_the_unwanted_task_vector(tmp_path, monkeypatch) -> None:
+def _merge_shipped_config(name: str, tasks: Sequence[str], tmp_path: Path, monkeypatch) -> tuple[Path, dict]:
+    """``merge_configs/<name>`` merged unchanged, from ``tmp_path``, over tiny ``runs/<task>`` adapters: the
+    base and the merged tensors."""
     base = save_base(tmp_path / "runs" / "base")
-    for seed, task in enumerate(("election_tweets", "rotten_tomatoes"), start=1):
+    for seed, task in enumerate(tasks, start=1):
         save_task_adapter(tmp_path / "runs", task, 2, seed)
     monkeypatch.chdir(tmp_path)
     from mergekit.io.tasks import LoaderCache
 
     LoaderCache().loaders.clear()  # keyed by the relative input paths, which earlier tests' workdirs also used
-    assert main(["merge", str(REPO / "merge_configs" / "negation.yaml"), "negated", "--lora-merge-cache", "cache",
-                 "--quiet"]) == 0
-    merged = load_file(tmp_path / "negated" / "model.safetensors")
+    assert main(["merge", str(REPO / "merge_configs" / name), "out", "--lora-merge-cache", "cache", "--quiet"]) == 0
+    return base, load_file(tmp_path / "out" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_shipped_negation_config_subtracts_the_unwanted_task_vector(tmp_path, monkeypatch) -> None:
+    base, merged = _merge_shipped_config("negation.yaml", ("election_tweets", "rotten_tomatoes"), tmp_path,
+                                         monkeypatch)
     keep = _dense_weights(base, tmp_path / "runs" / "election_tweets" / "encoder_adapter")
     unwanted = _dense_weights(base, tmp_path / "runs" / "rotten_tomatoes" / "encoder_adapter")
     base_state = load_file(base / "model.safetensors")
@@ -165,3 +226,19 @@ def test_shipped_negation_config_subtracts_the_unwanted_task_vector(tmp_path, mo
     assert not torch.equal(keep[name], unwanted[name])
     expected = base_state[name] + (keep[name] - base_state[name]) - (unwanted[name] - base_state[name])
     torch.testing.assert_close(merged[name], expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_shipped_projection_config_leaves_nothing_in_the_unwanted_adapters_output_subspace(tmp_path, monkeypatch):
+    tasks = ("election_tweets", "reuters_r8", "bbc_news", "rotten_tomatoes")  # the last is marked unwanted
+    base, merged = _merge_shipped_config("safe_merge_away.yaml", tasks, tmp_path, monkeypatch)
+    dense = {task: _dense_weights(base, tmp_path / "runs" / task / "encoder_adapter") for task in tasks}
+    base_state = load_file(base / "model.safetensors")
+    name = "bert.encoder.layer.1.attention.self.value.weight"
+    unwanted = dense["rotten_tomatoes"][name] - base_state[name]
+    kept = sum(dense[task][name] - base_state[name] for task in tasks[:3])
+    projector = _projector([dense["rotten_tomatoes"][name]], base_state[name])
+    expected = base_state[name].double() + 0.3 * (kept.double() - projector @ kept.double())
+    torch.testing.assert_close(merged[name].double(), expected, atol=1e-5, rtol=0)
+    assert torch.linalg.matrix_rank(unwanted.double(), rtol=1e-5) <= 4  # a LoRA delta: rank ≤ r
+    assert (projector @ (merged[name] - base_state[name]).double()).abs().max() < 1e-5

@@ -44,7 +44,8 @@ def released_adapter(tmp_path_factory):
             if parameter.requires_grad:
                 parameter.normal_(0, 0.5)
     model.save_pretrained(root / ADAPTER)
-    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, SPEC.label_names)
+    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, SPEC.label_names,
+                                "../../../base/model.safetensors")  # as train_glue.py names the runs' base
     return root
 
 
@@ -95,8 +96,8 @@ def test_adapter_base_is_named_relative_to_the_adapter(released_adapter):
 
 def test_adapter_base_takes_the_encoder_from_the_runs_shared_base(released_adapter, tmp_path):
     """The adapter's base/ holds the task's config and head only; the encoder is read from <runs>/base/ (a
-    relative path, once for every task). A copy of the adapter folder alone is refused by name; a base outside
-    the runs layout is written whole and loads the same."""
+    relative path, once for every task). A copy of the adapter folder alone is refused by name; without the
+    pointer (a base outside a runs layout) the base is written whole and loads the same."""
     from safetensors.torch import load_file
 
     adapter = released_adapter / ADAPTER

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.training.cached_head import FEATURES, task_head
+from hf_dpmerge.modeling.pooled_features import task_head
+from hf_dpmerge.training.cached_head import FEATURES
 from tests.utils.training_helpers import collate, head_only_classifier, make_cached_head_trainer, make_trainer
 
 
