@@ -20,6 +20,7 @@ VERBS: dict[str, str] = {
     "federated": "hf_dpmerge.cli.federated_command",
     "weights": "hf_dpmerge.cli.weights_command",
     "tune": "hf_dpmerge.cli.tune_command",
+    "evolve": "hf_dpmerge.cli.evolve_command",
 }
 
 

@@ -1,4 +1,5 @@
-"""Options shared by the verbs that read a runs layout and a merged model (``evaluate``, ``diagnose``)."""
+"""Options shared by the verbs that read a runs layout and a merged model (``evaluate``, ``diagnose``, ``probe``), and
+by the verbs that select a merge privately (``tune``, ``evolve``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,28 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=32, help="batch size (default: 32)")
     parser.add_argument("--glue_path", help="GLUE dataset repository or local copy for GLUE tasks "
                         "(default: nyu-mll/glue)")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+
+
+def add_private_selection_options(parser: argparse.ArgumentParser) -> None:
+    """``--mechanism --composition --validation_size --runs --tasks --base --lora-merge-cache --batch_size
+    --device`` of ``tune`` and ``evolve`` (their docstrings explain the composition and the validation size)."""
+    from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
+    from hf_dpmerge.records.selection_record import COMPOSITIONS
+
+    parser.add_argument("--mechanism", choices=MECHANISMS, default="exponential",
+                        help="exponential (report-noisy-max with Gumbel noise) or permute_and_flip")
+    parser.add_argument("--composition", choices=COMPOSITIONS, default="sequential",
+                        help="how ε_sel composes with the adapters' ε (default sequential; see above)")
+    parser.add_argument("--validation_size", default=str(DEFAULT_VALIDATION_SIZE), metavar="N|TASK=N,...",
+                        help="public number of validation examples scored per task (subsampled at random; "
+                        f"default {DEFAULT_VALIDATION_SIZE}; see above)")
+    parser.add_argument("--runs", default="runs", help="training output folder with base/ and <task>/adapter/")
+    parser.add_argument("--tasks", help="comma-separated run folders to score (default: every one)")
+    parser.add_argument("--base", help="base model directory (default: <runs>/base)")
+    parser.add_argument("--lora-merge-cache", dest="lora_merge_cache",
+                        help="mergekit's LoRA merge cache (needed for base+adapter inputs)")
+    parser.add_argument("--batch_size", type=int, default=32, help="evaluation batch size (default: 32)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
 
 

@@ -29,8 +29,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
-    from hf_dpmerge.records.selection_record import COMPOSITIONS
+    from hf_dpmerge.cli.runs_options import add_private_selection_options
 
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -40,21 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="candidate values of a top-level parameter (lambda=0.3,0.6) or of model I's "
                         "(1.weight=0.5,1.0); repeat for a Cartesian product")
     parser.add_argument("--epsilon", type=float, required=True, help="ε_sel spent by the selection (pure ε-DP)")
-    parser.add_argument("--mechanism", choices=MECHANISMS, default="exponential",
-                        help="exponential (report-noisy-max with Gumbel noise) or permute_and_flip")
-    parser.add_argument("--composition", choices=COMPOSITIONS, default="sequential",
-                        help="how ε_sel composes with the adapters' ε (default sequential; see above)")
-    parser.add_argument("--validation_size", default=str(DEFAULT_VALIDATION_SIZE), metavar="N|TASK=N,...",
-                        help="public number of validation examples scored per task (subsampled at random; "
-                        f"default {DEFAULT_VALIDATION_SIZE}; see above)")
-    parser.add_argument("--runs", default="runs", help="training output folder with base/ and <task>/adapter/")
-    parser.add_argument("--tasks", help="comma-separated run folders to score (default: every one)")
-    parser.add_argument("--base", help="base model directory (default: <runs>/base)")
-    parser.add_argument("--lora-merge-cache", dest="lora_merge_cache",
-                        help="mergekit's LoRA merge cache (needed for base+adapter inputs)")
-    parser.add_argument("--batch_size", type=int, default=32, help="evaluation batch size (default: 32)")
-    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-
+    add_private_selection_options(parser)
 
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.analysis.runs_layout import task_runs

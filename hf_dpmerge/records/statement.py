@@ -92,6 +92,8 @@ class SelectionPrivacy:
     chosen: dict[str, Any]
     validation_size: dict[str, int]
     """The public validation size n_t of each task (never the private sizes)."""
+    generations: int = 1
+    """How many choices the selection made (``hf-dpmerge evolve``: one per generation, ε_sel/G each), else 1."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class PrivacyStatement:
                 utility=selection.utility, relation=selection.relation, unit=selection.unit,
                 composition=selection.composition, num_candidates=len(selection.candidates),
                 chosen=dict(selection.candidates[selection.chosen]), validation_size=dict(selection.validation_size),
+                generations=int(selection.extra.get("generations", 1)),
             ),
             adapters_epsilon=adapters.epsilon, adapters_delta=adapters.delta,
         )
@@ -230,11 +233,14 @@ class PrivacyStatement:
         else:
             rule = ("parallel composition (the validation individuals were declared disjoint from the training "
                     f"individuals): ε = max({number(self.adapters_epsilon)}, {number(sel.epsilon)})")
+        how = (f"among {sel.num_candidates} candidates" if sel.generations == 1 else
+               f"once in each of {sel.generations} generations of a CMA-ES search ({sel.num_candidates} proposals in "
+               f"all, ε_sel/{sel.generations} per choice, composed)")
         return (
             f"The guarantee has two components. The adapters: each input was {parallel}, giving ε = "
             f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}. The selection: the merge "
-            f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism among "
-            f"{sel.num_candidates} candidates ({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "
+            f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism {how} "
+            f"({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "
             f"ε-DP, δ = 0; utility: {sel.utility}, sensitivity Δ = {sel.sensitivity:.3g} per {sel.relation} of one "
             f"{sel.unit}; public validation size {sizes}, each task's set subsampled to it). They compose by "
             f"{rule} = {number(self.epsilon)}, "

@@ -18,7 +18,8 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,73 @@ def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, in
             for task, data in validation.items()}
 
 
+@dataclass
+class ScoringSetup:
+    """What every candidate of a private selection is scored with: the runs, their validation subsamples of public
+    sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total."""
+
+    runs: Sequence[TaskRun]
+    validation_size: dict[str, int]
+    validation: dict[str, Any]
+    tokenizer: Any
+    sensitivity: float
+    records: dict[str, Any]
+    total_epsilon: float
+    total_delta: float
+    device: Any
+    batch_size: int
+
+    def utility(self, merged_dir: Path) -> float:
+        """The task-averaged validation accuracy of a merged candidate (its scores stay in this process)."""
+        counts = correct_counts(merged_dir, self.runs, self.validation, self.tokenizer, self.batch_size, self.device)
+        return task_averaged_accuracy(counts, self.validation_size)
+
+    def adapters(self) -> dict[str, dict[str, float]]:
+        return {name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
+                for name, r in self.records.items()}
+
+
+def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float, composition: str,
+                    base_dir: Path, validation_size: int | Mapping[str, int], batch_size: int, device: str | None,
+                    rng: np.random.Generator, command: str) -> ScoringSetup:
+    """Checks before any merge (classification tasks, public sizes, a free output, a known composition), then the
+    validation subsamples drawn with ``rng``."""
+    from hf_dpmerge.merging.run import check_merge_output
+
+    if regression := [run.name for run in runs if run.spec.is_regression]:
+        raise ValueError(f"{command} scores accuracy; {regression} are regression tasks: leave them out of --tasks")
+    size = public_validation_size(validation_size, [run.name for run in runs])
+    check_merge_output(str(output_dir), False)
+    records = {run.name: run.record for run in runs}
+    total_epsilon, total_delta = composed_guarantee(records, epsilon, composition)  # refuses a bad --composition
+    tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
+    validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
+    return ScoringSetup(runs, size, validation, tokenizer, accuracy_sensitivity(list(size.values())), records,
+                        total_epsilon, total_delta, resolve_device(device), batch_size)
+
+
+def keep_chosen(merged_dir: Path, output_dir: Path, config: dict[str, Any], record: SelectionRecord) -> None:
+    """Put the chosen candidate's merge at ``output_dir`` with its selection record and restated privacy section."""
+    from mergekit.config import MergeConfiguration
+
+    from hf_dpmerge.merging.privacy_section import write_privacy_section
+
+    record.save(merged_dir)
+    write_privacy_section(merged_dir, MergeConfiguration.model_validate(config), record)
+    os.replace(merged_dir, output_dir)
+
+
+@contextmanager
+def candidate_scratch(output_dir: Path) -> Iterator[Path]:
+    """A scratch folder beside ``output_dir`` for the candidates' merges, removed afterwards whatever happens."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.candidates-", dir=output_dir.parent))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def tune_merge(
     config: dict[str, Any],
     grid: Sequence[GridAxis],
@@ -163,45 +231,23 @@ def tune_merge(
     ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
     selection (default: seeded from OS entropy).
     """
-    from mergekit.config import MergeConfiguration
-
-    from hf_dpmerge.merging.privacy_section import write_privacy_section
-    from hf_dpmerge.merging.run import check_merge_output
-
     output_dir = Path(output_dir)
-    if regression := [run.name for run in runs if run.spec.is_regression]:
-        raise ValueError(f"tune scores accuracy; {regression} are regression tasks: leave them out of --tasks")
-    size = public_validation_size(validation_size, [run.name for run in runs])
-    check_merge_output(str(output_dir), False)
-    candidates = candidate_configs(config, grid)
-    records = {run.name: run.record for run in runs}
-    total_epsilon, total_delta = composed_guarantee(records, epsilon, composition)  # refuses a bad --composition
-    torch_device = resolve_device(device)
-    tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
     rng = rng or np.random.default_rng()
-    validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
-    sensitivity = accuracy_sensitivity(list(size.values()))
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.candidates-", dir=output_dir.parent))
-    try:
+    candidates = candidate_configs(config, grid)
+    setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
+                            validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
+                            command="tune")
+    with candidate_scratch(output_dir) as scratch:
         utilities = []
         for index, (settings, candidate) in enumerate(candidates):
             log(f"candidate {index + 1}/{len(candidates)}: {settings}")
-            merged = merge_candidate(candidate, scratch / str(index), lora_merge_cache, device)
-            utilities.append(task_averaged_accuracy(
-                correct_counts(merged, runs, validation, tokenizer, batch_size, torch_device), size))
-        chosen = select_private(utilities, epsilon, sensitivity, mechanism, rng)
+            utilities.append(setup.utility(merge_candidate(candidate, scratch / str(index), lora_merge_cache, device)))
+        chosen = select_private(utilities, epsilon, setup.sensitivity, mechanism, rng)
         record = SelectionRecord(
-            mechanism=mechanism, epsilon=epsilon, sensitivity=sensitivity, utility=UTILITY,
+            mechanism=mechanism, epsilon=epsilon, sensitivity=setup.sensitivity, utility=UTILITY,
             relation=RELATION, unit="validation example", composition=composition,
-            candidates=[settings for settings, _ in candidates], chosen=chosen, validation_size=size,
-            adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
-                      for name, r in records.items()},
-            total_epsilon=total_epsilon, total_delta=total_delta,
+            candidates=[settings for settings, _ in candidates], chosen=chosen, validation_size=setup.validation_size,
+            adapters=setup.adapters(), total_epsilon=setup.total_epsilon, total_delta=setup.total_delta,
         )
-        record.save(scratch / str(chosen))
-        write_privacy_section(scratch / str(chosen), MergeConfiguration.model_validate(candidates[chosen][1]), record)
-        os.replace(scratch / str(chosen), output_dir)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        keep_chosen(scratch / str(chosen), output_dir, candidates[chosen][1], record)
     return record

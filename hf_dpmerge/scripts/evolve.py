@@ -1,0 +1,154 @@
+"""Private evolutionary merge search: CMA-ES over per-model (optionally per-layer) merge weights, each generation's
+choice made by an ε-DP mechanism.
+
+The search vector x holds, for every ``models:`` entry of a base mergekit config, K weights (``layer_points``;
+K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the layers). Generation g:
+
+1. CMA-ES (the ``cma`` package, μ = 1 parent) proposes P vectors x_1 … x_P inside [low, high];
+2. each is merged and scored as ``hf-dpmerge tune`` scores a candidate: u = task-averaged accuracy on
+   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t);
+3. ONE candidate k_g is chosen by the exponential mechanism (or permute-and-flip) at ε_g = ε_sel / G;
+4. CMA-ES is told only k_g: it ranks first and the others tie behind it, and with μ = 1 only the first enters
+   CMA-ES's update of its mean, step size and covariance.
+
+The search's state after g generations is a function of k_1 … k_g and of its own seeded randomness, so the G
+choices are the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is
+ε_sel-DP (pure) under the addition, removal or replacement of one validation example. The released merge is the
+last generation's choice (post-processing), kept with a ``dp_selection.json`` that composes ε_sel with the
+adapters' records as ``hf-dpmerge tune`` does (docs/design.md §13). Scores are never stored or printed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_dpmerge.analysis.runs_layout import TaskRun
+from hf_dpmerge.merging.config_edit import with_parameter
+from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, select_private
+from hf_dpmerge.records.selection_record import SelectionRecord
+from hf_dpmerge.scripts.tune import (
+    RELATION,
+    UTILITY,
+    candidate_scratch,
+    keep_chosen,
+    merge_candidate,
+    prepare_scoring,
+)
+
+
+def weighted_config(config: dict[str, Any], vector: Sequence[float], layer_points: int) -> dict[str, Any]:
+    """``config`` with model i's ``weight`` set to vector[i·K : (i+1)·K] (a float for K = 1, else a mergekit
+    gradient over the layers)."""
+    candidate = config
+    for index in range(len(config["models"])):
+        values = [round(float(v), 6) for v in vector[index * layer_points:(index + 1) * layer_points]]
+        candidate = with_parameter(candidate, "weight", values[0] if layer_points == 1 else values, index)
+    return candidate
+
+
+def evolve_search(
+    score: Callable[[int, Sequence[float]], float],
+    *,
+    dimension: int,
+    start: float,
+    generations: int,
+    population: int,
+    epsilon: float,
+    sensitivity: float,
+    mechanism: str,
+    low: float,
+    high: float,
+    step: float,
+    rng: np.random.Generator,
+) -> tuple[list[list[float]], list[int]]:
+    """The CMA-ES loop of the module docstring. ``score(index, x)`` is the utility of candidate ``index`` (its
+    position among all candidates so far). Returns every candidate's vector and the index chosen in each
+    generation (the last one is the result)."""
+    import cma
+
+    options = {"popsize": population, "CMA_mu": 1, "bounds": [low, high], "verbose": -9,
+               "seed": int(rng.integers(1, 2**31 - 1))}
+    search = cma.CMAEvolutionStrategy([start] * dimension, step, options)
+    candidates: list[list[float]] = []
+    chosen: list[int] = []
+    epsilon_step = epsilon / generations
+    for _ in range(generations):
+        proposals = search.ask()
+        offset = len(candidates)
+        candidates += [[float(v) for v in x] for x in proposals]
+        utilities = [score(offset + i, x) for i, x in enumerate(proposals)]
+        pick = select_private(utilities, epsilon_step, sensitivity, mechanism, rng)
+        chosen.append(offset + pick)
+        search.tell(proposals, [0.0 if i == pick else 1.0 for i in range(len(proposals))])  # only the choice
+    return candidates, chosen
+
+
+def evolve_merge(
+    config: dict[str, Any],
+    runs: Sequence[TaskRun],
+    output_dir: str | os.PathLike,
+    *,
+    epsilon: float,
+    generations: int,
+    population: int,
+    mechanism: str,
+    composition: str,
+    base_dir: Path,
+    layer_points: int = 1,
+    low: float = 0.0,
+    high: float = 2.0,
+    step: float = 0.3,
+    validation_size: int | Mapping[str, int] = DEFAULT_VALIDATION_SIZE,
+    lora_merge_cache: str | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    rng: np.random.Generator | None = None,
+    log: Callable[[str], None] = print,
+) -> SelectionRecord:
+    """Search, select privately, keep the last generation's choice at ``output_dir`` with its selection record."""
+    output_dir = Path(output_dir)
+    if generations < 1 or population < 2 or layer_points < 1:
+        raise ValueError(f"--generations must be ≥ 1, --population ≥ 2 and --layer_points ≥ 1, got {generations}, "
+                         f"{population} and {layer_points}")
+    if not low < high or not low <= 1.0 <= high or step <= 0:
+        raise ValueError(f"--low < --high must bracket the start weight 1 and --step must be > 0, got {low}, {high}, "
+                         f"{step}")
+    rng = rng or np.random.default_rng()
+    setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
+                            validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
+                            command="evolve")
+    def score(index: int, vector: Sequence[float]) -> float:
+        log(f"generation {index // population + 1}/{generations}, candidate {index % population + 1}/{population}")
+        utility = setup.utility(merge_candidate(weighted_config(config, vector, layer_points), scratch / str(index),
+                                                lora_merge_cache, device))
+        if index % population == population - 1:  # keep only this generation's merges until its choice is made
+            for old in range(index - 2 * population + 1, index - population + 1):
+                shutil.rmtree(scratch / str(old), ignore_errors=True)
+        return utility
+
+    with candidate_scratch(output_dir) as scratch:
+        candidates, chosen = evolve_search(
+            score, dimension=len(config["models"]) * layer_points, start=1.0, generations=generations,
+            population=population, epsilon=epsilon, sensitivity=setup.sensitivity, mechanism=mechanism, low=low,
+            high=high, step=step, rng=rng,
+        )
+        final = chosen[-1]
+        record = SelectionRecord(
+            mechanism=mechanism, epsilon=epsilon, sensitivity=setup.sensitivity, utility=UTILITY, relation=RELATION,
+            unit="validation example", composition=composition,
+            candidates=[{"weights": vector} for vector in candidates], chosen=final,
+            validation_size=setup.validation_size, adapters=setup.adapters(), total_epsilon=setup.total_epsilon,
+            total_delta=setup.total_delta,
+            extra={"search": "CMA-ES (cma, μ = 1), one private choice per generation, basic composition",
+                   "generations": generations, "population": population, "epsilon_per_generation":
+                   epsilon / generations, "chosen_per_generation": chosen, "layer_points": layer_points,
+                   "bounds": [low, high], "step": step},
+        )
+        keep_chosen(scratch / str(final), output_dir, weighted_config(config, candidates[final], layer_points), record)
+    return record
