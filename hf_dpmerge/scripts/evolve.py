@@ -8,8 +8,9 @@ K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the 
 2. each is merged and scored as ``hf-dpmerge tune`` scores a candidate: u = task-averaged accuracy on
    uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t);
 3. ONE candidate k_g is chosen by the exponential mechanism (or permute-and-flip) at ε_g = ε_sel / G;
-4. CMA-ES is told only k_g: it ranks first and the others tie behind it, and with μ = 1 only the first enters
-   CMA-ES's update of its mean, step size and covariance.
+4. CMA-ES is told only k_g: it ranks first and the others tie behind it (their order among themselves is the
+   proposal order). With μ = 1 the pick alone sets the new mean and step size; CMA-ES's active covariance update
+   also down-weights the others as "worse than the pick", which is what the mechanism's output says of them.
 
 The search's state after g generations is a function of k_1 … k_g and of its own seeded randomness, so the G
 choices are the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is
@@ -81,7 +82,7 @@ def evolve_search(
     for _ in range(generations):
         proposals = search.ask()
         offset = len(candidates)
-        candidates += [[float(v) for v in x] for x in proposals]
+        candidates += [[round(float(v), 6) for v in x] for x in proposals]  # as weighted_config writes them
         utilities = [score(offset + i, x) for i, x in enumerate(proposals)]
         pick = select_private(utilities, epsilon_step, sensitivity, mechanism, rng)
         chosen.append(offset + pick)
@@ -123,6 +124,7 @@ def evolve_merge(
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
                             command="evolve")
+
     def score(index: int, vector: Sequence[float]) -> float:
         log(f"generation {index // population + 1}/{generations}, candidate {index % population + 1}/{population}")
         utility = setup.utility(merge_candidate(weighted_config(config, vector, layer_points), scratch / str(index),
