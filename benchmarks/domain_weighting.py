@@ -97,9 +97,9 @@ def target_slope(rows: list[dict], target: str) -> tuple[float, float]:
     points = [100 * row["tasks"][target]["merged"] for row in rows]
     k = len(weights)
     mean_w, mean_a = sum(weights) / k, sum(points) / k
-    spread = sum((w - mean_w) ** 2 for w in weights)
-    if k < 3 or spread == 0:
+    if len(set(weights)) < 3:
         raise ValueError("the slope needs at least three different --weights")
+    spread = sum((w - mean_w) ** 2 for w in weights)
     slope = sum((w - mean_w) * (a - mean_a) for w, a in zip(weights, points)) / spread
     residual = sum((a - mean_a - slope * (w - mean_w)) ** 2 for w, a in zip(weights, points))
     return slope, (residual / (k - 2) / spread) ** 0.5

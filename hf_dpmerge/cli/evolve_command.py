@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "fresh entropy; a fixed seed is for tests and benchmarks)")
     add_private_selection_options(parser)
 
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, required=True, help="ε_sel spent by the selection (pure ε-DP)")
     add_private_selection_options(parser)
 
+
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.analysis.runs_layout import task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks

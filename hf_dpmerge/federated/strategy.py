@@ -26,7 +26,6 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx
-from flwr.serverapp.strategy.fedopt import FedOpt
 
 from hf_dpmerge.federated.aggregation import (
     AGGREGATIONS,
@@ -101,10 +100,6 @@ class FederatedDPStrategy(FedAvg):
         nodes = sorted(grid.get_node_ids())
         chosen = sample_clients(nodes, self.client_sample_rate, self.generator)
         config["server-round"] = server_round
-        if isinstance(self, FedProx):  # what FedProx.configure_train sends, with this strategy's own sampling
-            config["proximal-mu"] = self.proximal_mu
-        if isinstance(self, FedOpt):  # what FedOpt.configure_train keeps: the state its server step starts from
-            self.current_arrays = {name: array.numpy() for name, array in arrays.items()}
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(content, chosen, MessageType.TRAIN)
 
@@ -117,12 +112,7 @@ class FederatedDPStrategy(FedAvg):
             reasons = "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed)
             raise RuntimeError(f"round {server_round}: {len(failed)} client(s) failed: {reasons}")
         updates = [self._client_update(message) for message in valid]
-        if isinstance(self, FedProx):  # the proximal term is the clients' to apply: check that they did
-            for update in updates:
-                if update.record.extra.get("proximal_mu", 0.0) != self.proximal_mu:
-                    raise RuntimeError(f"round {server_round}: client {update.client} trained with proximal_mu "
-                                       f"{update.record.extra.get('proximal_mu', 0.0)}, not the round's "
-                                       f"{self.proximal_mu}")
+        self._check_updates(server_round, updates)
         self.sampled[server_round] = sorted(u.client for u in updates)
         for update in updates:
             self.records[update.client].append(update.record)
@@ -147,6 +137,9 @@ class FederatedDPStrategy(FedAvg):
         )
         return ArrayRecord(state), metrics
 
+    def _check_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        """Refuse replies the strategy cannot aggregate (none here)."""
+
     @staticmethod
     def _client_update(message: Message) -> ClientUpdate:
         metrics = message.content["metrics"]
@@ -169,6 +162,19 @@ class FederatedDPFedProx(FederatedDPStrategy, FedProx):
                              f"{proximal_mu}")
         super().__init__(proximal_mu=proximal_mu, **settings)
 
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config["proximal-mu"] = self.proximal_mu  # what FedProx.configure_train sends, with our own sampling
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def _check_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        """The proximal term is the clients' to apply: refuse a reply whose record shows another μ."""
+        for update in updates:
+            if update.record.extra.get("proximal_mu", 0.0) != self.proximal_mu:
+                raise RuntimeError(f"round {server_round}: client {update.client} trained with proximal_mu "
+                                   f"{update.record.extra.get('proximal_mu', 0.0)}, not the round's {self.proximal_mu}")
+
 
 class FederatedDPFedAdam(FederatedDPStrategy, FedAdam):
     """:class:`FederatedDPStrategy` on Flower's ``FedAdam``: its server Adam step (η = ``eta``, τ = ``tau``) on
@@ -181,6 +187,12 @@ class FederatedDPFedAdam(FederatedDPStrategy, FedAdam):
         if not (math.isfinite(eta) and eta > 0 and math.isfinite(tau) and tau > 0):
             raise ValueError(f"--server_eta and --server_tau must be finite numbers > 0, got {eta} and {tau}")
         super().__init__(eta=eta, tau=tau, **settings)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.current_arrays = {name: array.numpy() for name, array in arrays.items()}  # as FedOpt.configure_train
+        return super().configure_train(server_round, arrays, config, grid)
 
 
 SERVER_STRATEGIES: dict[str, type[FederatedDPStrategy]] = {

@@ -34,8 +34,6 @@ from hf_dpmerge.merging.config_edit import with_parameter
 from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, select_private
 from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.scripts.tune import (
-    RELATION,
-    UTILITY,
     candidate_scratch,
     keep_chosen,
     merge_candidate,
@@ -141,12 +139,8 @@ def evolve_merge(
             high=high, step=step, rng=rng,
         )
         final = chosen[-1]
-        record = SelectionRecord(
-            mechanism=mechanism, epsilon=epsilon, sensitivity=setup.sensitivity, utility=UTILITY, relation=RELATION,
-            unit="validation example", composition=composition,
-            candidates=[{"weights": vector} for vector in candidates], chosen=final,
-            validation_size=setup.validation_size, adapters=setup.adapters(), total_epsilon=setup.total_epsilon,
-            total_delta=setup.total_delta,
+        record = setup.selection_record(
+            mechanism, [{"weights": vector} for vector in candidates], final,
             extra={"search": "CMA-ES (cma, μ = 1), one private choice per generation, basic composition",
                    "generations": generations, "population": population, "epsilon_per_generation":
                    epsilon / generations, "chosen_per_generation": chosen, "layer_points": layer_points,

@@ -153,6 +153,8 @@ class ScoringSetup:
     tokenizer: Any
     sensitivity: float
     records: dict[str, Any]
+    epsilon: float
+    composition: str
     total_epsilon: float
     total_delta: float
     device: Any
@@ -163,9 +165,17 @@ class ScoringSetup:
         counts = correct_counts(merged_dir, self.runs, self.validation, self.tokenizer, self.batch_size, self.device)
         return task_averaged_accuracy(counts, self.validation_size)
 
-    def adapters(self) -> dict[str, dict[str, float]]:
-        return {name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
-                for name, r in self.records.items()}
+    def selection_record(self, mechanism: str, candidates: list[dict[str, Any]], chosen: int,
+                         extra: dict[str, Any] | None = None) -> SelectionRecord:
+        """The record of choosing ``candidates[chosen]`` with ``mechanism`` at this setup's ε_sel."""
+        return SelectionRecord(
+            mechanism=mechanism, epsilon=self.epsilon, sensitivity=self.sensitivity, utility=UTILITY,
+            relation=RELATION, unit="validation example", composition=self.composition, candidates=candidates,
+            chosen=chosen, validation_size=self.validation_size,
+            adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
+                      for name, r in self.records.items()},
+            total_epsilon=self.total_epsilon, total_delta=self.total_delta, extra=dict(extra or {}),
+        )
 
 
 def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float, composition: str,
@@ -184,7 +194,7 @@ def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float
     tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
     validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
     return ScoringSetup(runs, size, validation, tokenizer, accuracy_sensitivity(list(size.values())), records,
-                        total_epsilon, total_delta, resolve_device(device), batch_size)
+                        epsilon, composition, total_epsilon, total_delta, resolve_device(device), batch_size)
 
 
 def keep_chosen(merged_dir: Path, output_dir: Path, config: dict[str, Any], record: SelectionRecord) -> None:
@@ -243,11 +253,6 @@ def tune_merge(
             log(f"candidate {index + 1}/{len(candidates)}: {settings}")
             utilities.append(setup.utility(merge_candidate(candidate, scratch / str(index), lora_merge_cache, device)))
         chosen = select_private(utilities, epsilon, setup.sensitivity, mechanism, rng)
-        record = SelectionRecord(
-            mechanism=mechanism, epsilon=epsilon, sensitivity=setup.sensitivity, utility=UTILITY,
-            relation=RELATION, unit="validation example", composition=composition,
-            candidates=[settings for settings, _ in candidates], chosen=chosen, validation_size=setup.validation_size,
-            adapters=setup.adapters(), total_epsilon=setup.total_epsilon, total_delta=setup.total_delta,
-        )
+        record = setup.selection_record(mechanism, [settings for settings, _ in candidates], chosen)
         keep_chosen(scratch / str(chosen), output_dir, candidates[chosen][1], record)
     return record
