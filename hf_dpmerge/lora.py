@@ -78,6 +78,14 @@ def lora_delta_sq_norm(factor: LoraFactor) -> torch.Tensor:
     return factor.scaling**2 * (gram_b * gram_a).sum()
 
 
+def penalty_curvature(factor: LoraFactor, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_A, h_B): the diagonal of the Hessian of λ·‖s·B·A‖_F² in each factor, shaped to broadcast against A (r×d_in)
+    and B (d_out×r): ∂²/∂B_ir² = 2λs²·(A Aᵀ)_rr, ∂²/∂A_rj² = 2λs²·(BᵀB)_rr (docs/design.md §4 and §6)."""
+    a, b = factor.lora_a.detach().double(), factor.lora_b.detach().double()
+    scale = 2 * penalty * factor.scaling**2
+    return scale * b.square().sum(dim=0).unsqueeze(1), scale * a.square().sum(dim=1).unsqueeze(0)
+
+
 @dataclass(frozen=True)
 class SavedAdapter:
     """What a saved peft adapter changes, by base weight name: LoRA layers (``factors``), and fully trained weights

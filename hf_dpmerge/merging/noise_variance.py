@@ -5,16 +5,22 @@ Each step hands the optimizer a privatised gradient with per-coordinate noise N(
 in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.optimizer_response`):
 
 * with the adapter's ``dp_noise_stats.safetensors`` (η_t of every step per parameter group, Adam's v̂ per
-  coordinate): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) s_k² = S(r̂_k), the simulated variance at
-  the coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0). Heads (``modules_to_save``) use their
+  coordinate, the linearised response along the run): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W), by the
+  coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0): below r̂ = 0.5 (noise sets v̂; Adam's step is
+  a ratio of noisy averages) s_k² = S(r̂_k, h), the simulated variance of a constant signal; from r̂ = 0.5 the
+  trainer's first-order response along the run's own g_t, m̂_t, v̂_t (:mod:`hf_dpmerge.training.noise_response`),
+  which also sees a signal that changes from step to step (a constant-signal S left the head bias 0.04–0.44 of
+  the measured variance: its batch-to-batch label mix is such a signal). Heads (``modules_to_save``) use their
   own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
 * with the alignment penalty's pull on LoRA factors (:func:`alignment_restoring`): the trainer adds ∇ of
   λ·‖s·B·A‖² to every noisy gradient, a known restoring force h·p per coordinate that the walk includes (without
-  it the walk over-stated B's noise 7.7× in the packaged recipe; docs/design.md §6).
+  it the walk over-stated B's noise 7.7× in the packaged recipe; docs/design.md §6); the linearised response
+  includes it step by step.
 * capped by the released weights (:func:`capped_variance`): E[τ̃_k²] = τ_k² + s_k² for a task vector τ̃ = τ + noise
   whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
-  is an upper bound on its mean s², tight when the tensor carries little signal. The walk is another upper
-  bound: the data's own curvature pulls the weights back further. The merge takes the smaller.
+  bounds its mean s², tight when the tensor carries little signal; the cap uses a 97.5 % upper confidence bound
+  on it (a tiny tensor's mean square is too noisy to cap). The walk is another upper bound: the data's own
+  curvature pulls the weights back further. The merge takes the smaller.
 * without the statistics (older releases, full models), from the record alone, with a warning: SGD
   s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
   informative coordinates); heads scaled by (head_lr/lr)².
@@ -33,12 +39,16 @@ from __future__ import annotations
 
 import torch
 
-from hf_dpmerge.lora import LoraFactor
+from hf_dpmerge.lora import LoraFactor, penalty_curvature
 from hf_dpmerge.merging.optimizer_response import adam_variance, sgd_variance
 from hf_dpmerge.records.noise_stats import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
 
 _SGD_HYPER = ("momentum", "dampening", "nesterov")
+# r̂ from which an Adam(W) coordinate takes the linearised response along its run rather than the simulated S(r̂, h)
+LINEAR_RESPONSE_MIN_RATIO = 0.5
+# the cap's confidence: s² ≤ mean(τ̃²)·n / χ²_n(α), α = 2.5 % (:func:`capped_variance`)
+_CAP_ALPHA = 0.025
 
 
 def _noise_std(record: PrivacyRecord) -> float:
@@ -76,10 +86,11 @@ def alignment_restoring(record: PrivacyRecord, factor: LoraFactor, saved_name: s
     penalty = float(record.align_lambda or 0.0)
     if penalty == 0.0:
         return 0.0
+    curvature_a, curvature_b = penalty_curvature(factor, penalty)
     if saved_name == factor.saved_b:
-        return 2 * penalty * factor.scaling**2 * factor.lora_a.double().square().sum(dim=1).unsqueeze(0)
+        return curvature_b
     if saved_name == factor.saved_a:
-        return 2 * penalty * factor.scaling**2 * factor.lora_b.double().square().sum(dim=0).unsqueeze(1)
+        return curvature_a
     raise ValueError(f"{saved_name} is neither factor of LoRA layer {factor.name}")
 
 
@@ -102,7 +113,18 @@ def stats_noise_variance(
     if "adam" in name and second_moment is not None:
         betas = stats.optimizer.get("betas", (0.9, 0.999))
         eps = float(stats.optimizer.get("eps", 1e-8))
-        return adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay, restoring)
+        simulated = adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay,
+                                  restoring)
+        response = stats.response_variances.get(saved_name)
+        if response is None or stats.noise_std <= 0:
+            return simulated
+        response = response.to(simulated) * (_noise_std(record) / stats.noise_std) ** 2  # linear in σ_g²
+        # a linearisation through a step with a tiny v̂_t can explode; Adam's own bound is the pure-noise walk S(0, h)
+        walk = adam_variance(torch.full_like(second_moment, _noise_std(record) ** 2), lrs.tolist(),
+                             _noise_std(record), betas, eps, weight_decay, restoring)
+        signal_to_noise = (second_moment.double() / _noise_std(record) ** 2 - 1).clamp(min=0).sqrt()
+        return torch.where(signal_to_noise.to(simulated.device) >= LINEAR_RESPONSE_MIN_RATIO,
+                           torch.minimum(response, walk), simulated)
     if name == "sgd":
         hyper = {key: stats.optimizer[key] for key in _SGD_HYPER if key in stats.optimizer}
         return sgd_variance(lrs.tolist(), _noise_std(record), restoring, weight_decay=weight_decay, **hyper)
@@ -126,10 +148,16 @@ def lora_noise_variance(
 
 
 def capped_variance(variance: torch.Tensor | float, task_vector: torch.Tensor) -> torch.Tensor | float:
-    """s² scaled down, if need be, so that its mean over the tensor is at most the mean of τ̃² (τ̃: the released
-    task vector, from a known start): s² · min(1, mean(τ̃²)/mean(s²)). Unchanged when s² = 0."""
+    """s² scaled down, if need be, so that its mean over the tensor is at most an upper confidence bound on it from
+    the released task vector τ̃ (from a known start): mean(τ̃²)·n/χ²_n(α), α = 2.5 %, n coordinates. For a tensor
+    of pure noise n·mean(τ̃²)/s² ~ χ²_n, so the bound holds with probability 1 − α, and signal only raises τ̃²; it is
+    ≈ mean(τ̃²) for large tensors and loose for tiny ones (a 2-class head bias: 40×), whose mean square is too noisy
+    to cap anything. Unchanged when s² = 0."""
+    from scipy.stats import chi2
+
     mean = float(torch.as_tensor(variance, dtype=torch.float64).expand(task_vector.shape).mean())
     if mean <= 0:
         return variance
-    bound = float(task_vector.double().square().mean())
+    count = task_vector.numel()
+    bound = float(task_vector.double().square().mean()) * count / float(chi2.ppf(_CAP_ALPHA, count))
     return variance if bound >= mean else variance * (bound / mean)

@@ -3,11 +3,14 @@
 The dp_aware merge needs each coordinate's DP noise variance, and under Adam that depends on the
 coordinate's signal-to-noise ratio (docs/design.md §6). The file holds, per trainable tensor
 (keyed like ``adapter_model.safetensors``): Adam's bias-corrected second moment v̂ = E[g̃²] (none for SGD),
-its parameter group; per group the learning rate η_t of every step taken and the weight decay; and the
-optimizer's name and hyper-parameters, and σ_g = σ·C/B_exp, the per-step noise std of one coordinate.
+under Adam(W) the noise variance of the final value linearised along the run's trajectory
+(:mod:`hf_dpmerge.training.noise_response`; absent in older files and in resumed runs), its parameter group;
+per group the learning rate η_t of every step taken and the weight decay; and the optimizer's name and
+hyper-parameters, and σ_g = σ·C/B_exp, the per-step noise std of one coordinate.
 
-Privacy: every value is computed from the privatised gradients g̃ (after clipping and noise) or from public
-hyper-parameters, so releasing it is post-processing of the DP mechanism and costs no privacy.
+Privacy: every value is computed from the privatised gradients g̃ (after clipping and noise), what is built from
+them (Adam's state, the weights) or from public hyper-parameters, so releasing it is post-processing of the DP
+mechanism and costs no privacy.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
 
 NOISE_STATS_NAME = "dp_noise_stats.safetensors"
 _MOMENT = "second_moment/"
+_RESPONSE = "response_variance/"
 _LRS = "lr/"
 
 
@@ -36,6 +40,7 @@ class NoiseStats:
     weight_decay: dict[str, float]
     groups: dict[str, str]
     second_moments: dict[str, torch.Tensor] = field(default_factory=dict)
+    response_variances: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def save(self, directory: str | os.PathLike) -> Path:
         from safetensors.torch import save_file
@@ -43,6 +48,8 @@ class NoiseStats:
         tensors = {
             _MOMENT + name: value.detach().float().cpu().contiguous() for name, value in self.second_moments.items()
         }
+        tensors |= {_RESPONSE + name: value.detach().float().cpu().contiguous()
+                    for name, value in self.response_variances.items()}
         tensors |= {_LRS + group: value.double().cpu().contiguous() for group, value in self.lrs.items()}
         header = {"optimizer": self.optimizer, "noise_std": self.noise_std, "weight_decay": self.weight_decay,
                   "groups": self.groups}
@@ -65,6 +72,7 @@ class NoiseStats:
             weight_decay={k: float(v) for k, v in header["weight_decay"].items()},
             groups=header["groups"],
             second_moments={k.removeprefix(_MOMENT): v for k, v in tensors.items() if k.startswith(_MOMENT)},
+            response_variances={k.removeprefix(_RESPONSE): v for k, v in tensors.items() if k.startswith(_RESPONSE)},
         )
 
     def parameter(self, name: str) -> tuple[torch.Tensor, float, torch.Tensor | None] | None:

@@ -49,7 +49,7 @@ from transformers import Trainer
 from transformers.utils import hf_api
 
 from hf_dpmerge.data.model_path import source_hub_id
-from hf_dpmerge.lora import lora_factors
+from hf_dpmerge.lora import lora_factors, penalty_curvature
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 from hf_dpmerge.records.card import write_adapter_card
@@ -81,6 +81,7 @@ from hf_dpmerge.training.dp.state import (
     seeded_generator,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.noise_response import AdamNoiseResponse, supports_noise_response
 from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
@@ -166,6 +167,7 @@ class DPSAMTrainer(Trainer):
         self.align_lambda = args.align_lambda if args.align_lambda > 0 and any(
             f.lora_a.requires_grad or f.lora_b.requires_grad for f in lora_factors(self.model)) else 0.0
         self._proximal_anchor: list[torch.Tensor] | None = None  # θ₀ of FedProx's term, taken at the first step
+        self.noise_response: AdamNoiseResponse | None = None  # set by create_optimizer under DP with Adam(W)
 
         self.num_samples = len(train_dataset)
         self.num_units = self.num_samples if self.unit_of_row is None else int(self.unit_of_row.max()) + 1
@@ -337,14 +339,37 @@ class DPSAMTrainer(Trainer):
         Σ η² (used by the dp_aware merge) is the encoder's."""
         optimizer = super().create_optimizer()
         head_lr = self.args.head_learning_rate
-        if head_lr is None:
-            return optimizer
-        head = {id(p) for n, p in self.model.named_parameters() if p.requires_grad and ".modules_to_save." in n}
-        groups = [dict(g, params=[p for p in g["params"] if id(p) not in head]) for g in optimizer.param_groups]
-        groups += [dict(g, params=[p for p in g["params"] if id(p) in head], lr=head_lr)
-                   for g in optimizer.param_groups]
-        optimizer.param_groups = [g for g in groups if g["params"]]
+        if head_lr is not None:
+            head = {id(p) for n, p in self.model.named_parameters() if p.requires_grad and ".modules_to_save." in n}
+            groups = [dict(g, params=[p for p in g["params"] if id(p) not in head]) for g in optimizer.param_groups]
+            groups += [dict(g, params=[p for p in g["params"] if id(p) in head], lr=head_lr)
+                       for g in optimizer.param_groups]
+            optimizer.param_groups = [g for g in groups if g["params"]]
+        self._follow_noise_response(optimizer)
         return optimizer
+
+    def _follow_noise_response(self, optimizer: torch.optim.Optimizer) -> None:
+        """Under DP with Adam(W), follow each coordinate's linearised noise variance along the run
+        (:class:`AdamNoiseResponse`, shipped in ``dp_noise_stats.safetensors`` for the dp_aware merge)."""
+        if self.noise_response is not None:
+            self.noise_response.remove()
+            self.noise_response = None
+        if self.privatizer is None or self.noise_multiplier == 0 or not supports_noise_response(optimizer):
+            return
+        noise_std = self.noise_multiplier * self.privatizer.sensitivity / self.expected_batch_size
+        self.noise_response = AdamNoiseResponse(optimizer, noise_std, self._restoring_forces)
+
+    def _restoring_forces(self) -> dict[nn.Parameter, torch.Tensor | float]:
+        """The data-free terms' restoring force h per parameter (the step adds h·δp to the gradient's response):
+        the alignment penalty's diagonal curvature on LoRA factors, FedProx's μ on every parameter."""
+        forces: dict[nn.Parameter, torch.Tensor | float] = {}
+        if self.align_lambda > 0:
+            for factor in lora_factors(self.model):
+                forces[factor.lora_a], forces[factor.lora_b] = penalty_curvature(factor, self.align_lambda)
+        if self._proximal_anchor is not None:
+            for param in self._params:
+                forces[param] = forces.get(param, 0.0) + self.args.proximal_mu
+        return forces
 
     # ------------------------------------------------------------------ one step
     def training_step(

@@ -1,9 +1,9 @@
 """Collect a DPSAMTrainer run's :class:`~hf_dpmerge.records.noise_stats.NoiseStats` for its release.
 
-The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §6). All of
-it is computed from the privatised gradients (Adam's v̂) or public hyper-parameters, so it is free in
-privacy. η_t is the learning rate each step used, replayed from the run's scheduler and checked against the
-Σ_t η_t² of the first group in the trainer's ``dp_state``.
+The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §6). All of it is computed
+from the privatised gradients and what is built from them (Adam's v̂, the weights, the linearised noise response) or
+from public hyper-parameters, so it is free in privacy. η_t is the learning rate each step used, replayed from the run's
+scheduler and checked against the Σ_t η_t² of the first group in the trainer's ``dp_state``.
 """
 
 from __future__ import annotations
@@ -76,6 +76,14 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
             moments[name] = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
     first = optimizer.param_groups[0]
     dp = trainer.dp_state.accountant is not None
+    response = getattr(trainer, "noise_response", None)
+    responses = {}
+    if response is not None and response.steps == trainer.state.global_step:
+        by_param = response.variances()
+        responses = {name: by_param[param] for name, param in named.items() if param in by_param}
+    elif response is not None:  # a resumed run followed only the steps after the resume point
+        logger.info("the linearised noise response covers %d of %d steps (resumed run): not shipped",
+                    response.steps, trainer.state.global_step)
     return NoiseStats(
         optimizer={"name": type(optimizer).__name__, **{k: first[k] for k in _HYPER if k in first}},
         noise_std=trainer.noise_multiplier * trainer.privatizer.sensitivity / trainer.expected_batch_size
@@ -84,6 +92,7 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
         weight_decay={str(i): float(g.get("weight_decay", 0.0)) for i, g in enumerate(optimizer.param_groups)},
         groups={name: str(int(index)) for name, index in groups.items()},
         second_moments=get_peft_model_state_dict(model, state_dict=moments) if moments else {},
+        response_variances=get_peft_model_state_dict(model, state_dict=responses) if responses else {},
     )
 
 

@@ -28,7 +28,7 @@ from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a
 from tests.utils.merging_builders import adamw_record
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset
 
-RERUNS, STEPS, BATCH, SCALING = 8, 20, 8, 2.0  # lora_classifier: lora_alpha 8 / r 4
+RERUNS, STEPS, BATCH, SCALING = 96, 20, 8, 2.0  # lora_classifier: lora_alpha 8 / r 4
 PACKAGED = dict(head_warmup_steps=0.25, learning_rate=2e-3, head_learning_rate=2e-2)
 SETTINGS = {"sigma1_dp_sat": (1.0, "dp_sat", False), "sigma0.25_dp_sat": (0.25, "dp_sat", False),
             "sigma0.25_no_sam": (0.25, "none", False), "packaged": (0.5, "dp_sat", True)}
@@ -114,18 +114,15 @@ def ratios(tmp_path_factory):
     return get
 
 
-BIAS_GAP = pytest.mark.xfail(strict=True, reason=(
-    "the head bias is signal-driven (r̂ ≈ 2.4 at σ = 1, ≈ 10 at σ = 0.25): its spread comes from the other weights' "
-    "noise changing its gradient, which a per-coordinate walk does not model (predicted/measured 0.44, 0.04)"))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=BIAS_GAP) if k == "head.bias" else k
-                                  for k in (*KINDS, WALK)])
+@pytest.mark.parametrize("kind", [*KINDS, WALK])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_predicted_noise_variance_matches_noise_only_reruns(ratios, setting: str, kind: str) -> None:
-    """lora_A, lora_B, ΔW and the head weight within 0.8–1.25 of the measured variance at σ = 1 and 0.25, with
-    and without SAM, and in the packaged recipe's mode; so is lora_B's walk alone once it includes the alignment
-    penalty's pull (without it the walk over-stated lora_B 2.1× at σ = 0.25, 7.8× in the packaged recipe)."""
+    """Every kind within 0.8–1.25 of the measured variance at σ = 1 and 0.25, with and without SAM, and in the
+    packaged recipe's mode; so is lora_B's walk alone once it includes the alignment penalty's pull (without it the
+    walk over-stated lora_B 2.1× at σ = 0.25, 7.8× in the packaged recipe). The head bias follows the trainer's
+    linearised response (a constant-signal walk gave 0.04–0.44: its signal, the batch's label mix, changes every
+    step); with 2 coordinates its measured variance needs the 96 re-runs (standard error ≈ 10 %; 32 re-runs
+    scatter it by ±25 %)."""
     ratio = ratios(setting)[kind]
     assert 0.8 <= ratio <= 1.25, f"{setting} {kind}: predicted/measured {ratio:.3f}"
