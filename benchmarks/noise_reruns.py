@@ -16,6 +16,7 @@ reused (resumable); ``--report-only`` rewrites the report from them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from unittest import mock
@@ -67,9 +68,11 @@ def _predicted(adapter_dir: Path) -> dict[str, float]:
     for name, factor in adapter.factors.items():
         _, variance_b = input_lora_b_noise(reference, name, {})
         totals["lora_B"] += float(torch.as_tensor(variance_b).expand(factor.lora_b.shape).sum())
-        for kind, restoring in (("lora_B (walk, uncapped)", alignment_restoring(record, factor, factor.saved_b)),
-                                ("lora_B (walk without the penalty)", 0.0)):
-            walk = stats_noise_variance(record, stats, factor.saved_b, restoring)
+        for kind, restoring, used in (
+                ("lora_B (walk, uncapped)", alignment_restoring(record, factor, factor.saved_b), stats),
+                # the simulated walk alone: the linearised response followed the penalty's pull during training
+                ("lora_B (walk without the penalty)", 0.0, dataclasses.replace(stats, response_variances={}))):
+            walk = stats_noise_variance(record, used, factor.saved_b, restoring)
             totals[kind] += float(torch.as_tensor(walk).expand(factor.lora_b.shape).sum())
         totals["delta"] += float(input_noise_variance(reference, name, {}).sum())
     for name, saved in adapter.trained.items():
