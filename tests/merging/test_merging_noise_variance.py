@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from opacus.optimizers import DPOptimizer
 
 from hf_dpmerge.lora import LoraFactor
 from hf_dpmerge.merging.noise_variance import (
+    LINEAR_RESPONSE_MIN_RATIO,
     alignment_restoring,
     capped_variance,
     lora_noise_variance,
@@ -134,6 +137,33 @@ def test_adamw_model_matches_simulation_across_signal_to_noise(schedule: str, sn
     predicted = stats_noise_variance(_record_for("AdamW"), stats, "p")
     assert predicted.shape == parameter.shape
     assert float(predicted.mean()) == pytest.approx(simulated, rel=0.15)
+
+
+def test_adam_takes_the_shipped_response_where_the_signal_dominates_and_never_above_the_noise_walk() -> None:
+    """r̂ = 0 and 0.3 (v̂ = σ_g², 1.09·σ_g²): the simulated S(r̂); r̂ = 1 and 4: the linearised response shipped by
+    the trainer, unless it exceeds S(0), the pure-noise walk (a linearisation through a tiny v̂_t); a per-model σ
+    scales the response by (σ/σ_run)²."""
+    assert LINEAR_RESPONSE_MIN_RATIO == 0.5
+    lrs = _schedule("linear")
+    ratios = torch.tensor([0.0, 0.3, 1.0, 4.0, 4.0])
+    second_moment = NOISE**2 * (1 + ratios.square())
+    response = torch.tensor([7e-9, 7e-9, 3e-6, 2e-7, 1.0])
+    stats = dataclasses.replace(_stats("AdamW", lrs, 0.01, second_moment, betas=[0.9, 0.999], eps=1e-8),
+                                response_variances={"p": response})
+    simulated = stats_noise_variance(_record_for("AdamW"), _stats("AdamW", lrs, 0.01, second_moment,
+                                                                  betas=[0.9, 0.999], eps=1e-8), "p")
+    walk = stats_noise_variance(_record_for("AdamW"), _stats("AdamW", lrs, 0.01, torch.full((5,), NOISE**2),
+                                                             betas=[0.9, 0.999], eps=1e-8), "p")
+    chosen = stats_noise_variance(_record_for("AdamW"), stats, "p")
+    torch.testing.assert_close(chosen[:2], simulated[:2])
+    torch.testing.assert_close(chosen[2:4], response[2:4])
+    torch.testing.assert_close(chosen[4], walk[4])
+    assert float(walk[4]) < 1.0
+    doubled = adamw_record(noise_multiplier=2.0, max_grad_norm=NOISE * 256, expected_batch_size=256,
+                           optimizer={"name": "AdamW", "lr": LR})
+    ratio_at_doubled = float((second_moment[3] / (2 * NOISE) ** 2 - 1).clamp(min=0).sqrt())
+    assert ratio_at_doubled >= 0.5  # still signal-dominated at 2σ_g
+    assert float(stats_noise_variance(doubled, stats, "p")[3]) == pytest.approx(4 * float(response[3]), rel=1e-5)
 
 
 @pytest.mark.parametrize("schedule", ["constant", "linear"])
