@@ -30,13 +30,18 @@ import torch
 from torch import nn
 
 _PP, _PM, _PV, _MM, _MV, _VV = range(6)  # the symmetric 3×3 covariance of (δp, δm, δv), upper triangle
-_TRACKED = ("Adam", "AdamW")
+_FOLLOWED = ("Adam", "AdamW")
 
 
 def supports_noise_response(optimizer: torch.optim.Optimizer) -> bool:
     """Whether the response can be followed: torch's Adam/AdamW without AMSGrad or maximize."""
-    return type(optimizer).__name__ in _TRACKED and not any(
+    return type(optimizer).__name__ in _FOLLOWED and not any(
         g.get("amsgrad") or g.get("maximize") for g in optimizer.param_groups)
+
+
+def _decoupled(optimizer: torch.optim.Optimizer, group: dict) -> bool:
+    """AdamW's decay (p ← (1 − η·λ)·p), also Adam's with ``decoupled_weight_decay=True``; else L2 on the gradient."""
+    return bool(group.get("decoupled_weight_decay", type(optimizer).__name__ == "AdamW"))
 
 
 class AdamNoiseResponse:
@@ -55,10 +60,9 @@ class AdamNoiseResponse:
         self.restoring = restoring
         self.steps = 0
         self._covariance: dict[nn.Parameter, torch.Tensor] = {}
-        self._decoupled = type(optimizer).__name__ == "AdamW"
         self._handles = [optimizer.register_step_post_hook(self._after_step)]
         self._before: dict[nn.Parameter, torch.Tensor] = {}
-        if not self._decoupled and any(g["weight_decay"] for g in optimizer.param_groups):
+        if any(g["weight_decay"] and not _decoupled(optimizer, g) for g in optimizer.param_groups):
             self._handles.append(optimizer.register_step_pre_hook(self._before_step))  # L2 decay reads p_{t−1}
 
     def remove(self) -> None:
@@ -71,7 +75,8 @@ class AdamNoiseResponse:
 
     @torch.no_grad()
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
-        self._before = {p: p.detach().float().clone() for g in optimizer.param_groups if g["weight_decay"]
+        self._before = {p: p.detach().float().clone() for g in optimizer.param_groups
+                        if g["weight_decay"] and not _decoupled(optimizer, g)
                         for p in g["params"] if p.grad is not None}
 
     @torch.no_grad()
@@ -81,19 +86,20 @@ class AdamNoiseResponse:
         for group in optimizer.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            decoupled = _decoupled(optimizer, group)
             for param in group["params"]:
                 if param.grad is None or param not in optimizer.state:
                     continue
                 state = optimizer.state[param]
                 pull = torch.as_tensor(pulls.get(param, 0.0), dtype=torch.float32, device=param.device)
                 grad = param.grad.float()
-                if not self._decoupled and decay:  # torch Adam's L2 decay: it steps on g + λ·p
+                if not decoupled and decay:  # Adam's L2 decay: it steps on g + λ·p
                     pull, grad = pull + decay, grad + decay * self._before[param]
                 self._step(param, grad, state["exp_avg"].float(), state["exp_avg_sq"].float(),
-                           float(state["step"]), beta1, beta2, lr, eps, decay if self._decoupled else 0.0, pull)
+                           float(state["step"]), beta1, beta2, lr, eps, decay if decoupled else 0.0, pull)
 
     def _step(self, param: nn.Parameter, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-              step: float, beta1: float, beta2: float, lr: float, eps: float, decoupled: float,
+              step: float, beta1: float, beta2: float, lr: float, eps: float, decoupled_decay: float,
               pull: torch.Tensor) -> None:
         cov = self._covariance.get(param)
         if cov is None:
@@ -107,7 +113,7 @@ class AdamNoiseResponse:
         m_p, m_m = (1 - beta1) * pull, beta1
         v_p, v_v = (1 - beta2) * 2 * grad * pull, beta2
         u_m, u_v = 1 - beta1, (1 - beta2) * 2 * grad
-        p_p = (1 - lr * decoupled) - c_m * m_p - c_v * v_p
+        p_p = (1 - lr * decoupled_decay) - c_m * m_p - c_v * v_p
         p_m, p_v = -c_m * m_m, -c_v * v_v
         u_p = -(c_m * u_m + c_v * u_v)
         rows = ((p_p, p_m, p_v), (m_p, m_m, 0.0), (v_p, 0.0, v_v))

@@ -29,6 +29,7 @@ def _train(optimizer_class: type, noise: torch.Tensor, signal: torch.Tensor, fol
 @pytest.mark.parametrize(("optimizer_class", "hyper"), [
     (torch.optim.AdamW, {"weight_decay": 0.1}),
     (torch.optim.Adam, {"weight_decay": 0.1, "betas": (0.8, 0.99)}),
+    (torch.optim.Adam, {"weight_decay": 0.1, "decoupled_weight_decay": True}),
 ])
 def test_response_equals_the_variance_of_the_linearised_run_by_finite_differences(optimizer_class, hyper) -> None:
     """σ_g²·Σ_s (∂p_T/∂n_s)², the derivatives by central differences of the real optimizer's run (coordinates are
