@@ -113,16 +113,16 @@ def stats_noise_variance(
     if "adam" in name and second_moment is not None:
         betas = stats.optimizer.get("betas", (0.9, 0.999))
         eps = float(stats.optimizer.get("eps", 1e-8))
-        simulated = adam_variance(second_moment, lrs.tolist(), _noise_std(record), betas, eps, weight_decay,
-                                  restoring)
+        noise_std = _noise_std(record)
+        simulated = adam_variance(second_moment, lrs.tolist(), noise_std, betas, eps, weight_decay, restoring)
         response = stats.response_variances.get(saved_name)
         if response is None or stats.noise_std <= 0:
             return simulated
-        response = response.to(simulated) * (_noise_std(record) / stats.noise_std) ** 2  # linear in σ_g²
+        response = response.to(simulated) * (noise_std / stats.noise_std) ** 2  # linear in σ_g²
         # a linearisation through a step with a tiny v̂_t can explode; Adam's own bound is the pure-noise walk S(0, h)
-        walk = adam_variance(torch.full_like(second_moment, _noise_std(record) ** 2), lrs.tolist(),
-                             _noise_std(record), betas, eps, weight_decay, restoring)
-        signal_to_noise = (second_moment.double() / _noise_std(record) ** 2 - 1).clamp(min=0).sqrt()
+        walk = adam_variance(torch.full_like(second_moment, noise_std**2), lrs.tolist(), noise_std, betas, eps,
+                             weight_decay, restoring)
+        signal_to_noise = (second_moment.double() / noise_std**2 - 1).clamp(min=0).sqrt()
         return torch.where(signal_to_noise.to(simulated.device) >= LINEAR_RESPONSE_MIN_RATIO,
                            torch.minimum(response, walk), simulated)
     if name == "sgd":

@@ -224,6 +224,13 @@ class DPSAMTrainer(Trainer):
         return self.dp_state.sum_lr_squared
 
     @property
+    def noise_std(self) -> float:
+        """σ_g = σ·C/B_exp, the noise std of one coordinate of a step's privatised mean gradient; 0 without DP."""
+        if self.privatizer is None:
+            return 0.0
+        return self.noise_multiplier * self.privatizer.sensitivity / self.expected_batch_size
+
+    @property
     def sample_generator(self) -> torch.Generator:
         """The generator of the Poisson draws (``dp_state.sample_generator``)."""
         return self.dp_state.sample_generator
@@ -354,10 +361,9 @@ class DPSAMTrainer(Trainer):
         if self.noise_response is not None:
             self.noise_response.remove()
             self.noise_response = None
-        if self.privatizer is None or self.noise_multiplier == 0 or not supports_noise_response(optimizer):
+        if self.noise_std == 0 or not supports_noise_response(optimizer):
             return
-        noise_std = self.noise_multiplier * self.privatizer.sensitivity / self.expected_batch_size
-        self.noise_response = AdamNoiseResponse(optimizer, noise_std, self._restoring_forces)
+        self.noise_response = AdamNoiseResponse(optimizer, self.noise_std, self._restoring_forces)
 
     def _restoring_forces(self) -> dict[nn.Parameter, torch.Tensor | float]:
         """The data-free terms' restoring force h per parameter (the step adds h·δp to the gradient's response):

@@ -75,7 +75,6 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
             beta2 = optimizer.param_groups[group_of[id(param)]]["betas"][1]
             moments[name] = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
     first = optimizer.param_groups[0]
-    dp = trainer.dp_state.accountant is not None
     response = getattr(trainer, "noise_response", None)
     responses = {}
     if response is not None and response.steps == trainer.state.global_step:
@@ -86,8 +85,7 @@ def collect_noise_stats(trainer: Any) -> NoiseStats | None:
                     response.steps, trainer.state.global_step)
     return NoiseStats(
         optimizer={"name": type(optimizer).__name__, **{k: first[k] for k in _HYPER if k in first}},
-        noise_std=trainer.noise_multiplier * trainer.privatizer.sensitivity / trainer.expected_batch_size
-        if dp else 0.0,
+        noise_std=trainer.noise_std,
         lrs={str(i): torch.tensor(lrs, dtype=torch.float64) for i, lrs in enumerate(history)},
         weight_decay={str(i): float(g.get("weight_decay", 0.0)) for i, g in enumerate(optimizer.param_groups)},
         groups={name: str(int(index)) for name, index in groups.items()},
