@@ -39,9 +39,9 @@ from hf_dpmerge.audit.one_run_bound import epsilon_lower_bound
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.data.tokenize import tokenize_task
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dp.accounting import resolve_delta
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.utils.io import write_text_atomic
 
 
@@ -108,8 +108,10 @@ def audit_training(
     max_length: int = 128,
     adapter_dir: str | os.PathLike | None = None,
     rows_per_canary: int = 1,
+    trainer_options: dict[str, Any] | None = None,
 ) -> AuditResult:
-    """Audit ``config`` by training the peft ``model`` once on ``train`` (raw task rows) plus canaries."""
+    """Audit ``config`` by training the peft ``model`` once on ``train`` (raw task rows) plus canaries
+    (``trainer_options``: :func:`~hf_dpmerge.training.cached_prefix.dp_trainer`'s, e.g. the cached prefix)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     unit = config.privacy_unit_column
@@ -136,7 +138,7 @@ def audit_training(
     included = canary_rows.select(np.flatnonzero(canaries.included[canaries.canary_of_row]))
     train_set = datasets.concatenate_datasets([task_rows, included])
     collator = DataCollatorWithPadding(tokenizer)
-    trainer = DPSAMTrainer(model=model, args=config, train_dataset=train_set, data_collator=collator)
+    trainer = dp_trainer(model, config, train_dataset=train_set, data_collator=collator, **(trainer_options or {}))
     trainer.train()
     adapter_dir = Path(adapter_dir if adapter_dir is not None else Path(config.output_dir) / "adapter")
     trainer.save_model(str(adapter_dir))

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, splits["train"], spec, config,
             num_canaries=args.num_canaries, k_plus=k_plus, k_minus=k_minus, canary_length=args.canary_length,
             confidence=args.confidence, seed=args.audit_seed, max_length=task.max_length, adapter_dir=adapter_dir,
-            rows_per_canary=args.canary_rows,
+            rows_per_canary=args.canary_rows, trainer_options=lora.trainer_options(),
         )
     print(result.summary())
     print(f"saved {result.save(output)}")

@@ -1,5 +1,5 @@
-"""f(x), the input of a sequence classifier's head: what a head-only release trains on (``training/cached_head``)
-and what a fresh linear probe reads (``analysis/probe``)."""
+"""f(x), the input of a sequence classifier's head: what a fresh linear probe reads (``analysis/probe``). A
+head-only training run caches the same input (:func:`~hf_dpmerge.modeling.prefix_split.boundary_inputs`)."""
 
 from __future__ import annotations
 

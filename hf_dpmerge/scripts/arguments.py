@@ -56,7 +56,7 @@ class LoraArguments:
     lora_layers: str = field(
         default="top_half",
         metadata={"help": "Layers that get LoRA: 'top_half' (backprop stops halfway: faster steps, fewer noisy "
-                  "coordinates), 'all', or comma-separated indices."},
+                  "coordinates), 'top_K' (the top K layers, e.g. top_1), 'all', or comma-separated indices."},
     )
     lora_freeze_a: bool = field(
         default=False,
@@ -67,6 +67,23 @@ class LoraArguments:
         default=DEFAULT_LORA_A_SEED,
         metadata={"help": "Public seed of the frozen A factors (--lora_freeze_a); recorded in dp_privacy.json."},
     )
+
+    cache_prefix: str = field(
+        default="auto",
+        metadata={"help": "Train the top on cached states of the frozen bottom (the layers below the lowest LoRA "
+                  "layer; the head's input with --train_lora false): 'auto' (whenever the bottom is frozen), 'true' "
+                  "(refused when it is not) or 'false'. The same mechanism, computed once per example in "
+                  "evaluation mode (docs/design.md §16).", "choices": ("auto", "true", "false")},
+    )
+    cache_dtype: str = field(
+        default="float16",
+        metadata={"help": "Storage of the cached states (computed in float32).",
+                  "choices": ("float16", "bfloat16", "float32")},
+    )
+
+    def trainer_options(self) -> dict:
+        """The keyword arguments of ``dp_trainer`` these flags set."""
+        return {"cache_prefix": self.cache_prefix, "cache_dtype": self.cache_dtype}
 
     def lora_options(self) -> dict:
         """The keyword arguments of ``lora_sequence_classifier`` these flags set."""

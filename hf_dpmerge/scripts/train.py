@@ -56,9 +56,8 @@ from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
-from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
+from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE
@@ -209,18 +208,11 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO") or config.eval_on_start
     if evaluating and "validation" not in data:
         raise ValueError(f"--eval_strategy/--eval_on_start: task {task} has no validation split")
-    collator = DataCollatorWithPadding(tokenizer)
-    common = dict(model=model, args=args, eval_dataset=data["validation"] if evaluating else None,
-                  compute_metrics=trainer_compute_metrics(spec) if evaluating else None)
-    if script.train_lora:
-        trainer = DPSAMTrainer(train_dataset=data["train"], data_collator=collator, **common)
-    else:  # the frozen encoder runs once per row; the steps train the head on its pooled features
-        model.to(config.device)
-        needed = ["train", "test"] + (["validation"] if evaluating else [])
-        data = {split: with_pooled_features(model, data[split], collator, config.per_device_eval_batch_size)
-                for split in needed}
-        common["eval_dataset"] = data["validation"] if evaluating else None
-        trainer = CachedHeadTrainer(train_dataset=data["train"], **common)
+    # the frozen bottom (below the lowest LoRA layer; the whole encoder with --train_lora false) runs once per row
+    trainer = dp_trainer(model, args, train_dataset=data["train"], data_collator=DataCollatorWithPadding(tokenizer),
+                         eval_dataset=data["validation"] if evaluating else None,
+                         compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
+                         **script.trainer_options())
     trainer.train(resume_from_checkpoint=resume)
     adapter_dir = out / ADAPTER_DIR  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)

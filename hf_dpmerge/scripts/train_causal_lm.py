@@ -39,8 +39,8 @@ from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments
 from hf_dpmerge.scripts.train import parse_arguments, resume_point
+from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import require_model_source, staged_directory
@@ -138,9 +138,9 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
     model = lora_causal_lm(base_dir.resolve(), r=script.lora_r, alpha=script.lora_alpha,
                            target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
     out = Path(script.runs_dir) / task
-    trainer = DPSAMTrainer(model=model, args=dataclasses.replace(config, output_dir=str(out / "checkpoints")),
-                           train_dataset=train,
-                           data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX))
+    trainer = dp_trainer(model, dataclasses.replace(config, output_dir=str(out / "checkpoints")), train_dataset=train,
+                         data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
+                         **script.trainer_options())
     trainer.train(resume_from_checkpoint=resume)
     adapter_dir = out / ADAPTER_DIR
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)

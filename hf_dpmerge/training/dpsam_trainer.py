@@ -69,6 +69,7 @@ from hf_dpmerge.training.checks import (
 )
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant, calibrate_noise_multiplier, resolve_delta
 from hf_dpmerge.training.dp.cross_process import main_process_value, shared_seed, sum_over_processes
+from hf_dpmerge.training.dp.micro_batches import micro_batches
 from hf_dpmerge.training.dp.poisson_loader import UNIT_KEY, poisson_dataloader
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
 from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, SAMPLING_STREAM, dataset_identity, stream_seed
@@ -463,31 +464,25 @@ class DPSAMTrainer(Trainer):
         features = {k: v for k, v in inputs.items() if k != "labels"}
         sums = [torch.zeros_like(p) for p in params]
         loss_total = torch.zeros((), device=labels.device)
-        size = self.args.physical_batch_size
-        for start in range(0, batch, size):
-            micro_features = {
-                k: v[start : start + size] if isinstance(v, torch.Tensor) else v for k, v in features.items()
-            }
-            micro_labels = labels[start : start + size]
+        for micro_features, micro_labels, rows in micro_batches(features, labels, self.args.physical_batch_size):
             if self.args.sam_mode == "per_example":
                 grads = per_example_sam_grads(
-                    model, names, params, {**micro_features, "labels": micro_labels}, per_example_loss,
+                    model, names, params, {**micro_features, "labels": micro_labels}, self._example_losses,
                     self.args.sam_rho,
                 )
                 with torch.no_grad():
-                    loss_total += per_example_loss(self._logits(model, micro_features), micro_labels).sum()
+                    loss_total += self._example_losses(model, micro_features, micro_labels).sum()
                 if privatizer is not None:
                     privatizer.accumulate(grads)
                 else:
                     for total, g in zip(sums, grads):
                         total.add_(g.sum(dim=0))
                 continue
-            losses = per_example_loss(self._logits(model, micro_features), micro_labels)
-            loss_sum = losses.sum()
+            loss_sum = self._example_losses(model, micro_features, micro_labels).sum()
             params_grads = torch.autograd.grad(loss_sum, params, allow_unused=True)
             loss_total += loss_sum.detach()
             if privatizer is not None:
-                positions = None if unit_positions is None else unit_positions[start : start + size]
+                positions = None if unit_positions is None else unit_positions[rows]
                 privatizer.accumulate_grad_samples(positions, num_units)
             else:
                 for total, g in zip(sums, params_grads):
@@ -505,6 +500,10 @@ class DPSAMTrainer(Trainer):
     def _logits(self, model: nn.Module, features: dict[str, Any]) -> torch.Tensor:
         """The model's logits on one micro-batch (without its labels)."""
         return model(**features).logits
+
+    def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
+        """The loss of each example of one micro-batch, shape [b] (its per-sample gradients are clipped)."""
+        return per_example_loss(self._logits(model, features), labels)
 
     def _sum_over_processes(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return sum_over_processes(self.accelerator, tensors)

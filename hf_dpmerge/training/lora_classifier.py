@@ -20,15 +20,22 @@ from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED, freeze_shared
 
 
 def lora_layer_indices(choice: str, num_layers: int) -> list[int] | None:
-    """The layers given LoRA: None (= all) for 'all', the upper ⌈L/2⌉ for 'top_half', else the listed indices."""
+    """The layers given LoRA: None (= all) for 'all', the upper ⌈L/2⌉ for 'top_half', the upper K for 'top_K', else
+    the listed indices."""
     if choice == "all":
         return None
     if choice == "top_half":
         return list(range(num_layers // 2, num_layers))
+    if choice.startswith("top_"):
+        count = choice.removeprefix("top_")
+        if not count.isdigit() or not 1 <= int(count) <= num_layers:
+            raise ValueError(f"LoRA layers {choice!r}: top_K needs 1 ≤ K ≤ {num_layers} (the model's layers)")
+        return list(range(num_layers - int(count), num_layers))
     try:
         layers = [int(i) for i in choice.split(",")]
     except ValueError:
-        raise ValueError(f"LoRA layers {choice!r}: give 'all', 'top_half' or comma-separated indices") from None
+        raise ValueError(f"LoRA layers {choice!r}: give 'all', 'top_half', 'top_K' or comma-separated "
+                         "indices") from None
     if any(not 0 <= i < num_layers for i in layers):
         raise ValueError(f"LoRA layers {choice!r}: indices must lie in [0, {num_layers})")
     return layers

@@ -33,17 +33,35 @@ def additive_4d_mask(mask: torch.Tensor, causal: bool, dtype: torch.dtype) -> to
     return (~allowed).to(dtype) * torch.finfo(dtype).min
 
 
+ExampleLosses = Callable[[nn.Module, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class _ExampleLosses(nn.Module):
+    """``example_losses(model, features, labels)`` as a module's forward, so torch.func can call it with other
+    weights (names of ``model``'s parameters prefixed with ``model.``)."""
+
+    def __init__(self, model: nn.Module, example_losses: ExampleLosses):
+        super().__init__()
+        self.model = model
+        self.example_losses = example_losses
+
+    def forward(self, features: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        return self.example_losses(self.model, features, labels)
+
+
 def per_example_sam_grads(
     model: nn.Module,
     names: Sequence[str],
     params: Sequence[nn.Parameter],
     inputs: dict[str, torch.Tensor],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    example_losses: ExampleLosses,
     rho: float,
 ) -> list[torch.Tensor]:
-    """Per-example gradients at each example's own ascent point w + ρ·g_i/‖g_i‖ (shape [b, *p.shape])."""
+    """Per-example gradients at each example's own ascent point w + ρ·g_i/‖g_i‖ (shape [b, *p.shape]);
+    ``example_losses(model, features, labels)`` gives the loss of each example of a batch."""
     labels = inputs["labels"]
     features = {k: v for k, v in inputs.items() if k != "labels" and isinstance(v, torch.Tensor)}
+    losses = _ExampleLosses(model, example_losses)
 
     causal = labels.dim() == 2
 
@@ -51,8 +69,8 @@ def per_example_sam_grads(
         batch = {k: v.unsqueeze(0) for k, v in example.items()}
         if "attention_mask" in batch:
             batch["attention_mask"] = additive_4d_mask(batch["attention_mask"], causal, params[0].dtype)
-        logits = functional_call(model, weights, args=(), kwargs=batch, strict=False).logits
-        return loss_fn(logits, label.unsqueeze(0))[0]
+        prefixed = {f"model.{n}": w for n, w in weights.items()}
+        return functional_call(losses, prefixed, args=(batch, label.unsqueeze(0)), strict=False)[0]
 
     grad_one = grad(loss_one)
 

@@ -107,13 +107,14 @@ def head_only_classifier(seed: int = 0):
     return model
 
 
-def make_cached_head_trainer(tmp_path, model=None, dataset=None, **overrides: Any):
-    """A :class:`CachedHeadTrainer` on the pooled features of ``dataset`` (default :func:`text_dataset`) under
-    ``model`` (default :func:`head_only_classifier`), with :func:`make_trainer`'s settings."""
-    from hf_dpmerge.training.cached_head import CachedHeadTrainer, with_pooled_features
+def make_cached_trainer(tmp_path, model=None, dataset=None, **overrides: Any):
+    """A :class:`CachedPrefixTrainer` (float32 cache) on ``dataset`` (default :func:`text_dataset`) under ``model``
+    (default :func:`head_only_classifier`: the cached rows are the head's pooled input), with :func:`make_trainer`'s
+    settings."""
+    from hf_dpmerge.training.cached_prefix import CachedPrefixTrainer
 
     model = model if model is not None else head_only_classifier()
-    dataset = dataset if dataset is not None else text_dataset()
-    features = with_pooled_features(model, dataset, DataCollatorWithPadding(tiny_tokenizer()), batch_size=16)
-    return silenced(lambda **settings: CachedHeadTrainer(model=model, args=trainer_config(tmp_path, **settings),
-                                                         train_dataset=features), overrides)
+    return silenced(lambda **settings: CachedPrefixTrainer(
+        model=model, args=trainer_config(tmp_path, **settings), cache_dtype="float32",
+        train_dataset=dataset if dataset is not None else text_dataset(),
+        data_collator=DataCollatorWithPadding(tiny_tokenizer())), overrides)

@@ -15,7 +15,8 @@ TRAIN_FLAGS = {
     "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
     "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
-    "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5,
+    "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5, "cache_prefix": "false",
+    "cache_dtype": "float32",
 }
 
 

@@ -1,0 +1,262 @@
+"""DP training on a cached prefix: the frozen bottom of the model runs once per example, every step runs the top.
+
+Split the model at b, the lowest layer holding a trainable parameter (:func:`~hf_dpmerge.modeling.prefix_split.
+trainable_boundary`; b = L when only the task head trains). The bottom (embeddings + layers[:b]) is then a fixed
+public function f_b of each example; its output is computed once, in evaluation mode (no dropout in the frozen
+part), and kept for the run's real tokens only (:class:`PrefixRows`, in memory, never written or released). Each
+step runs the top on it:
+
+    g̃ = ( Σ_{i∈B} clip_C(∇_θ ℓ(top_θ(f_b(x_i)), y_i)) + N(0, σ²C²I) ) / B_exp,   B ~ Poisson(q)
+
+which is the full model's per-sample gradient exactly (dropout off in the bottom): the same mechanism on less
+arithmetic (docs/design.md §16). Sampling, clipping, noise, SAM modes, the alignment penalty, the accountant, the
+record and the release are :class:`DPSAMTrainer`'s. b = L is the head-only floor: the cached rows are the head's
+pooled input and a step runs the head alone. On causal LMs the LM head is applied at the answer positions only
+(every position under ``sam_mode='per_example'``, whose per-example functional pass cannot take a data-dependent
+width): the loss is the same, a 49k-vocabulary head on every prompt token is not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from hf_dpmerge.modeling.per_example_loss import per_example_loss
+from hf_dpmerge.modeling.pooled_features import task_head
+from hf_dpmerge.modeling.prefix_split import bottom_skipped, boundary_inputs, layer_stack, trainable_boundary
+from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
+
+CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+CACHE_PREFIX_CHOICES = ("auto", "true", "false")
+TOKEN_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
+IGNORE_INDEX = -100
+
+
+class PrefixRows(Dataset):
+    """The cached boundary states of a dataset: row i's states ``states[offsets[i]:offsets[i+1]]`` (its real
+    tokens, or its one pooled vector at b = L) and its labels (one per row, or one per token for causal LMs)."""
+
+    def __init__(self, states: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor | None,
+                 token_labels: bool = False):
+        self.states, self.offsets, self.labels, self.token_labels = states, offsets, labels, token_labels
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> tuple[PrefixRows, int]:
+        return self, index
+
+    def gather(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows ``rows`` right-padded to the longest: ``inputs_embeds`` [b, T, d] (storage dtype),
+        ``attention_mask`` [b, T] and ``labels`` ([b], or [b, T] padded with -100)."""
+        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        width = int(lengths.max()) if len(rows) else 1
+        columns = torch.arange(width)
+        mask = columns[None, :] < lengths[:, None]
+        index = torch.where(mask, starts[:, None] + columns[None, :], 0)
+        states = self.states[index] * mask[..., None].to(self.states.dtype)
+        batch = {"inputs_embeds": states, "attention_mask": mask.long()}
+        if self.labels is not None:
+            batch["labels"] = (torch.where(mask, self.labels[index], IGNORE_INDEX) if self.token_labels
+                               else self.labels[rows])
+        return batch
+
+
+def collate_prefix_rows(items: list[tuple[PrefixRows, int]]) -> dict[str, torch.Tensor]:
+    """A batch of :class:`PrefixRows` items (a training draw, or an evaluation batch of another table)."""
+    table = items[0][0]
+    return table.gather(torch.as_tensor([row for _, row in items], dtype=torch.long))
+
+
+def _row_labels(dataset: datasets.Dataset) -> list[Any] | None:
+    name = next((c for c in ("labels", "label") if c in dataset.column_names), None)
+    return dataset[name] if name is not None else None
+
+
+@torch.no_grad()
+def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: datasets.Dataset, collator: Any,
+                      batch_size: int, dtype: torch.dtype) -> PrefixRows:
+    """Run the bottom of ``model`` (evaluation mode) over a tokenised ``dataset``, rows sorted by length, and keep
+    each row's boundary states (the input of ``boundary_module``) at its real tokens, in ``dtype``."""
+    tokens = dataset.select_columns([c for c in TOKEN_COLUMNS if c in dataset.column_names])
+    lengths = torch.as_tensor([len(ids) for ids in dataset["input_ids"]])
+    per_row: list[torch.Tensor | None] = [None] * len(dataset)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        order = torch.sort(lengths, descending=True, stable=True).indices.tolist()
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            batch = {k: v.to(device) for k, v in collator([tokens[i] for i in rows]).items() if v is not None}
+            states = boundary_inputs(model, boundary_module, batch).to("cpu", dtype)
+            mask = batch["attention_mask"].bool().cpu()
+            for j, row in enumerate(rows):
+                per_row[row] = states[j][mask[j]] if states.dim() == 3 else states[j][None]
+    finally:
+        model.train(was_training)
+    counts = torch.as_tensor([len(s) for s in per_row])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    states = torch.cat(per_row) if per_row else torch.zeros(0, 0, dtype=dtype)
+    if not torch.isfinite(states).all():
+        raise ValueError(f"the cached states overflow {dtype}: pass --cache_dtype float32")
+    labels = _row_labels(dataset)
+    token_level = labels is not None and len(labels) > 0 and isinstance(labels[0], list)
+    if labels is not None:
+        labels = torch.as_tensor([t for row in labels for t in row] if token_level else labels)
+        if token_level and len(labels) != len(states):
+            raise ValueError("token labels must have one entry per real token of each row")
+    return PrefixRows(states, offsets, labels, token_level)
+
+
+def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
+    """(b, why not) for a peft model: b when a prefix can be cached (BERT-family classifiers, Llama-family causal
+    LMs, a frozen bottom), else None and the reason."""
+    try:
+        stack = layer_stack(model)
+    except ValueError as err:
+        return None, str(err)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = getattr(base, "classifier", None)
+    if head is None and base.get_output_embeddings() is None:
+        return None, f"{type(base).__name__} has neither a 'classifier' head nor an LM head"
+    if head is not None and stack.embeddings_name is None:
+        return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
+                      "the cached states do not carry")
+    boundary = trainable_boundary(model, head if isinstance(head, nn.Module) else None)
+    if boundary is None:
+        return None, "a parameter below the layers (the embeddings) is trainable: no prefix is frozen"
+    if boundary == 0:
+        return None, "the lowest layer is trainable: there is no frozen prefix to cache"
+    if head is None and boundary == len(stack.layers):
+        return None, "nothing in the layers trains"
+    return boundary, ""
+
+
+class CachedPrefixTrainer(DPSAMTrainer):
+    """:class:`DPSAMTrainer` whose steps run the model's top on cached boundary states (module docstring).
+
+    Takes the tokenised datasets and token collator a :class:`DPSAMTrainer` takes; evaluation and prediction
+    datasets are cached the same way. ``cache_dtype`` stores the states (computed in float32)."""
+
+    def __init__(self, model: nn.Module, args: Any, train_dataset: Any = None, *, cache_dtype: str = "float16",
+                 **kwargs: Any):
+        if cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"--cache_dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
+        boundary, why = prefix_boundary(model)
+        if boundary is None:
+            raise ValueError(f"no cached prefix: {why}; train with --cache_prefix false")
+        self.boundary, self.cache_dtype = boundary, cache_dtype
+        self.num_layers = len(layer_stack(model).layers)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.causal = getattr(base, "classifier", None) is None
+        super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
+        self.token_collator = self.data_collator
+        self.train_dataset = self.cached(self.train_dataset)
+        if isinstance(self.eval_dataset, datasets.Dataset):
+            self.eval_dataset = self.cached(self.eval_dataset)
+        self.data_collator = collate_prefix_rows
+
+    @property
+    def top_layers(self) -> int:
+        """k = L − b, the layers every step runs (0: the head alone)."""
+        return self.num_layers - self.boundary
+
+    def cached(self, dataset: datasets.Dataset) -> PrefixRows:
+        """``dataset`` (tokenised) as :class:`PrefixRows` of this model's boundary states."""
+        model = self.accelerator.unwrap_model(self.model)
+        module = task_head(model) if self.top_layers == 0 else layer_stack(model).layers[self.boundary]
+        return build_prefix_rows(model, module, dataset, self.token_collator, self.args.per_device_eval_batch_size,
+                                 CACHE_DTYPES[self.cache_dtype])
+
+    def _rows(self, dataset: Any) -> Any:
+        return self.cached(dataset) if isinstance(dataset, datasets.Dataset) else dataset
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any):
+        return super().evaluate(self._rows(eval_dataset), *args, **kwargs)
+
+    def predict(self, test_dataset: Any, *args: Any, **kwargs: Any):
+        return super().predict(self._rows(test_dataset), *args, **kwargs)
+
+    def train(self, *args: Any, **kwargs: Any):
+        """Train; the head alone (k = 0) on one CPU thread: its ops are so small that intra-op threads cost more
+        than they save (measured: 3 ms against 90 ms per 1024-row step on a busy 2-core machine)."""
+        threads = torch.get_num_threads()
+        if self.top_layers == 0:
+            torch.set_num_threads(1)
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        if self._signature_columns is None:
+            self._signature_columns = ["inputs_embeds", "attention_mask", "labels", "label", "label_ids"]
+
+    def _logits(self, model: nn.Module, features: dict[str, Any]) -> torch.Tensor:
+        states, mask = features["inputs_embeds"].to(torch.float32), features["attention_mask"]
+        if self.top_layers == 0:
+            return task_head(model)(states[:, 0])
+        with bottom_skipped(model, self.boundary):
+            return model(inputs_embeds=states, attention_mask=mask).logits
+
+    def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
+        """Classifiers: DPSAMTrainer's. Causal LMs: the mean answer-token loss, the LM head at answer positions only
+        (at every position under ``per_example``)."""
+        if not self.causal or self.args.sam_mode == "per_example":
+            return super()._example_losses(model, features, labels)
+        states, mask = features["inputs_embeds"].to(torch.float32), features["attention_mask"]
+        with bottom_skipped(model, self.boundary) as stack:
+            hidden = stack.backbone(inputs_embeds=states, attention_mask=mask).last_hidden_state
+        targets = labels[:, 1:]
+        answer = targets != IGNORE_INDEX
+        width = max(int(answer.sum(dim=1).max()), 1) if len(labels) else 1
+        positions = torch.sort(answer.int(), dim=1, descending=True, stable=True).indices[:, :width]
+        chosen = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        logits = model.get_base_model().get_output_embeddings()(chosen)
+        chosen_targets = targets.gather(1, positions)
+        token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chosen_targets.reshape(-1),
+                                     ignore_index=IGNORE_INDEX, reduction="none").view(chosen_targets.shape)
+        return token_loss.sum(dim=1) / (chosen_targets != IGNORE_INDEX).sum(dim=1).clamp(min=1)
+
+    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None):
+        """The top's logits on cached rows (and the mean loss when labelled)."""
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs.get("labels")
+        features = {k: v for k, v in inputs.items() if k != "labels"}
+        model = self.accelerator.unwrap_model(model)
+        with torch.no_grad():
+            logits = self._logits(model, features)
+            loss = None
+            if labels is not None:
+                losses = self._example_losses(model, features, labels) if self.causal else per_example_loss(logits,
+                                                                                                            labels)
+                loss = losses.mean()
+        return (loss, None, None) if prediction_loss_only else (loss, logits, labels)
+
+    def _record_extra(self) -> dict[str, Any]:
+        """DPSAMTrainer's, plus ``cached_prefix``: where the model was split and how the states were kept."""
+        return {**super()._record_extra(), "cached_prefix": {
+            "boundary_layer": self.boundary, "top_layers": self.top_layers, "cache_dtype": self.cache_dtype,
+            "frozen_part": "evaluation mode (no dropout)",
+            "lm_head": "answer positions only" if self.causal and self.args.sam_mode != "per_example" else "all"}}
+
+
+def dp_trainer(model: nn.Module, args: Any, *, cache_prefix: str = "auto", cache_dtype: str = "float16",
+               **kwargs: Any) -> DPSAMTrainer:
+    """The trainer of a run: :class:`CachedPrefixTrainer` with ``cache_prefix='true'`` (refused when no prefix is
+    frozen) or ``'auto'`` when one is, else :class:`DPSAMTrainer` (``kwargs``: theirs)."""
+    if cache_prefix not in CACHE_PREFIX_CHOICES:
+        raise ValueError(f"--cache_prefix must be one of {CACHE_PREFIX_CHOICES}, got {cache_prefix!r}")
+    boundary, why = prefix_boundary(model) if cache_prefix != "false" else (None, "")
+    if cache_prefix == "true" and boundary is None:
+        raise ValueError(f"--cache_prefix true: {why}; pass --cache_prefix auto or false")
+    if boundary is None:
+        return DPSAMTrainer(model=model, args=args, **kwargs)
+    return CachedPrefixTrainer(model=model, args=args, cache_dtype=cache_dtype, **kwargs)
