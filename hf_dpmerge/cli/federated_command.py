@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
         noise_multiplier=fed.noise_multiplier, target_delta=fed.target_delta, accountant=fed.accountant,
         sam_mode=fed.sam_mode, sam_rho=fed.sam_rho, align_lambda=fed.align_lambda, lora_r=lora.lora_r,
         lora_alpha=lora.lora_alpha, lora_target_modules=tuple(lora.lora_target_modules.split(",")),
-        lora_layers=lora.lora_layers, classifier_pooling=task.classifier_pooling, max_length=task.max_length,
+        lora_layers=lora.lora_layers, **lora.trainer_options(), classifier_pooling=task.classifier_pooling,
+        max_length=task.max_length,
         max_train_samples=task.max_train_samples, max_eval_samples=fed.max_eval_samples, seed=fed.seed,
         dp_seed=fed.dp_seed,
     )

@@ -28,8 +28,8 @@ from hf_dpmerge.federated.federation import (
     task_data,
     trainable_state,
 )
+from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 
 PRIVACY_RECORD_KEY = "privacy-record"
 
@@ -70,8 +70,8 @@ def train_client(setup: FederatedSetup, client: int, global_state: dict, server_
             logging_steps=max(1, setup.local_steps),
             disable_tqdm=True,
         )
-        trainer = DPSAMTrainer(model=model, args=config, train_dataset=shard,
-                               data_collator=DataCollatorWithPadding(tokenizer))
+        trainer = dp_trainer(model, config, train_dataset=shard, data_collator=DataCollatorWithPadding(tokenizer),
+                             cache_prefix=setup.cache_prefix, cache_dtype=setup.cache_dtype)
         result = trainer.train()
         record = trainer.privacy_record()
     record.task = setup.task

@@ -44,6 +44,8 @@ class FederatedSetup:
     lora_alpha: int = 16
     lora_target_modules: tuple[str, ...] = ("query", "value")
     lora_layers: str = "top_half"
+    cache_prefix: str = "auto"
+    cache_dtype: str = "float16"
     classifier_pooling: str | None = None
     max_length: int = 64
     max_train_samples: int | None = None

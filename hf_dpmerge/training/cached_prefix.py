@@ -198,8 +198,14 @@ class CachedPrefixTrainer(DPSAMTrainer):
         if self._signature_columns is None:
             self._signature_columns = ["inputs_embeds", "attention_mask", "labels", "label", "label_ids"]
 
+    @staticmethod
+    def _states(model: nn.Module, features: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached states in the model's compute dtype (float32 in training; --fp16_full_eval casts the model
+        for prediction), and their attention mask."""
+        return features["inputs_embeds"].to(next(model.parameters()).dtype), features["attention_mask"]
+
     def _logits(self, model: nn.Module, features: dict[str, Any]) -> torch.Tensor:
-        states, mask = features["inputs_embeds"].to(torch.float32), features["attention_mask"]
+        states, mask = self._states(model, features)
         if self.top_layers == 0:
             return task_head(model)(states[:, 0])
         with bottom_skipped(model, self.boundary):
@@ -210,7 +216,7 @@ class CachedPrefixTrainer(DPSAMTrainer):
         (at every position under ``per_example``)."""
         if not self.causal or self.args.sam_mode == "per_example":
             return super()._example_losses(model, features, labels)
-        states, mask = features["inputs_embeds"].to(torch.float32), features["attention_mask"]
+        states, mask = self._states(model, features)
         with bottom_skipped(model, self.boundary) as stack:
             hidden = stack.backbone(inputs_embeds=states, attention_mask=mask).last_hidden_state
         targets = labels[:, 1:]

@@ -15,6 +15,7 @@ from hf_dpmerge.data import get_task_spec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.scripts import train as train_glue  # what examples/train_glue.py runs
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
 from tests.utils.tiny_models import save_tiny_bert, tiny_tokenizer
 
@@ -102,13 +103,12 @@ def test_honoured_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
     evaluation data) the validation split evaluated at --eval_on_start."""
     built = {}
 
-    class Recording(train_glue.DPSAMTrainer):
-        def train(self, resume_from_checkpoint=None, **kwargs):
-            self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps)
-            built["trainer"] = self
-            raise _StopBeforeTraining
+    def recording_train(self, resume_from_checkpoint=None, **kwargs):
+        self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps)
+        built["trainer"] = self
+        raise _StopBeforeTraining
 
-    monkeypatch.setattr(train_glue, "DPSAMTrainer", Recording)
+    monkeypatch.setattr(DPSAMTrainer, "train", recording_train)  # the cached trainer's train ends in it too
     flags = ["--learning_rate", "3e-3", "--head_learning_rate", "3e-2", "--weight_decay", "0.01",
              "--adam_beta2", "0.98", "--optim", "adamw_torch", "--lr_scheduler_type", "linear", "--warmup_steps", "1",
              "--per_device_eval_batch_size", "7", "--seed", "5", "--eval_on_start", "--eval_data_is_public", "true",
@@ -258,12 +258,11 @@ def test_frozen_shared_a_reaches_the_model_and_the_record(tmp_path: Path, monkey
 
     built = {}
 
-    class Recording(train_glue.DPSAMTrainer):
-        def train(self, resume_from_checkpoint=None, **kwargs):
-            built["trainer"] = self
-            raise _StopBeforeTraining
+    def recording_train(self, resume_from_checkpoint=None, **kwargs):
+        built["trainer"] = self
+        raise _StopBeforeTraining
 
-    monkeypatch.setattr(train_glue, "DPSAMTrainer", Recording)
+    monkeypatch.setattr(DPSAMTrainer, "train", recording_train)
     with pytest.raises(_StopBeforeTraining):
         train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
                          str(tmp_path / "runs"), "--task", "bbc_news", *TINY_RUN, "--lora_freeze_a", "true",

@@ -1,0 +1,122 @@
+"""Examples per second of a DP step on a cached prefix against the uncached step (docs/design.md §16).
+
+Model: the packaged all-MiniLM-L6-v2 (6 layers) with the default LoRA (r = 8 on query/value, A frozen, the task head
+trained) on the top k layers; data: the first B rows of rotten_tomatoes' training split, max_length 64 (the
+recipe's), so padding is real. One step is the whole draw of B rows in micro-batches of 64 (the recipe's
+physical batch), DP-SGD with the recipe's dp_sat and alignment. Arms: ``uncached_k`` (DPSAMTrainer, today's path),
+``cached_k`` (CachedPrefixTrainer, float16 cache), ``cached_k_nonprivate`` (dp=False) and ``default`` (today's
+default: LoRA on the top 3 layers, uncached). Each arm runs in a fresh subprocess (peak RSS is its own; the cache
+is built before the timed steps and its build time reported), arms interleaved round by round so machine load
+affects them alike; ratios are taken within one run.
+
+    python benchmarks/cached_prefix.py [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+PHYSICAL_BATCH = 64
+MAX_LENGTH = 64
+
+
+def arms(layers: list[int]) -> dict[str, dict]:
+    table = {"default": dict(layers="top_half", cache_prefix="false", dp=True)}
+    for k in layers:
+        table[f"uncached_{k}"] = dict(layers=f"top_{k}", cache_prefix="false", dp=True)
+        table[f"cached_{k}"] = dict(layers=f"top_{k}", cache_prefix="true", dp=True)
+    table[f"cached_{layers[0]}_nonprivate"] = dict(layers=f"top_{layers[0]}", cache_prefix="true", dp=False)
+    return table
+
+
+def measure(arm: dict, steps: int, batch: int) -> dict[str, float]:
+    import tempfile
+
+    import torch
+    from datasets import DatasetDict
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from hf_dpmerge import DPSAMConfig
+    from hf_dpmerge.data import default_model_path, load_task, tokenize_task
+    from hf_dpmerge.training.cached_prefix import collate_prefix_rows, dp_trainer
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+
+    torch.manual_seed(0)
+    splits, spec = load_task("rotten_tomatoes")
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    rows = tokenize_task(DatasetDict(train=splits["train"].select(range(batch))), spec, tokenizer,
+                         max_length=MAX_LENGTH)["train"]
+    model = lora_sequence_classifier(default_model_path(), spec, r=8, alpha=16, target_modules=["query", "value"],
+                                     layers=arm["layers"], freeze_a=True)
+    private = dict(noise_multiplier=1.0, sam_mode="dp_sat", align_lambda=0.05) if arm["dp"] else dict(
+        dp=False, sam_mode="none", align_lambda=0.0)
+    args = DPSAMConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch,
+                       physical_batch_size=PHYSICAL_BATCH, max_steps=steps + 1, report_to="none", use_cpu=True,
+                       dp_seed=0, accountant="rdp", **private)
+    collator = DataCollatorWithPadding(tokenizer)
+    start = time.perf_counter()
+    trainer = dp_trainer(model, args, train_dataset=rows, data_collator=collator, cache_prefix=arm["cache_prefix"])
+    build_s = time.perf_counter() - start
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
+    if arm["cache_prefix"] == "true":
+        inputs = collate_prefix_rows([trainer.train_dataset[i] for i in range(batch)])
+    else:
+        inputs = collator([{k: rows[i][k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")
+                            if k in rows.column_names} for i in range(batch)])
+    times = []
+    for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
+        start = time.perf_counter()
+        trainer.training_step(trainer.model, dict(inputs))
+        trainer.optimizer.step()
+        trainer.model.zero_grad()
+        if i:
+            times.append(time.perf_counter() - start)
+    step = statistics.median(times)
+    return {"examples_per_s": batch / step, "step_s": step, "setup_s": build_s,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--layers", default="1,2,3", help="the k values compared (default: 1,2,3)")
+    parser.add_argument("--_arm", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    table = arms([int(k) for k in args.layers.split(",")])
+    if args._arm:
+        print(json.dumps(measure(table[args._arm], args.steps, args.batch)))
+        return
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in table}
+    for round_index in range(args.rounds):
+        for name in table:
+            out = subprocess.run(
+                [sys.executable, __file__, "--_arm", name, "--steps", str(args.steps), "--batch", str(args.batch),
+                 "--layers", args.layers],
+                check=True, capture_output=True, text=True,
+            ).stdout.strip().splitlines()[-1]
+            results[name].append(json.loads(out))
+            print(f"round {round_index + 1}/{args.rounds} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+    median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    default = median["default"]["examples_per_s"]
+    print(f"MiniLM, {args.batch} rows of rotten_tomatoes (max_length {MAX_LENGTH}) per step in micro-batches of "
+          f"{PHYSICAL_BATCH}; median of {args.rounds} rounds × {args.steps} steps")
+    print("| arm | examples/s | × uncached same k | × default | setup s (cache build) | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for name, m in median.items():
+        k = name.split("_")[1] if name != "default" else None
+        same = median.get(f"uncached_{k}", {}).get("examples_per_s") if k else None
+        versus = f"{m['examples_per_s'] / same:.2f}" if same and name.startswith("cached") else "–"
+        print(f"| {name} | {m['examples_per_s']:.1f} | {versus} | {m['examples_per_s'] / default:.2f} | "
+              f"{m['setup_s']:.1f} | {m['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
