@@ -12,10 +12,11 @@ K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the 
    proposal order). With μ = 1 the pick alone sets the new mean and step size; CMA-ES's active covariance update
    also down-weights the others as "worse than the pick", which is what the mechanism's output says of them.
 
-The search's state after g generations is a function of k_1 … k_g and of its own seeded randomness, so the G
-choices are the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is
-ε_sel-DP (pure) under the addition, removal or replacement of one validation example. The released merge is the
-last generation's choice (post-processing), kept with a ``dp_selection.json`` that composes ε_sel with the
+The search's state after g generations is a function of k_1 … k_g and of its own randomness (CMA-ES samples from a
+generator of its own, never NumPy's global state, which code in the scoring path may touch), so the G choices are
+the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is ε_sel-DP
+(pure) under the addition, removal or replacement of one validation example. The released merge is the last
+generation's choice (post-processing), kept with a ``dp_selection.json`` that composes ε_sel with the
 adapters' records as ``hf-dpmerge tune`` does (docs/design.md §13). Scores are never stored or printed.
 """
 
@@ -67,12 +68,14 @@ def evolve_search(
     rng: np.random.Generator,
 ) -> tuple[list[list[float]], list[int]]:
     """The CMA-ES loop of the module docstring. ``score(index, x)`` is the utility of candidate ``index`` (its
-    position among all candidates so far). Returns every candidate's vector and the index chosen in each
-    generation (the last one is the result)."""
+    position among all candidates so far). CMA-ES samples from a generator spawned from ``rng`` (its ``randn``
+    option; ``seed`` NaN: it neither seeds nor reads ``np.random``). Returns every candidate's vector and the index
+    chosen in each generation (the last one is the result)."""
     import cma
 
-    options = {"popsize": population, "CMA_mu": 1, "bounds": [low, high], "verbose": -9,
-               "seed": int(rng.integers(1, 2**31 - 1))}
+    proposals_rng = rng.spawn(1)[0]  # CMA-ES's own stream: never NumPy's global state, which the scoring may touch
+    options = {"popsize": population, "CMA_mu": 1, "bounds": [low, high], "verbose": -9, "seed": np.nan,
+               "randn": lambda *shape: proposals_rng.standard_normal(shape)}
     search = cma.CMAEvolutionStrategy([start] * dimension, step, options)
     candidates: list[list[float]] = []
     chosen: list[int] = []

@@ -50,6 +50,24 @@ def test_at_small_epsilon_the_choice_ignores_the_utility():
     assert counts.min() > 25, counts
 
 
+def test_a_scorer_using_numpys_global_random_state_changes_no_proposal():
+    """CMA-ES samples from the search's own generator: a scorer that reseeds and draws from np.random (as code in
+    the scoring path may) leaves every proposal and choice as they were, and the search leaves np.random alone."""
+    def exact(index, x):
+        return -float(np.sum((np.asarray(x) - [1.6, 0.4]) ** 2))
+
+    def meddling(index, x):
+        np.random.seed(index)
+        np.random.standard_normal(5)
+        return exact(index, x)
+
+    np.random.seed(7)
+    before = np.random.get_state()[1].copy()
+    clean = _run(exact)
+    assert (np.random.get_state()[1] == before).all() and np.random.get_state()[2] == 624  # untouched
+    assert _run(meddling) == clean
+
+
 def test_weighted_config_sets_each_models_weight_or_gradient():
     config = {"merge_method": "task_arithmetic", "models": [{"model": "a"}, {"model": "b", "parameters": {"x": 1}}]}
     one = weighted_config(config, [0.5, 1.25], 1)
