@@ -44,13 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--high", type=float, default=2.0, help="largest weight searched (default: 2)")
     parser.add_argument("--step", type=float, default=0.3, help="CMA-ES's initial step size σ₀ (default: 0.3)")
     parser.add_argument("--seed", type=int, help="seed of the search, the subsamples and the mechanism (default: "
-                        "fresh entropy; a fixed seed is for tests and benchmarks)")
+                        "fresh entropy). Whoever knows a fixed seed can undo the selection's noise: dp_selection.json "
+                        "then says seeded and hf-dpmerge push refuses it unless --allow-seeded (tests, benchmarks)")
     add_private_selection_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from hf_dpmerge.analysis.runs_layout import task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks
     from hf_dpmerge.merging.config_edit import read_merge_config
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         composition=args.composition, base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
         layer_points=args.layer_points, low=args.low, high=args.high, step=args.step,
         validation_size=parse_validation_size(args.validation_size), lora_merge_cache=args.lora_merge_cache,
-        batch_size=args.batch_size, device=args.device, rng=np.random.default_rng(args.seed),
+        batch_size=args.batch_size, device=args.device, seed=args.seed,
         log=lambda line: print(line, file=sys.stderr),
     )
     weights = ", ".join(f"{w:.3g}" for w in record.candidates[record.chosen]["weights"])

@@ -11,7 +11,8 @@ datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.m
 
 The unit is one example, as in the adapters' records. Validation scores are never stored, nor the private
 validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
-Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused.
+Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused; schema 2
+records did not record seeding and are read as ``seeded = None`` (unknown: possibly seeded).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
 COMPOSITIONS = ("sequential", "parallel")
-SELECTION_SCHEMA_VERSION = 2
+SELECTION_SCHEMA_VERSION = 3
 
 
 def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: float, composition: str
@@ -54,7 +55,9 @@ class SelectionRecord:
     ``candidates`` holds each candidate's grid settings; ``chosen`` indexes it. ``validation_size`` holds the
     public n_t per task (the subsample size and denominator; never the private set's size); ``sensitivity`` is
     Δ of the utility and ``relation`` the neighbouring relations under which ε_sel holds. ``adapters`` holds
-    each task's (ε, δ).
+    each task's (ε, δ). ``seeded`` is True when a fixed seed drew the subsamples and the mechanism's noise (whoever
+    holds it can recompute them: no privacy against them), False when they came from OS entropy, None when not
+    recorded (schema 2): possibly seeded.
     """
 
     mechanism: str
@@ -71,6 +74,7 @@ class SelectionRecord:
     total_epsilon: float
     total_delta: float
     delta: float = 0.0
+    seeded: bool | None = None
     schema_version: int = SELECTION_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -85,10 +89,10 @@ class SelectionRecord:
             data = json.loads(path.read_text())
             if data.get("schema_version", 0) > SELECTION_SCHEMA_VERSION:
                 raise ValueError(f"schema {data['schema_version']} is newer than this hf_dpmerge understands")
-            if data.get("schema_version", 0) < SELECTION_SCHEMA_VERSION:
+            if data.get("schema_version", 0) < 2:
                 raise ValueError("schema 1 took Δ from the private validation sizes, which does not bound ε_sel "
                                  "for 3 or more tasks")
-            return cls(**data)
+            return cls(**{**data, "schema_version": SELECTION_SCHEMA_VERSION})  # schema 2: seeded unknown (None)
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
 

@@ -94,6 +94,8 @@ class SelectionPrivacy:
     """The public validation size n_t of each task (never the private sizes)."""
     generations: int = 1
     """How many choices the selection made (``hf-dpmerge evolve``: one per generation, ε_sel/G each), else 1."""
+    seeded: bool | None = None
+    """Whether a fixed seed drew the subsamples and the mechanism's noise (None: not recorded, possibly)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ class PrivacyStatement:
                 utility=selection.utility, relation=selection.relation, unit=selection.unit,
                 composition=selection.composition, num_candidates=len(selection.candidates),
                 chosen=dict(selection.candidates[selection.chosen]), validation_size=dict(selection.validation_size),
-                generations=int(selection.extra.get("generations", 1)),
+                generations=int(selection.extra.get("generations", 1)), seeded=selection.seeded,
             ),
             adapters_epsilon=adapters.epsilon, adapters_delta=adapters.delta,
         )
@@ -301,7 +303,8 @@ class PrivacyStatement:
         return text
 
     def notes(self) -> list[str]:
-        """Warnings that qualify the guarantee: seeded noise, evaluation on data declared public."""
+        """Warnings that qualify the guarantee: seeded noise (training or selection), evaluation on data declared
+        public."""
         notes = []
         if seeded := self.seeded:
             names = ", ".join(f"`{n}`" for n in seeded)
@@ -310,6 +313,13 @@ class PrivacyStatement:
                 "field, so possibly): anyone holding the seed can regenerate the sampling masks and the noise "
                 "and undo it, so for these inputs the guarantee holds only against someone who does not know "
                 "the seed.")
+        if self.selection is not None and self.selection.seeded is not False:
+            notes.append(
+                "**Seeded selection.** The merge selection drew its validation subsamples and its mechanism's noise "
+                "(and an evolutionary search its proposals) from a fixed `--seed` (or its `dp_selection.json` "
+                "predates the `seeded` field, so possibly): anyone holding the seed can recompute them and read "
+                "from the choice which candidate scored best, so ε_sel, and the total, hold only against someone "
+                "who does not know the seed.")
         if public := [item.name for item in self.inputs if item.eval_data_is_public]:
             notes.append(
                 f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** Evaluated (and "
@@ -342,22 +352,34 @@ def seeded_inputs(records: Mapping[str, PrivacyRecord]) -> tuple[list[str], list
     )
 
 
-def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: bool, flag: str) -> None:
-    """Refuse to release seeded inputs (or inputs of unknown seeding) unless ``allow_seeded``; ``flag`` is
-    the option that opts in, named in the error."""
+def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: bool, flag: str,
+                           selection: SelectionRecord | None = None) -> None:
+    """Refuse to release seeded inputs (or inputs of unknown seeding), or a merge chosen by a seeded private
+    ``selection`` (or one of unknown seeding), unless ``allow_seeded``; ``flag`` is the option that opts in, named
+    in the error."""
     seeded, unknown = seeded_inputs(records)
-    if allow_seeded or not (seeded or unknown):
+    seeded_selection = selection is not None and selection.seeded is not False
+    if allow_seeded or not (seeded or unknown or seeded_selection):
         return
-    reasons = []
-    if seeded:
-        reasons.append(f"{', '.join(seeded)} trained with a fixed dp_seed")
-    if unknown:
-        reasons.append(
-            f"{', '.join(unknown)} have privacy records written before hf_dpmerge recorded seeding (no 'seeded' "
-            "field), so they may have been seeded"
-        )
+    problems = []
+    if seeded or unknown:
+        reasons = []
+        if seeded:
+            reasons.append(f"{', '.join(seeded)} trained with a fixed dp_seed")
+        if unknown:
+            reasons.append(
+                f"{', '.join(unknown)} have privacy records written before hf_dpmerge recorded seeding (no 'seeded' "
+                "field), so they may have been seeded"
+            )
+        problems.append(f"{'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and the "
+                        "noise and subtract it, which undoes the differential privacy; retrain without dp_seed")
+    if seeded_selection:
+        reason = ("the merge was selected with a fixed --seed" if selection.seeded else "the merge's "
+                  "dp_selection.json was written before hf_dpmerge recorded seeding (no 'seeded' field), so its "
+                  "selection may have been seeded")
+        problems.append(f"{reason}. Anyone holding the seed can redraw the validation subsamples and the "
+                        "mechanism's noise and read from the choice which candidate scored best, which undoes the "
+                        "selection's differential privacy; re-run hf-dpmerge tune/evolve without --seed")
     raise ValueError(
-        f"refusing to release: {'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and "
-        f"the noise and subtract it, which undoes the differential privacy; retrain without dp_seed, or pass "
-        f"{flag} to release anyway (the card then says so)"
+        f"refusing to release: {'. Also: '.join(problems)}, or pass {flag} to release anyway (the card then says so)"
     )

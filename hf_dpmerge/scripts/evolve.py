@@ -110,10 +110,11 @@ def evolve_merge(
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
-    rng: np.random.Generator | None = None,
+    seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
-    """Search, select privately, keep the last generation's choice at ``output_dir`` with its selection record."""
+    """Search, select privately, keep the last generation's choice at ``output_dir`` with its selection record.
+    ``seed`` seeds the subsamples, CMA-ES and the mechanism (default: OS entropy); the record says whether."""
     output_dir = Path(output_dir)
     if generations < 1 or population < 2 or layer_points < 1:
         raise ValueError(f"--generations must be ≥ 1, --population ≥ 2 and --layer_points ≥ 1, got {generations}, "
@@ -121,10 +122,10 @@ def evolve_merge(
     if not low < high or not low <= 1.0 <= high or step <= 0:
         raise ValueError(f"--low < --high must bracket the start weight 1 and --step must be > 0, got {low}, {high}, "
                          f"{step}")
-    rng = rng or np.random.default_rng()
+    rng = np.random.default_rng(seed)
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
-                            command="evolve")
+                            seeded=seed is not None, command="evolve")
 
     def score(index: int, vector: Sequence[float]) -> float:
         log(f"generation {index // population + 1}/{generations}, candidate {index % population + 1}/{population}")

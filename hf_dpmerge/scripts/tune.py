@@ -145,7 +145,8 @@ def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, in
 @dataclass
 class ScoringSetup:
     """What every candidate of a private selection is scored with: the runs, their validation subsamples of public
-    sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total."""
+    sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total; ``seeded``: whether
+    a fixed seed drew the subsamples and the selection."""
 
     runs: Sequence[TaskRun]
     validation_size: dict[str, int]
@@ -159,6 +160,7 @@ class ScoringSetup:
     total_delta: float
     device: Any
     batch_size: int
+    seeded: bool
 
     def utility(self, merged_dir: Path) -> float:
         """The task-averaged validation accuracy of a merged candidate (its scores stay in this process)."""
@@ -174,15 +176,16 @@ class ScoringSetup:
             chosen=chosen, validation_size=self.validation_size,
             adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
                       for name, r in self.records.items()},
-            total_epsilon=self.total_epsilon, total_delta=self.total_delta, extra=dict(extra or {}),
+            total_epsilon=self.total_epsilon, total_delta=self.total_delta, seeded=self.seeded,
+            extra=dict(extra or {}),
         )
 
 
 def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float, composition: str,
                     base_dir: Path, validation_size: int | Mapping[str, int], batch_size: int, device: str | None,
-                    rng: np.random.Generator, command: str) -> ScoringSetup:
+                    rng: np.random.Generator, seeded: bool, command: str) -> ScoringSetup:
     """Checks before any merge (classification tasks, public sizes, a free output, a known composition), then the
-    validation subsamples drawn with ``rng``."""
+    validation subsamples drawn with ``rng`` (``seeded``: from a fixed seed)."""
     from hf_dpmerge.merging.run import check_merge_output
 
     if regression := [run.name for run in runs if run.spec.is_regression]:
@@ -194,7 +197,7 @@ def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float
     tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
     validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
     return ScoringSetup(runs, size, validation, tokenizer, accuracy_sensitivity(list(size.values())), records,
-                        epsilon, composition, total_epsilon, total_delta, resolve_device(device), batch_size)
+                        epsilon, composition, total_epsilon, total_delta, resolve_device(device), batch_size, seeded)
 
 
 def keep_chosen(merged_dir: Path, output_dir: Path, config: dict[str, Any], record: SelectionRecord) -> None:
@@ -233,20 +236,21 @@ def tune_merge(
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
-    rng: np.random.Generator | None = None,
+    seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
     """Merge and score every candidate, select one ε-DP, keep it at ``output_dir`` with its selection record.
 
-    ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
-    selection (default: seeded from OS entropy).
+    ``validation_size``: the public n_t (one for all tasks, or per task); ``seed`` seeds the subsamples and the
+    selection (default: OS entropy). A fixed seed makes the selection non-private against whoever knows it: the
+    record says ``seeded: true`` and ``hf-dpmerge push`` refuses it unless ``--allow-seeded``.
     """
     output_dir = Path(output_dir)
-    rng = rng or np.random.default_rng()
+    rng = np.random.default_rng(seed)
     candidates = candidate_configs(config, grid)
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
-                            command="tune")
+                            seeded=seed is not None, command="tune")
     with candidate_scratch(output_dir) as scratch:
         utilities = []
         for index, (settings, candidate) in enumerate(candidates):

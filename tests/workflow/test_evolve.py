@@ -96,9 +96,25 @@ def test_evolve_keeps_the_last_choice_with_its_composed_guarantee(workdir, monke
     assert [v for w in weights for v in w] == pytest.approx(chosen, abs=1e-6)
     assert sorted(p.name for p in Path(workdir).iterdir() if "candidates" in p.name) == []
     assert "ε = 8" in out
-    assert main(["push", "evolved", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
+    assert record["seeded"] is True  # --seed 3: whoever knows it can redraw the subsamples and the noise
+    push = ["push", "evolved", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]
+    assert main(push) == 1
+    assert "selected with a fixed --seed" in capsys.readouterr().err and not (workdir / "evolved-hub").exists()
+    assert main([*push, "--allow-seeded"]) == 0
     card = (workdir / "evolved-hub" / "README.md").read_text()
     assert "once in each of 2 generations of a CMA-ES search (4 proposals in all" in card
+    readme = (workdir / "evolved" / "README.md").read_text()  # the merged model's own privacy section
+    assert "**Seeded selection.**" in card and "**Seeded selection.**" in readme
+
+
+@pytest.mark.slow
+def test_an_unseeded_evolve_is_recorded_unseeded_and_pushes(workdir, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(workdir)
+    assert main(["evolve", "ta.yaml", "evolved_fresh", "--epsilon", "1", "--generations", "1", "--population", "2",
+                 "--tasks", ",".join(TASKS), "--validation_size", "20", "--lora-merge-cache", "cache"]) == 0
+    assert json.loads((workdir / "evolved_fresh" / "dp_selection.json").read_text())["seeded"] is False
+    assert main(["push", "evolved_fresh", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
+    assert "Seeded" not in (workdir / "evolved_fresh-hub" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -148,6 +148,7 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
     assert record["relation"] == "addition, removal or replacement"
     assert (record["total_epsilon"], record["total_delta"]) == (6.0 + 1e6, 1e-5)  # sequential: max ε_t + ε_sel
     assert record["composition"] == "sequential" and "ε = 1e+06" in out
+    assert record["seeded"] is False  # the CLI draws from OS entropy
 
     assert main(["push", "tuned", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
     card = (workdir / "tuned-hub" / "README.md").read_text()
@@ -186,6 +187,20 @@ def test_tune_subsamples_to_the_public_size_and_releases_no_private_size(workdir
     selection = selection[:selection.index("\n")]
     for n in private.values():  # the private set sizes are in neither the record, the card nor the report
         assert not re.search(rf"\b{n}\b", text + selection + out.out), n
+
+
+@pytest.mark.slow
+def test_a_seeded_tune_is_recorded_seeded_and_push_refuses_it(workdir, monkeypatch, capsys) -> None:
+    """tune_merge's ``seed`` (the API's; the CLI draws from OS entropy) is recorded like a training run's dp_seed."""
+    monkeypatch.chdir(workdir)
+    record = tune_script.tune_merge(
+        yaml.safe_load((workdir / "ta.yaml").read_text()), [GridAxis.parse("lambda=0.0,1.0")],
+        task_runs(workdir / "runs", list(TASKS)), "tuned_seeded", epsilon=1.0, mechanism="exponential",
+        composition="sequential", base_dir=workdir / "runs" / "base", validation_size=20, lora_merge_cache="cache",
+        seed=5, log=lambda line: None)
+    assert record.seeded is True and json.loads((workdir / "tuned_seeded" / "dp_selection.json").read_text())["seeded"]
+    assert main(["push", "tuned_seeded", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 1
+    assert "selected with a fixed --seed" in capsys.readouterr().err
 
 
 @pytest.mark.slow
