@@ -9,7 +9,9 @@ datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.m
 - ``parallel`` — the validation individuals are disjoint from the training individuals (opt-in by name):
   (max(max_t ε_t, ε_sel), max_t δ_t).
 
-The unit is one example, as in the adapters' records. Validation scores are never stored, nor the private
+The unit is each task's adapter's: one validation example, or for a user-level adapter (``unit:<column>``) all
+validation rows sharing one value of the column, of which at most m (``rows_per_unit``, public) are scored, so
+that Δ = m/(T·n) (:mod:`hf_dpmerge.records.private_selection`). Validation scores are never stored, nor the private
 validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
 Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused; schema 2
 records did not record seeding and are read as ``seeded = None`` (unknown: possibly seeded).
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import EXAMPLE_UNIT, UNIT_PREFIX, PrivacyRecord
 from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
@@ -48,6 +50,16 @@ def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: flo
     return max(adapters_epsilon, selection_epsilon), delta
 
 
+def selection_unit(units: dict[str, str], rows_per_unit: int) -> str:
+    """The selection's unit in words, from each task's privacy unit (``"example"`` or ``"unit:<column>"``)."""
+    if all(unit == EXAMPLE_UNIT for unit in units.values()):
+        return "validation example"
+    parts = [f"{task}: one example" if unit == EXAMPLE_UNIT else
+             f"{task}: all rows sharing one value of `{unit.removeprefix(UNIT_PREFIX)}`, at most {rows_per_unit} "
+             "of them scored" for task, unit in units.items()]
+    return f"validation unit ({'; '.join(parts)})"
+
+
 @dataclass
 class SelectionRecord:
     """One private selection among candidate merges, and the guarantee it composes to with the adapters'.
@@ -57,7 +69,9 @@ class SelectionRecord:
     Δ of the utility and ``relation`` the neighbouring relations under which ε_sel holds. ``adapters`` holds
     each task's (ε, δ). ``seeded`` is True when a fixed seed drew the subsamples and the mechanism's noise (whoever
     holds it can recompute them: no privacy against them), False when they came from OS entropy, None when not
-    recorded (schema 2): possibly seeded.
+    recorded (schema 2): possibly seeded. ``units`` maps each task to the privacy unit its validation rows were
+    grouped by, its adapter's (``"example"`` or ``"unit:<column>"``; empty in records written before: every task
+    per example), and ``rows_per_unit`` is m, the public cap on one unit's scored rows.
     """
 
     mechanism: str
@@ -75,6 +89,8 @@ class SelectionRecord:
     total_delta: float
     delta: float = 0.0
     seeded: bool | None = None
+    units: dict[str, str] = field(default_factory=dict)
+    rows_per_unit: int = 1
     schema_version: int = SELECTION_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

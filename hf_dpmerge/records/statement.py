@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hf_dpmerge.records.record import ADD_REMOVE_ONE, REPLACE_ONE, PrivacyRecord
+from hf_dpmerge.records.record import ADD_REMOVE_ONE, EXAMPLE_UNIT, REPLACE_ONE, UNIT_PREFIX, PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
 
 FEDERATED_KEY = "federated"  # PrivacyRecord.extra key of a federated global adapter's two levels
@@ -155,8 +155,18 @@ class PrivacyStatement:
 
     @classmethod
     def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
-        """A tuned merge: the selection record's composed total, the adapters' composition one component of it."""
+        """A tuned merge: the selection record's composed total, the adapters' composition one component of it.
+        Refused when an adapter is user-level and the selection was not made per that unit (records written before
+        selections bounded a unit's rows): its ε_sel would hold per validation row only."""
         adapters = cls.from_records(records)
+        per_row = ({item.unit_column for item in adapters.inputs} - {None}
+                   - {unit.removeprefix(UNIT_PREFIX) for unit in selection.units.values() if unit != EXAMPLE_UNIT})
+        if per_row:
+            raise ValueError(
+                f"the adapters' privacy unit is {', '.join(f'unit:{c}' for c in sorted(per_row))} (user-level) but "
+                "dp_selection.json made its selection per validation example, so one unit's validation rows may cost "
+                "ε_sel each; re-run hf-dpmerge tune/evolve, which scores at most --rows_per_unit rows of each unit"
+            )
         return cls(
             epsilon=selection.total_epsilon, delta=selection.total_delta, relation=ADD_REMOVE_ONE,
             epsilon_replace_one=None, inputs=adapters.inputs, composition=selection.composition,
@@ -238,9 +248,11 @@ class PrivacyStatement:
         how = (f"among {sel.num_candidates} candidates" if sel.generations == 1 else
                f"once in each of {sel.generations} generations of a CMA-ES search ({sel.num_candidates} proposals in "
                f"all, ε_sel/{sel.generations} per choice, composed)")
+        user_level = any(item.unit_column is not None for item in self.inputs)
         return (
             f"The guarantee has two components. The adapters: each input was {parallel}, giving ε = "
-            f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}. The selection: the merge "
+            f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}"
+            + (f" per privacy unit ({self.unit})" if user_level else "") + ". The selection: the merge "
             f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism {how} "
             f"({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "
             f"ε-DP, δ = 0; utility: {sel.utility}, sensitivity Δ = {sel.sensitivity:.3g} per {sel.relation} of one "

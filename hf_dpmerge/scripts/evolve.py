@@ -107,6 +107,7 @@ def evolve_merge(
     high: float = 2.0,
     step: float = 0.3,
     validation_size: int | Mapping[str, int] = DEFAULT_VALIDATION_SIZE,
+    rows_per_unit: int = 1,
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
@@ -125,7 +126,7 @@ def evolve_merge(
     rng = np.random.default_rng(seed)
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
-                            seeded=seed is not None, command="evolve")
+                            seeded=seed is not None, command="evolve", rows_per_unit=rows_per_unit)
 
     def score(index: int, vector: Sequence[float]) -> float:
         log(f"generation {index // population + 1}/{generations}, candidate {index % population + 1}/{population}")
