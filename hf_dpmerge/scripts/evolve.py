@@ -6,7 +6,8 @@ K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the 
 
 1. CMA-ES (the ``cma`` package, μ = 1 parent) proposes P vectors x_1 … x_P inside [low, high];
 2. each is merged and scored as ``hf-dpmerge tune`` scores a candidate: u = task-averaged accuracy on
-   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t);
+   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t) (m/(T·n_t) with
+   at most m rows of each privacy unit of a user-level adapter's task, ``--rows_per_unit``);
 3. ONE candidate k_g is chosen by the exponential mechanism (or permute-and-flip) at ε_g = ε_sel / G;
 4. CMA-ES is told only k_g: it ranks first and the others tie behind it (their order among themselves is the
    proposal order). With μ = 1 the pick alone sets the new mean and step size; CMA-ES's active covariance update
@@ -15,9 +16,10 @@ K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the 
 The search's state after g generations is a function of k_1 … k_g and of its own randomness (CMA-ES samples from a
 generator of its own, never NumPy's global state, which code in the scoring path may touch), so the G choices are
 the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is ε_sel-DP
-(pure) under the addition, removal or replacement of one validation example. The released merge is the last
-generation's choice (post-processing), kept with a ``dp_selection.json`` that composes ε_sel with the
-adapters' records as ``hf-dpmerge tune`` does (docs/design.md §13). Scores are never stored or printed.
+(pure) under the addition, removal or replacement of one validation example (one privacy unit for a user-level
+adapter's task). The released merge is the last generation's choice (post-processing), kept with a
+``dp_selection.json`` that composes ε_sel with the adapters' records as ``hf-dpmerge tune`` does (docs/design.md
+§13). Scores are never stored or printed.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, in
         if column is None:
             sets[task] = data.select(subsample_indices(len(data), validation_size[task], rng))
             continue
-        rows = unit_capped_indices(data[column], rows_per_unit, validation_size[task], rng.random(len(data)))
+        rows = unit_capped_indices(list(data[column]), rows_per_unit, validation_size[task], rng.random(len(data)))
         sets[task] = data.select(rows).remove_columns(column)
     return sets
 
