@@ -114,8 +114,9 @@ def task_runs(
 
 
 def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None = None,
-               glue_path: str | None = None):
-    """``split`` of the run's task, tokenized as in training; ``max_samples`` takes a seeded stratified subset."""
+               glue_path: str | None = None, keep_columns: tuple[str, ...] = ()):
+    """``split`` of the run's task, tokenized as in training; ``max_samples`` takes a seeded stratified subset;
+    ``keep_columns`` survive tokenization (:class:`~hf_dpmerge.data.tokenize.MissingColumnError` if absent)."""
     from hf_dpmerge.data.load import load_task
     from hf_dpmerge.data.tokenize import tokenize_task
 
@@ -124,7 +125,7 @@ def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None =
     caps = {"max_train_samples": max_samples} if split == "train" else {"max_eval_samples": max_samples}
     splits, spec = load_task(run.task, seed=run.data_seed, path=glue_path if run.task in GLUE_TASKS else None,
                              **caps)
-    return tokenize_task(splits[split], spec, tokenizer, run.max_length)
+    return tokenize_task(splits[split], spec, tokenizer, run.max_length, keep_columns=keep_columns)
 
 
 def find_tokenizer(candidates: Sequence[Path]):

@@ -9,8 +9,9 @@ the exponential mechanism at ε_sel / --generations, and CMA-ES learns only that
 mergekit_config.yml and dp_selection.json (ε_sel composed with the adapters' records, as tune does). Scores are
 never printed or saved. Needs the ``evolve`` extra (``pip install 'hf_dpmerge[evolve]'``: the cma package).
 
-Validation size (``--validation_size``) and composition (``--composition``) are tune's: a PUBLIC n per task,
-each validation set subsampled to it (Δ = 1/(T·n)); ``sequential`` (default) ε_total = max_t ε_t + ε_sel, or
+Validation size (``--validation_size``), rows per unit (``--rows_per_unit``) and composition (``--composition``) are
+tune's: a PUBLIC n per task, each validation set subsampled to it (Δ = 1/(T·n), or m/(T·n) with at most m rows of
+each privacy unit of a user-level adapter); ``sequential`` (default) ε_total = max_t ε_t + ε_sel, or
 ``parallel`` when the validation people are disjoint from the training people (``hf-dpmerge tune --help``).
 
 Example::
@@ -44,13 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--high", type=float, default=2.0, help="largest weight searched (default: 2)")
     parser.add_argument("--step", type=float, default=0.3, help="CMA-ES's initial step size σ₀ (default: 0.3)")
     parser.add_argument("--seed", type=int, help="seed of the search, the subsamples and the mechanism (default: "
-                        "fresh entropy; a fixed seed is for tests and benchmarks)")
+                        "fresh entropy). Whoever knows a fixed seed can undo the selection's noise: dp_selection.json "
+                        "then says seeded and hf-dpmerge push refuses it unless --allow-seeded (tests, benchmarks)")
     add_private_selection_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from hf_dpmerge.analysis.runs_layout import task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks
     from hf_dpmerge.merging.config_edit import read_merge_config
@@ -60,14 +60,14 @@ def run(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("cma") is None:
         raise ValueError("hf-dpmerge evolve needs the cma package: pip install 'hf_dpmerge[evolve]'")
-    check_positive(args, "epsilon", "batch_size", "step")
+    check_positive(args, "epsilon", "batch_size", "rows_per_unit", "step")
     record = evolve_merge(
         read_merge_config(args.config), task_runs(args.runs, parse_tasks(args.tasks)), args.output,
         epsilon=args.epsilon, generations=args.generations, population=args.population, mechanism=args.mechanism,
         composition=args.composition, base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
         layer_points=args.layer_points, low=args.low, high=args.high, step=args.step,
-        validation_size=parse_validation_size(args.validation_size), lora_merge_cache=args.lora_merge_cache,
-        batch_size=args.batch_size, device=args.device, rng=np.random.default_rng(args.seed),
+        validation_size=parse_validation_size(args.validation_size), rows_per_unit=args.rows_per_unit,
+        lora_merge_cache=args.lora_merge_cache, batch_size=args.batch_size, device=args.device, seed=args.seed,
         log=lambda line: print(line, file=sys.stderr),
     )
     weights = ", ".join(f"{w:.3g}" for w in record.candidates[record.chosen]["weights"])

@@ -51,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--allow-seeded", "--allow_seeded", dest="allow_seeded", action="store_true",
-        help="release adapters trained with a fixed dp_seed (or whose record predates the 'seeded' field); "
-             "anyone holding the seed can undo their noise, and the card says so",
+        help="release adapters trained with a fixed dp_seed (or whose record predates the 'seeded' field), or a "
+             "merge selected by hf-dpmerge tune/evolve with a fixed --seed; anyone holding the seed can undo their "
+             "noise, and the card says so",
     )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE,

@@ -30,8 +30,9 @@ def add_runs_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_private_selection_options(parser: argparse.ArgumentParser) -> None:
-    """``--mechanism --composition --validation_size --runs --tasks --base --lora-merge-cache --batch_size
-    --device`` of ``tune`` and ``evolve`` (their docstrings explain the composition and the validation size)."""
+    """``--mechanism --composition --validation_size --rows_per_unit --runs --tasks --base --lora-merge-cache
+    --batch_size --device`` of ``tune`` and ``evolve`` (their docstrings explain the composition, the validation size
+    and the rows per unit)."""
     from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
     from hf_dpmerge.records.selection_record import COMPOSITIONS
 
@@ -42,6 +43,9 @@ def add_private_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation_size", default=str(DEFAULT_VALIDATION_SIZE), metavar="N|TASK=N,...",
                         help="public number of validation examples scored per task (subsampled at random; "
                         f"default {DEFAULT_VALIDATION_SIZE}; see above)")
+    parser.add_argument("--rows_per_unit", type=int, default=1, metavar="M",
+                        help="public cap m on the validation rows scored per privacy unit of a user-level adapter's "
+                        "task (Δ = m/(T·n); default 1; see above)")
     parser.add_argument("--runs", default="runs", help="training output folder with base/ and <task>/adapter/")
     parser.add_argument("--tasks", help="comma-separated run folders to score (default: every one)")
     parser.add_argument("--base", help="base model directory (default: <runs>/base)")

@@ -16,6 +16,12 @@ subsampled uniformly at random to n examples (a smaller set scores its missing e
 Δ = 1/(T·n) and the selection is ε_sel-DP under the addition, removal or replacement of one example; the
 private set sizes are neither used in Δ nor written anywhere. A larger n uses more of each set.
 
+User-level adapters (trained with ``--privacy_unit_column``, e.g. ``movie``): the selection is made per the same
+unit. That task's validation split must hold the column (else refused); at most m of each unit's rows are scored
+(``--rows_per_unit M``, public, default 1), then n of those, so Δ = m/(T·n) under the addition, removal or
+replacement of one whole unit. A unit's rows beyond m are never scored: raise m when units have many rows and
+there are few units, at the price of a larger Δ.
+
 Composition (``--composition``): ``sequential`` (default; the validation data may belong to the people the
 adapters were trained on): ε_total = max_t ε_t + ε_sel. ``parallel`` only when the validation people are
 disjoint from the training people: ε_total = max(max_t ε_t, ε_sel); the record and card say which.
@@ -49,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.records.runs_layout import BASE_DIR
     from hf_dpmerge.scripts.tune import GridAxis, parse_validation_size, tune_merge
 
-    check_positive(args, "epsilon", "batch_size")
+    check_positive(args, "epsilon", "batch_size", "rows_per_unit")
     config = read_merge_config(args.config)
     grid = [GridAxis.parse(text) for text in args.grid]
     runs = task_runs(args.runs, parse_tasks(args.tasks))
     record = tune_merge(
         config, grid, runs, args.output, epsilon=args.epsilon, mechanism=args.mechanism,
         composition=args.composition, validation_size=parse_validation_size(args.validation_size),
-        base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
+        rows_per_unit=args.rows_per_unit, base_dir=Path(args.base) if args.base else Path(args.runs) / BASE_DIR,
         lora_merge_cache=args.lora_merge_cache, batch_size=args.batch_size, device=args.device,
         log=lambda line: print(line, file=sys.stderr),
     )

@@ -12,6 +12,10 @@ from hf_dpmerge.data.tasks import TaskSpec
 D = TypeVar("D", datasets.Dataset, datasets.DatasetDict)
 
 
+class MissingColumnError(ValueError):
+    """A column to keep through tokenization (e.g. a privacy unit column) is not in the data."""
+
+
 def tokenize_task(
     dsd: D,
     spec: TaskSpec,
@@ -45,5 +49,5 @@ def dropped_columns(dsd: datasets.Dataset | datasets.DatasetDict, spec: TaskSpec
         columns = next(iter(columns.values()), [])
     missing = [column for column in keep_columns if column not in columns]
     if missing:
-        raise ValueError(f"{spec.name} has no column {missing} to keep (its columns: {columns})")
+        raise MissingColumnError(f"{spec.name} has no column {missing} to keep (its columns: {columns})")
     return [column for column in columns if column not in keep_columns]

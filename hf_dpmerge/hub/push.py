@@ -71,7 +71,9 @@ def push_merged_model(
 
     Only allow-listed files are released (``RELEASE_ALLOW_LIST``): a merged directory holding anything else is
     refused with the list of those files. Adapters trained with a fixed ``dp_seed`` (or whose record predates
-    the ``seeded`` field) are refused unless ``allow_seeded``; the card then warns that the seed undoes the noise.
+    the ``seeded`` field), and a merge chosen by a seeded ``hf-dpmerge tune``/``evolve`` (its ``dp_selection.json``
+    says ``seeded`` true, or predates the field), are refused unless ``allow_seeded``; the card then warns that the
+    seed undoes the noise.
     """
     from huggingface_hub.utils import validate_repo_id
 
@@ -84,7 +86,8 @@ def push_merged_model(
         raise PushError("no adapters given: the release needs each task's head and privacy record")
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
-    check_unseeded_release(records, allow_seeded, "--allow-seeded")
+    selection = find_selection_record(merged_dir)
+    check_unseeded_release(records, allow_seeded, "--allow-seeded", selection)
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
     shared = shares_encoder(merged_dir)
     card = build_model_card(
@@ -97,7 +100,7 @@ def push_merged_model(
         license=license,
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
-        selection=find_selection_record(merged_dir),
+        selection=selection,
         shared_encoder=shared,
     )
     card_text = str(card)

@@ -18,12 +18,18 @@ removal and the replacement of one validation example, each directly (docs/desig
 add/remove neighbour's subsample to a replace-one neighbour of a subsample). The private sizes |D_t| enter
 neither Δ nor the denominators: with denominators |D_t|, removing one example of the smallest set also
 rescales every utility, and the log-probability ratio grows to ≈ ε·T/2.
+
+User-level adapters (a privacy unit ``unit:<column>``: all rows sharing one value of the column) need the selection
+per unit too. Such a task's validation rows keep their unit column and are drawn by :func:`unit_capped_indices`: at
+most m rows of each unit (m public, ``--rows_per_unit``), then n_t of those; replacing, adding or removing one
+whole unit changes at most m of the scored rows, so Δ = max_t m_t/(T·n_t) with m_t = m for those tasks and 1 for
+per-example ones (docs/design.md §13).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -33,16 +39,37 @@ MECHANISMS = ("exponential", "permute_and_flip")
 DEFAULT_VALIDATION_SIZE = 500
 
 
-def accuracy_sensitivity(validation_size: Sequence[int]) -> float:
-    """Δ = max_t 1/(T·n_t) of the task-averaged accuracy with the PUBLIC validation sizes n_t (module docstring)."""
+def accuracy_sensitivity(validation_size: Sequence[int], rows_per_unit: Sequence[int] | None = None) -> float:
+    """Δ = max_t m_t/(T·n_t) of the task-averaged accuracy with the PUBLIC validation sizes n_t and the most scored
+    rows m_t one privacy unit of task t can hold (default 1: one row is the unit; module docstring)."""
     if not validation_size or min(validation_size) < 1:
         raise ValueError(f"--validation_size must be at least 1 for every task, got {list(validation_size)}")
-    return 1.0 / (len(validation_size) * min(validation_size))
+    rows = [1] * len(validation_size) if rows_per_unit is None else list(rows_per_unit)
+    if len(rows) != len(validation_size) or min(rows) < 1:
+        raise ValueError(f"--rows_per_unit must be at least 1 for every task, got {rows}")
+    return max(m / (len(validation_size) * n) for m, n in zip(rows, validation_size, strict=True))
 
 
 def subsample_indices(size: int, validation_size: int, rng: np.random.Generator) -> np.ndarray:
     """min(n, size) distinct indices of ``range(size)``, sorted: each subset of that size equally likely."""
     return np.sort(rng.choice(size, size=min(validation_size, size), replace=False))
+
+
+def unit_capped_indices(units: Sequence[Hashable], rows_per_unit: int, validation_size: int, keys: np.ndarray
+                        ) -> np.ndarray:
+    """The rows scored when a row's ``units`` value is its privacy unit, sorted: every row has a key (i.i.d. uniform
+    ``keys``); each unit keeps its ``rows_per_unit`` rows of smallest key and the ``validation_size`` kept rows of
+    smallest key are scored. Given the other units' keys, one unit's rows change at most ``rows_per_unit`` of the
+    scored rows (docs/design.md §13)."""
+    kept: list[int] = []
+    per_unit: dict[Hashable, int] = {}
+    for row in np.argsort(keys, kind="stable"):
+        if len(kept) == validation_size:
+            break
+        if per_unit.get(units[row], 0) < rows_per_unit:
+            per_unit[units[row]] = per_unit.get(units[row], 0) + 1
+            kept.append(int(row))
+    return np.sort(np.asarray(kept, dtype=int))
 
 
 def task_averaged_accuracy(counts: Mapping[str, int], validation_size: Mapping[str, int]) -> float:

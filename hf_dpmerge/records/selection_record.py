@@ -9,9 +9,12 @@ datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.m
 - ``parallel`` — the validation individuals are disjoint from the training individuals (opt-in by name):
   (max(max_t ε_t, ε_sel), max_t δ_t).
 
-The unit is one example, as in the adapters' records. Validation scores are never stored, nor the private
+The unit is each task's adapter's: one validation example, or for a user-level adapter (``unit:<column>``) all
+validation rows sharing one value of the column, of which at most m (``rows_per_unit``, public) are scored, so
+that Δ = m/(T·n) (:mod:`hf_dpmerge.records.private_selection`). Validation scores are never stored, nor the private
 validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
-Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused.
+Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused; schema 2
+records did not record seeding and are read as ``seeded = None`` (unknown: possibly seeded).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import EXAMPLE_UNIT, UNIT_PREFIX, PrivacyRecord
 from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
 COMPOSITIONS = ("sequential", "parallel")
-SELECTION_SCHEMA_VERSION = 2
+SELECTION_SCHEMA_VERSION = 3
 
 
 def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: float, composition: str
@@ -47,6 +50,16 @@ def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: flo
     return max(adapters_epsilon, selection_epsilon), delta
 
 
+def selection_unit(units: dict[str, str], rows_per_unit: int) -> str:
+    """The selection's unit in words, from each task's privacy unit (``"example"`` or ``"unit:<column>"``)."""
+    if all(unit == EXAMPLE_UNIT for unit in units.values()):
+        return "validation example"
+    parts = [f"{task}: one example" if unit == EXAMPLE_UNIT else
+             f"{task}: all rows sharing one value of `{unit.removeprefix(UNIT_PREFIX)}`, at most {rows_per_unit} "
+             "of them scored" for task, unit in units.items()]
+    return f"validation unit ({'; '.join(parts)})"
+
+
 @dataclass
 class SelectionRecord:
     """One private selection among candidate merges, and the guarantee it composes to with the adapters'.
@@ -54,7 +67,11 @@ class SelectionRecord:
     ``candidates`` holds each candidate's grid settings; ``chosen`` indexes it. ``validation_size`` holds the
     public n_t per task (the subsample size and denominator; never the private set's size); ``sensitivity`` is
     Δ of the utility and ``relation`` the neighbouring relations under which ε_sel holds. ``adapters`` holds
-    each task's (ε, δ).
+    each task's (ε, δ). ``seeded`` is True when a fixed seed drew the subsamples and the mechanism's noise (whoever
+    holds it can recompute them: no privacy against them), False when they came from OS entropy, None when not
+    recorded (schema 2): possibly seeded. ``units`` maps each task to the privacy unit its validation rows were
+    grouped by, its adapter's (``"example"`` or ``"unit:<column>"``; empty in records written before: every task
+    per example), and ``rows_per_unit`` is m, the public cap on one unit's scored rows.
     """
 
     mechanism: str
@@ -71,6 +88,9 @@ class SelectionRecord:
     total_epsilon: float
     total_delta: float
     delta: float = 0.0
+    seeded: bool | None = None
+    units: dict[str, str] = field(default_factory=dict)
+    rows_per_unit: int = 1
     schema_version: int = SELECTION_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -85,10 +105,10 @@ class SelectionRecord:
             data = json.loads(path.read_text())
             if data.get("schema_version", 0) > SELECTION_SCHEMA_VERSION:
                 raise ValueError(f"schema {data['schema_version']} is newer than this hf_dpmerge understands")
-            if data.get("schema_version", 0) < SELECTION_SCHEMA_VERSION:
+            if data.get("schema_version", 0) < 2:
                 raise ValueError("schema 1 took Δ from the private validation sizes, which does not bound ε_sel "
                                  "for 3 or more tasks")
-            return cls(**data)
+            return cls(**{**data, "schema_version": SELECTION_SCHEMA_VERSION})  # schema 2: seeded unknown (None)
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
 

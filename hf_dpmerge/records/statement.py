@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hf_dpmerge.records.record import ADD_REMOVE_ONE, REPLACE_ONE, PrivacyRecord
+from hf_dpmerge.records.record import ADD_REMOVE_ONE, EXAMPLE_UNIT, REPLACE_ONE, UNIT_PREFIX, PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
 
 FEDERATED_KEY = "federated"  # PrivacyRecord.extra key of a federated global adapter's two levels
@@ -94,6 +94,8 @@ class SelectionPrivacy:
     """The public validation size n_t of each task (never the private sizes)."""
     generations: int = 1
     """How many choices the selection made (``hf-dpmerge evolve``: one per generation, ε_sel/G each), else 1."""
+    seeded: bool | None = None
+    """Whether a fixed seed drew the subsamples and the mechanism's noise (None: not recorded, possibly)."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,18 @@ class PrivacyStatement:
 
     @classmethod
     def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
-        """A tuned merge: the selection record's composed total, the adapters' composition one component of it."""
+        """A tuned merge: the selection record's composed total, the adapters' composition one component of it.
+        Refused when an adapter is user-level and the selection was not made per that unit (records written before
+        selections bounded a unit's rows): its ε_sel would hold per validation row only."""
         adapters = cls.from_records(records)
+        per_row = ({item.unit_column for item in adapters.inputs} - {None}
+                   - {unit.removeprefix(UNIT_PREFIX) for unit in selection.units.values() if unit != EXAMPLE_UNIT})
+        if per_row:
+            raise ValueError(
+                f"the adapters' privacy unit is {', '.join(f'unit:{c}' for c in sorted(per_row))} (user-level) but "
+                "dp_selection.json made its selection per validation example, so one unit's validation rows may cost "
+                "ε_sel each; re-run hf-dpmerge tune/evolve, which scores at most --rows_per_unit rows of each unit"
+            )
         return cls(
             epsilon=selection.total_epsilon, delta=selection.total_delta, relation=ADD_REMOVE_ONE,
             epsilon_replace_one=None, inputs=adapters.inputs, composition=selection.composition,
@@ -163,7 +175,7 @@ class PrivacyStatement:
                 utility=selection.utility, relation=selection.relation, unit=selection.unit,
                 composition=selection.composition, num_candidates=len(selection.candidates),
                 chosen=dict(selection.candidates[selection.chosen]), validation_size=dict(selection.validation_size),
-                generations=int(selection.extra.get("generations", 1)),
+                generations=int(selection.extra.get("generations", 1)), seeded=selection.seeded,
             ),
             adapters_epsilon=adapters.epsilon, adapters_delta=adapters.delta,
         )
@@ -236,9 +248,11 @@ class PrivacyStatement:
         how = (f"among {sel.num_candidates} candidates" if sel.generations == 1 else
                f"once in each of {sel.generations} generations of a CMA-ES search ({sel.num_candidates} proposals in "
                f"all, ε_sel/{sel.generations} per choice, composed)")
+        user_level = any(item.unit_column is not None for item in self.inputs)
         return (
             f"The guarantee has two components. The adapters: each input was {parallel}, giving ε = "
-            f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}. The selection: the merge "
+            f"{number(self.adapters_epsilon)}, δ = {number(self.adapters_delta)}"
+            + (f" per privacy unit ({self.unit})" if user_level else "") + ". The selection: the merge "
             f"hyper-parameters were chosen on private validation data by the {sel.mechanism} mechanism {how} "
             f"({settings} was chosen) at ε_sel = {number(sel.epsilon)} (pure "
             f"ε-DP, δ = 0; utility: {sel.utility}, sensitivity Δ = {sel.sensitivity:.3g} per {sel.relation} of one "
@@ -301,7 +315,8 @@ class PrivacyStatement:
         return text
 
     def notes(self) -> list[str]:
-        """Warnings that qualify the guarantee: seeded noise, evaluation on data declared public."""
+        """Warnings that qualify the guarantee: seeded noise (training or selection), evaluation on data declared
+        public."""
         notes = []
         if seeded := self.seeded:
             names = ", ".join(f"`{n}`" for n in seeded)
@@ -310,6 +325,13 @@ class PrivacyStatement:
                 "field, so possibly): anyone holding the seed can regenerate the sampling masks and the noise "
                 "and undo it, so for these inputs the guarantee holds only against someone who does not know "
                 "the seed.")
+        if self.selection is not None and self.selection.seeded is not False:
+            notes.append(
+                "**Seeded selection.** The merge selection drew its validation subsamples and its mechanism's noise "
+                "(and an evolutionary search its proposals) from a fixed `--seed` (or its `dp_selection.json` "
+                "predates the `seeded` field, so possibly): anyone holding the seed can recompute them and read "
+                "from the choice which candidate scored best, so ε_sel, and the total, hold only against someone "
+                "who does not know the seed.")
         if public := [item.name for item in self.inputs if item.eval_data_is_public]:
             notes.append(
                 f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** Evaluated (and "
@@ -342,22 +364,34 @@ def seeded_inputs(records: Mapping[str, PrivacyRecord]) -> tuple[list[str], list
     )
 
 
-def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: bool, flag: str) -> None:
-    """Refuse to release seeded inputs (or inputs of unknown seeding) unless ``allow_seeded``; ``flag`` is
-    the option that opts in, named in the error."""
+def check_unseeded_release(records: Mapping[str, PrivacyRecord], allow_seeded: bool, flag: str,
+                           selection: SelectionRecord | None = None) -> None:
+    """Refuse to release seeded inputs (or inputs of unknown seeding), or a merge chosen by a seeded private
+    ``selection`` (or one of unknown seeding), unless ``allow_seeded``; ``flag`` is the option that opts in, named
+    in the error."""
     seeded, unknown = seeded_inputs(records)
-    if allow_seeded or not (seeded or unknown):
+    seeded_selection = selection is not None and selection.seeded is not False
+    if allow_seeded or not (seeded or unknown or seeded_selection):
         return
-    reasons = []
-    if seeded:
-        reasons.append(f"{', '.join(seeded)} trained with a fixed dp_seed")
-    if unknown:
-        reasons.append(
-            f"{', '.join(unknown)} have privacy records written before hf_dpmerge recorded seeding (no 'seeded' "
-            "field), so they may have been seeded"
-        )
+    problems = []
+    if seeded or unknown:
+        reasons = []
+        if seeded:
+            reasons.append(f"{', '.join(seeded)} trained with a fixed dp_seed")
+        if unknown:
+            reasons.append(
+                f"{', '.join(unknown)} have privacy records written before hf_dpmerge recorded seeding (no 'seeded' "
+                "field), so they may have been seeded"
+            )
+        problems.append(f"{'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and the "
+                        "noise and subtract it, which undoes the differential privacy; retrain without dp_seed")
+    if seeded_selection:
+        reason = ("the merge was selected with a fixed --seed" if selection.seeded else "the merge's "
+                  "dp_selection.json was written before hf_dpmerge recorded seeding (no 'seeded' field), so its "
+                  "selection may have been seeded")
+        problems.append(f"{reason}. Anyone holding the seed can redraw the validation subsamples and the "
+                        "mechanism's noise and read from the choice which candidate scored best, which undoes the "
+                        "selection's differential privacy; re-run hf-dpmerge tune/evolve without --seed")
     raise ValueError(
-        f"refusing to release: {'; '.join(reasons)}. Anyone holding the seed can regenerate the Poisson masks and "
-        f"the noise and subtract it, which undoes the differential privacy; retrain without dp_seed, or pass "
-        f"{flag} to release anyway (the card then says so)"
+        f"refusing to release: {'. Also: '.join(problems)}, or pass {flag} to release anyway (the card then says so)"
     )

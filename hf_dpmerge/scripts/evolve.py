@@ -6,17 +6,20 @@ K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the 
 
 1. CMA-ES (the ``cma`` package, μ = 1 parent) proposes P vectors x_1 … x_P inside [low, high];
 2. each is merged and scored as ``hf-dpmerge tune`` scores a candidate: u = task-averaged accuracy on
-   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t);
+   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t) (m/(T·n_t) with
+   at most m rows of each privacy unit of a user-level adapter's task, ``--rows_per_unit``);
 3. ONE candidate k_g is chosen by the exponential mechanism (or permute-and-flip) at ε_g = ε_sel / G;
 4. CMA-ES is told only k_g: it ranks first and the others tie behind it (their order among themselves is the
    proposal order). With μ = 1 the pick alone sets the new mean and step size; CMA-ES's active covariance update
    also down-weights the others as "worse than the pick", which is what the mechanism's output says of them.
 
-The search's state after g generations is a function of k_1 … k_g and of its own seeded randomness, so the G
-choices are the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is
-ε_sel-DP (pure) under the addition, removal or replacement of one validation example. The released merge is the
-last generation's choice (post-processing), kept with a ``dp_selection.json`` that composes ε_sel with the
-adapters' records as ``hf-dpmerge tune`` does (docs/design.md §13). Scores are never stored or printed.
+The search's state after g generations is a function of k_1 … k_g and of its own randomness (CMA-ES samples from a
+generator of its own, never NumPy's global state, which code in the scoring path may touch), so the G choices are
+the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is ε_sel-DP
+(pure) under the addition, removal or replacement of one validation example (one privacy unit for a user-level
+adapter's task). The released merge is the last generation's choice (post-processing), kept with a
+``dp_selection.json`` that composes ε_sel with the adapters' records as ``hf-dpmerge tune`` does (docs/design.md
+§13). Scores are never stored or printed.
 """
 
 from __future__ import annotations
@@ -67,12 +70,14 @@ def evolve_search(
     rng: np.random.Generator,
 ) -> tuple[list[list[float]], list[int]]:
     """The CMA-ES loop of the module docstring. ``score(index, x)`` is the utility of candidate ``index`` (its
-    position among all candidates so far). Returns every candidate's vector and the index chosen in each
-    generation (the last one is the result)."""
+    position among all candidates so far). CMA-ES samples from a generator spawned from ``rng`` (its ``randn``
+    option; ``seed`` NaN: it neither seeds nor reads ``np.random``). Returns every candidate's vector and the index
+    chosen in each generation (the last one is the result)."""
     import cma
 
-    options = {"popsize": population, "CMA_mu": 1, "bounds": [low, high], "verbose": -9,
-               "seed": int(rng.integers(1, 2**31 - 1))}
+    proposals_rng = rng.spawn(1)[0]  # CMA-ES's own stream: never NumPy's global state, which the scoring may touch
+    options = {"popsize": population, "CMA_mu": 1, "bounds": [low, high], "verbose": -9, "seed": np.nan,
+               "randn": lambda *shape: proposals_rng.standard_normal(shape)}
     search = cma.CMAEvolutionStrategy([start] * dimension, step, options)
     candidates: list[list[float]] = []
     chosen: list[int] = []
@@ -104,13 +109,15 @@ def evolve_merge(
     high: float = 2.0,
     step: float = 0.3,
     validation_size: int | Mapping[str, int] = DEFAULT_VALIDATION_SIZE,
+    rows_per_unit: int = 1,
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
-    rng: np.random.Generator | None = None,
+    seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
-    """Search, select privately, keep the last generation's choice at ``output_dir`` with its selection record."""
+    """Search, select privately, keep the last generation's choice at ``output_dir`` with its selection record.
+    ``seed`` seeds the subsamples, CMA-ES and the mechanism (default: OS entropy); the record says whether."""
     output_dir = Path(output_dir)
     if generations < 1 or population < 2 or layer_points < 1:
         raise ValueError(f"--generations must be ≥ 1, --population ≥ 2 and --layer_points ≥ 1, got {generations}, "
@@ -118,10 +125,10 @@ def evolve_merge(
     if not low < high or not low <= 1.0 <= high or step <= 0:
         raise ValueError(f"--low < --high must bracket the start weight 1 and --step must be > 0, got {low}, {high}, "
                          f"{step}")
-    rng = rng or np.random.default_rng()
+    rng = np.random.default_rng(seed)
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
-                            command="evolve")
+                            seeded=seed is not None, command="evolve", rows_per_unit=rows_per_unit)
 
     def score(index: int, vector: Sequence[float]) -> float:
         log(f"generation {index // population + 1}/{generations}, candidate {index % population + 1}/{population}")

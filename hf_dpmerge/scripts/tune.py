@@ -5,7 +5,8 @@ Candidates are a base mergekit config with grid values substituted (``lambda=0.3
 grids). Each candidate is merged by :func:`hf_dpmerge.merging.run.merge`, each task's head is put
 on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy counted on a uniform random
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
-candidates). One candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
+candidates; a user-level adapter's task first keeps at most ``--rows_per_unit`` rows of each privacy unit). One
+candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
 (:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
 composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`); its README's privacy
 section and the card of ``hf-dpmerge push`` state that composed total as the one guarantee.
@@ -31,6 +32,7 @@ from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split
 from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import predictions_from_logits
+from hf_dpmerge.data.tokenize import MissingColumnError
 from hf_dpmerge.merging.config_edit import with_parameter
 from hf_dpmerge.records.private_selection import (
     DEFAULT_VALIDATION_SIZE,
@@ -38,8 +40,10 @@ from hf_dpmerge.records.private_selection import (
     select_private,
     subsample_indices,
     task_averaged_accuracy,
+    unit_capped_indices,
 )
-from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
+from hf_dpmerge.records.record import EXAMPLE_UNIT
+from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee, selection_unit
 
 UTILITY = ("task-averaged validation accuracy, each task's correct predictions on n of its validation examples "
            "drawn uniformly at random (missing ones counted wrong) over n")
@@ -135,17 +139,44 @@ def public_validation_size(validation_size: int | Mapping[str, int], tasks: Sequ
     return {task: sizes[task] for task in tasks}
 
 
-def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, int], rng: np.random.Generator
-                 ) -> dict[str, Any]:
-    """Each task's validation set subsampled uniformly at random to min(n_t, |D_t|) examples."""
-    return {task: data.select(subsample_indices(len(data), validation_size[task], rng))
-            for task, data in validation.items()}
+def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, int], rng: np.random.Generator,
+                 unit_columns: Mapping[str, str | None] | None = None, rows_per_unit: int = 1) -> dict[str, Any]:
+    """Each task's validation set subsampled uniformly at random to min(n_t, |D_t|) examples; a task with a unit
+    column (``unit_columns``) keeps at most ``rows_per_unit`` rows of each unit first
+    (:func:`~hf_dpmerge.records.private_selection.unit_capped_indices`), and the column is dropped."""
+    sets = {}
+    for task, data in validation.items():
+        column = (unit_columns or {}).get(task)
+        if column is None:
+            sets[task] = data.select(subsample_indices(len(data), validation_size[task], rng))
+            continue
+        rows = unit_capped_indices(list(data[column]), rows_per_unit, validation_size[task], rng.random(len(data)))
+        sets[task] = data.select(rows).remove_columns(column)
+    return sets
+
+
+def validation_split(run: TaskRun, tokenizer) -> Any:
+    """The run's tokenized validation split, with its adapter's privacy unit column when it is user-level; refused
+    when that column is missing (a selection on it could not bound one unit's rows)."""
+    column = run.record.unit_column
+    if column is None:
+        return load_split(run, "validation", tokenizer)
+    try:
+        return load_split(run, "validation", tokenizer, keep_columns=(column,))
+    except MissingColumnError:
+        raise ValueError(
+            f"{run.name}: its adapter's guarantee is per {run.record.privacy_unit} (user-level), but its validation "
+            f"split has no column {column!r}, so a private selection on it cannot bound what one unit's rows "
+            f"change: leave {run.name} out of --tasks, or give it validation data holding {column!r}"
+        ) from None
 
 
 @dataclass
 class ScoringSetup:
     """What every candidate of a private selection is scored with: the runs, their validation subsamples of public
-    sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total."""
+    sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total; ``seeded``: whether
+    a fixed seed drew the subsamples and the selection; ``units``: each task's privacy unit (its adapter's), of
+    which at most ``rows_per_unit`` validation rows were scored."""
 
     runs: Sequence[TaskRun]
     validation_size: dict[str, int]
@@ -159,6 +190,9 @@ class ScoringSetup:
     total_delta: float
     device: Any
     batch_size: int
+    seeded: bool
+    units: dict[str, str]
+    rows_per_unit: int
 
     def utility(self, merged_dir: Path) -> float:
         """The task-averaged validation accuracy of a merged candidate (its scores stay in this process)."""
@@ -168,21 +202,27 @@ class ScoringSetup:
     def selection_record(self, mechanism: str, candidates: list[dict[str, Any]], chosen: int,
                          extra: dict[str, Any] | None = None) -> SelectionRecord:
         """The record of choosing ``candidates[chosen]`` with ``mechanism`` at this setup's ε_sel."""
+        per_unit = any(unit != EXAMPLE_UNIT for unit in self.units.values())
+        utility = UTILITY + (f"; a user-level task's rows drawn at most {self.rows_per_unit} per privacy unit first"
+                             if per_unit else "")
         return SelectionRecord(
-            mechanism=mechanism, epsilon=self.epsilon, sensitivity=self.sensitivity, utility=UTILITY,
-            relation=RELATION, unit="validation example", composition=self.composition, candidates=candidates,
-            chosen=chosen, validation_size=self.validation_size,
+            mechanism=mechanism, epsilon=self.epsilon, sensitivity=self.sensitivity, utility=utility,
+            relation=RELATION, unit=selection_unit(self.units, self.rows_per_unit), composition=self.composition,
+            candidates=candidates, chosen=chosen, validation_size=self.validation_size, units=dict(self.units),
+            rows_per_unit=self.rows_per_unit,
             adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
                       for name, r in self.records.items()},
-            total_epsilon=self.total_epsilon, total_delta=self.total_delta, extra=dict(extra or {}),
+            total_epsilon=self.total_epsilon, total_delta=self.total_delta, seeded=self.seeded,
+            extra=dict(extra or {}),
         )
 
 
 def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float, composition: str,
                     base_dir: Path, validation_size: int | Mapping[str, int], batch_size: int, device: str | None,
-                    rng: np.random.Generator, command: str) -> ScoringSetup:
-    """Checks before any merge (classification tasks, public sizes, a free output, a known composition), then the
-    validation subsamples drawn with ``rng``."""
+                    rng: np.random.Generator, seeded: bool, command: str, rows_per_unit: int = 1) -> ScoringSetup:
+    """Checks before any merge (classification tasks, public sizes, a free output, a known composition, the unit
+    column of a user-level adapter's validation split), then the validation subsamples drawn with ``rng``
+    (``seeded``: from a fixed seed; at most ``rows_per_unit`` rows of one privacy unit)."""
     from hf_dpmerge.merging.run import check_merge_output
 
     if regression := [run.name for run in runs if run.spec.is_regression]:
@@ -191,10 +231,17 @@ def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float
     check_merge_output(str(output_dir), False)
     records = {run.name: run.record for run in runs}
     total_epsilon, total_delta = composed_guarantee(records, epsilon, composition)  # refuses a bad --composition
+    if not (isinstance(rows_per_unit, int) and rows_per_unit >= 1):
+        raise ValueError(f"--rows_per_unit must be a whole number ≥ 1, got {rows_per_unit}")
     tokenizer = find_tokenizer([runs[0].adapter_dir, base_dir])
-    validation = scoring_sets({run.name: load_split(run, "validation", tokenizer) for run in runs}, size, rng)
-    return ScoringSetup(runs, size, validation, tokenizer, accuracy_sensitivity(list(size.values())), records,
-                        epsilon, composition, total_epsilon, total_delta, resolve_device(device), batch_size)
+    unit_columns = {run.name: run.record.unit_column for run in runs}
+    validation = scoring_sets({run.name: validation_split(run, tokenizer) for run in runs}, size, rng, unit_columns,
+                              rows_per_unit)
+    sensitivity = accuracy_sensitivity(list(size.values()),
+                                       [1 if unit_columns[task] is None else rows_per_unit for task in size])
+    return ScoringSetup(runs, size, validation, tokenizer, sensitivity, records, epsilon, composition, total_epsilon,
+                        total_delta, resolve_device(device), batch_size, seeded,
+                        {run.name: run.record.privacy_unit for run in runs}, rows_per_unit)
 
 
 def keep_chosen(merged_dir: Path, output_dir: Path, config: dict[str, Any], record: SelectionRecord) -> None:
@@ -230,23 +277,27 @@ def tune_merge(
     composition: str,
     base_dir: Path,
     validation_size: int | Mapping[str, int] = DEFAULT_VALIDATION_SIZE,
+    rows_per_unit: int = 1,
     lora_merge_cache: str | None = None,
     batch_size: int = 32,
     device: str | None = None,
-    rng: np.random.Generator | None = None,
+    seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> SelectionRecord:
     """Merge and score every candidate, select one ε-DP, keep it at ``output_dir`` with its selection record.
 
-    ``validation_size``: the public n_t (one for all tasks, or per task); ``rng`` draws the subsamples and the
-    selection (default: seeded from OS entropy).
+    ``validation_size``: the public n_t (one for all tasks, or per task); ``rows_per_unit``: the public m, most
+    validation rows scored per privacy unit of a user-level adapter's task (Δ = m/(T·n_t)); ``seed`` seeds the
+    subsamples and the selection (default: OS entropy). A fixed seed makes the selection non-private against
+    whoever knows it: the record says ``seeded: true`` and ``hf-dpmerge push`` refuses it unless
+    ``--allow-seeded``.
     """
     output_dir = Path(output_dir)
-    rng = rng or np.random.default_rng()
+    rng = np.random.default_rng(seed)
     candidates = candidate_configs(config, grid)
     setup = prepare_scoring(runs, output_dir, epsilon=epsilon, composition=composition, base_dir=base_dir,
                             validation_size=validation_size, batch_size=batch_size, device=device, rng=rng,
-                            command="tune")
+                            seeded=seed is not None, command="tune", rows_per_unit=rows_per_unit)
     with candidate_scratch(output_dir) as scratch:
         utilities = []
         for index, (settings, candidate) in enumerate(candidates):

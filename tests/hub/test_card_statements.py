@@ -75,14 +75,14 @@ def test_merged_card_states_the_parallel_composition_once() -> None:
     check_no_comparative(text)
 
 
-def _selection(records: dict[str, PrivacyRecord], composition: str) -> SelectionRecord:
+def _selection(records: dict[str, PrivacyRecord], composition: str, seeded: bool = False) -> SelectionRecord:
     total, delta = composed_guarantee(records, 1.0, composition)
     return SelectionRecord(
         mechanism="exponential", epsilon=1.0, sensitivity=2.8e-3, utility="task-averaged accuracy",
         relation="addition, removal or replacement", unit="validation example", composition=composition,
         candidates=[{"lambda": 0.5}, {"lambda": 1.0}], chosen=1, validation_size={"alpha": 178, "beta": 516},
         adapters={n: {"epsilon": r.epsilon, "delta": r.delta} for n, r in records.items()},
-        total_epsilon=total, total_delta=delta,
+        total_epsilon=total, total_delta=delta, seeded=seeded,
     )
 
 
@@ -130,6 +130,9 @@ def test_merged_readme_section_is_restated_for_the_tuned_merge(tmp_path: Path) -
     text = (out / "README.md").read_text()
     assert "mergekit's card." in text and text.count(HEADING) == 1
     check_tuned(text, named, selection)
+    assert "Seeded selection" not in text
+    write_privacy_section(out, config, _selection(records, "sequential", seeded=True))
+    assert "**Seeded selection.**" in (out / "README.md").read_text()  # a seeded tune's README says so
 
 
 def test_federated_card_states_the_record_and_the_client_level() -> None:

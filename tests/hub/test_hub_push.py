@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from hf_dpmerge.cli import main as cli_main
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.release_files import is_release_file
+from hf_dpmerge.records.selection_record import SelectionRecord
 from tests.utils.tiny_models import save_tiny_bert
 
 REPO = "alice/dp-merged"
@@ -370,3 +371,45 @@ def test_seeded_release_is_refused_unless_allowed(release, cli, loopback_hub, tm
     assert cli([*args, "--allow-seeded"]) == 0
     card = loopback_hub.repos[REPO].files["README.md"].decode()
     assert "**Seeded training: `beta`.**" in card and "undo it" in card
+
+
+def _selected_merge(release, tmp_path, seeded) -> Path:
+    """The release's merged dir with the dp_selection.json of a tune run (``seeded`` None: a schema-2 record)."""
+    merged = tmp_path / "merged"
+    shutil.copytree(release.merged, merged)
+    SelectionRecord(
+        mechanism="exponential", epsilon=1.0, sensitivity=1e-3, utility="accuracy",
+        relation="addition, removal or replacement", unit="validation example", composition="sequential",
+        candidates=[{"lambda": 0.5}, {"lambda": 1.0}], chosen=1, validation_size={"alpha": 500, "beta": 500},
+        adapters={"alpha": {"epsilon": 2.5, "delta": 1e-5}, "beta": {"epsilon": 7.75, "delta": 1e-5}},
+        total_epsilon=8.75, total_delta=1e-5, seeded=seeded,
+    ).save(merged)
+    if seeded is None:
+        path = merged / "dp_selection.json"
+        data = json.loads(path.read_text())
+        del data["seeded"]
+        path.write_text(json.dumps({**data, "schema_version": 2}))
+    return merged
+
+
+@pytest.mark.parametrize("seeded, reason", [(True, "the merge was selected with a fixed --seed"),
+                                            (None, "dp_selection.json was written before hf_dpmerge recorded")])
+def test_a_seeded_selection_is_refused_unless_allowed(release, cli, loopback_hub, tmp_path, capsys, seeded, reason):
+    merged = _selected_merge(release, tmp_path, seeded)
+    args = ["push", str(merged), "--runs", str(release.runs), "--tasks", "alpha,beta", "--repo_id", REPO]
+    assert cli(args) == 1
+    err = capsys.readouterr().err
+    assert reason in err and "re-run hf-dpmerge tune/evolve without --seed" in err and "--allow-seeded" in err
+    assert "Poisson" not in err  # the adapters are unseeded: only the selection is named
+    assert REPO not in loopback_hub.repos
+
+    assert cli([*args, "--allow-seeded"]) == 0
+    card = loopback_hub.repos[REPO].files["README.md"].decode()
+    assert "**Seeded selection.**" in card and "**Seeded training" not in card
+
+
+def test_an_unseeded_selection_is_released_without_a_seed_warning(release, cli, tmp_path):
+    merged = _selected_merge(release, tmp_path, False)
+    assert _dry(cli, merged, release.runs, "--tasks", "alpha,beta") == 0
+    card = (tmp_path / "merged-hub" / "README.md").read_text()
+    assert "among 2 candidates" in card and "Seeded" not in card

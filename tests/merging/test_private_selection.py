@@ -18,6 +18,7 @@ from hf_dpmerge.records.private_selection import (
     selection_probabilities,
     subsample_indices,
     task_averaged_accuracy,
+    unit_capped_indices,
 )
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
 from hf_dpmerge.records.statement import PrivacyStatement
@@ -267,3 +268,54 @@ def test_selection_record_round_trips_and_states_the_public_size_and_relation(tm
     (tmp_path / "dp_selection.json").write_text(json.dumps(old))
     with pytest.raises(ValueError, match="private validation sizes.*re-run hf-dpmerge tune"):
         SelectionRecord.load(tmp_path / "dp_selection.json")
+
+
+# One task's validation rows as (unit, correct under candidate 0, 1, 2): the other units B, the unit U that a
+# neighbour replaces, adds or removes, and its replacement U'. Candidate 0 is right exactly on U', 1 exactly on U.
+_OTHER = [("a", 0, 1, 1), ("a", 0, 1, 0), ("b", 0, 1, 1)]
+_NEIGHBOURS = {  # (U's rows, U′'s rows): replace with the same or another number of rows, add, remove
+    "replace": ([("u", 0, 1, 0)] * 2, [("u", 1, 0, 1)] * 2),
+    "replace, more rows": ([("u", 0, 1, 1)], [("w", 1, 0, 0)] * 3),
+    "add": ([], [("u", 1, 0, 1)] * 3),
+    "remove": ([("u", 0, 1, 0)] * 3, []),
+}
+
+
+@pytest.mark.parametrize("rows_per_unit, n", [(1, 2), (2, 2), (2, 5), (3, 4)])
+def test_one_whole_unit_changes_every_candidates_utility_by_at_most_delta(rows_per_unit: int, n: int) -> None:
+    """Replace-one-unit or add/remove-one-unit changes at most m of a task's n scored rows: with every other row's
+    key shared (every key order enumerated), each candidate's utility moves by ≤ Δ = m/(T·n), and by Δ exactly for
+    some order (tight). Task 2 (per example, n = 50) is unchanged; T = 2."""
+    other_size = 50
+    delta = accuracy_sensitivity([n, other_size], [rows_per_unit, 1])
+    assert delta == rows_per_unit / (2 * n)
+    worst = 0.0
+    for removed, added in _NEIGHBOURS.values():
+        rows = _OTHER + removed + added
+        here = list(range(len(_OTHER) + len(removed)))
+        there = list(range(len(_OTHER))) + list(range(len(here), len(rows)))
+        for order in itertools.permutations(range(len(rows))):
+            keys = np.asarray(order, dtype=float)
+            utilities = []
+            for side in (here, there):
+                scored = [side[i] for i in unit_capped_indices([rows[i][0] for i in side], rows_per_unit, n,
+                                                               keys[side])]
+                assert all(Counter(rows[i][0] for i in scored)[unit] <= rows_per_unit for unit in "abuw")
+                utilities.append([task_averaged_accuracy({"t": sum(rows[i][1 + k] for i in scored), "other": 20},
+                                                         {"t": n, "other": other_size}) for k in range(3)])
+            worst = max(worst, *np.abs(np.subtract(*utilities)))
+    assert worst <= delta + 1e-12
+    assert worst == pytest.approx(min(rows_per_unit, n) / (2 * n))  # tight: m rows of U′ scored where none of B's
+    if rows_per_unit > 1:
+        assert worst > accuracy_sensitivity([n, other_size])  # a per-row Δ would not bound one unit
+
+
+def test_unit_capped_indices_keeps_at_most_m_rows_of_each_unit_then_n() -> None:
+    units = ["x"] * 30 + ["y"] * 2 + list(range(5))
+    rng = np.random.default_rng(0)
+    for m, n, size in ((1, 100, 7), (2, 100, 9), (3, 4, 4)):
+        scored = unit_capped_indices(units, m, n, rng.random(len(units)))
+        assert len(scored) == size and list(scored) == sorted(set(scored))
+        assert max(Counter(units[i] for i in scored).values()) <= m
+    with pytest.raises(ValueError, match="--rows_per_unit"):
+        accuracy_sensitivity([10, 10], [0, 1])

@@ -50,6 +50,24 @@ def test_at_small_epsilon_the_choice_ignores_the_utility():
     assert counts.min() > 25, counts
 
 
+def test_a_scorer_using_numpys_global_random_state_changes_no_proposal():
+    """CMA-ES samples from the search's own generator: a scorer that reseeds and draws from np.random (as code in
+    the scoring path may) leaves every proposal and choice as they were, and the search leaves np.random alone."""
+    def exact(index, x):
+        return -float(np.sum((np.asarray(x) - [1.6, 0.4]) ** 2))
+
+    def meddling(index, x):
+        np.random.seed(index)
+        np.random.standard_normal(5)
+        return exact(index, x)
+
+    np.random.seed(7)
+    before = np.random.get_state()[1].copy()
+    clean = _run(exact)
+    assert (np.random.get_state()[1] == before).all() and np.random.get_state()[2] == 624  # untouched
+    assert _run(meddling) == clean
+
+
 def test_weighted_config_sets_each_models_weight_or_gradient():
     config = {"merge_method": "task_arithmetic", "models": [{"model": "a"}, {"model": "b", "parameters": {"x": 1}}]}
     one = weighted_config(config, [0.5, 1.25], 1)
@@ -78,9 +96,25 @@ def test_evolve_keeps_the_last_choice_with_its_composed_guarantee(workdir, monke
     assert [v for w in weights for v in w] == pytest.approx(chosen, abs=1e-6)
     assert sorted(p.name for p in Path(workdir).iterdir() if "candidates" in p.name) == []
     assert "ε = 8" in out
-    assert main(["push", "evolved", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
+    assert record["seeded"] is True  # --seed 3: whoever knows it can redraw the subsamples and the noise
+    push = ["push", "evolved", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]
+    assert main(push) == 1
+    assert "selected with a fixed --seed" in capsys.readouterr().err and not (workdir / "evolved-hub").exists()
+    assert main([*push, "--allow-seeded"]) == 0
     card = (workdir / "evolved-hub" / "README.md").read_text()
     assert "once in each of 2 generations of a CMA-ES search (4 proposals in all" in card
+    readme = (workdir / "evolved" / "README.md").read_text()  # the merged model's own privacy section
+    assert "**Seeded selection.**" in card and "**Seeded selection.**" in readme
+
+
+@pytest.mark.slow
+def test_an_unseeded_evolve_is_recorded_unseeded_and_pushes(workdir, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(workdir)
+    assert main(["evolve", "ta.yaml", "evolved_fresh", "--epsilon", "1", "--generations", "1", "--population", "2",
+                 "--tasks", ",".join(TASKS), "--validation_size", "20", "--lora-merge-cache", "cache"]) == 0
+    assert json.loads((workdir / "evolved_fresh" / "dp_selection.json").read_text())["seeded"] is False
+    assert main(["push", "evolved_fresh", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
+    assert "Seeded" not in (workdir / "evolved_fresh-hub" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("flags, message", [

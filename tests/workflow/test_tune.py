@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import datasets
@@ -16,6 +17,7 @@ from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.analysis.runs_layout import find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_merged_with_head
 from hf_dpmerge.cli.main import main
+from hf_dpmerge.data.load import load_task
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
 from hf_dpmerge.scripts import tune as tune_script
 from hf_dpmerge.scripts.tune import (
@@ -36,11 +38,13 @@ TASKS = {"bbc_news": 5, "election_tweets": 2}
 LAMBDAS = (0.0, 1.0, 2.0)
 
 
-def _save_adapter(runs: Path, task: str, labels: int, seed: int) -> None:
-    """A LoRA adapter with large deltas (predictions move with λ), its record (ε = 4 + seed) and encoder export."""
-    save_fake_adapter(runs / "base", runs / task / "adapter", labels, seed)
-    privacy_record(task, epsilon=4.0 + seed, extra={"max_length": 32}, seeded=False).save(runs / task / "adapter")
-    export_encoder_adapter(runs / task / "adapter", runs / task / "encoder_adapter")
+def _save_adapter(runs: Path, task: str, labels: int, seed: int, folder: str | None = None, **record) -> None:
+    """A LoRA adapter with large deltas (predictions move with λ), its record (ε = 4 + seed; ``record`` overrides)
+    and encoder export, in ``runs/<folder or task>``."""
+    run = runs / (folder or task)
+    save_fake_adapter(runs / "base", run / "adapter", labels, seed)
+    privacy_record(task, epsilon=4.0 + seed, extra={"max_length": 32}, seeded=False, **record).save(run / "adapter")
+    export_encoder_adapter(run / "adapter", run / "encoder_adapter")
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +152,7 @@ def test_tune_picks_the_best_candidate_at_large_epsilon_and_records_the_total(wo
     assert record["relation"] == "addition, removal or replacement"
     assert (record["total_epsilon"], record["total_delta"]) == (6.0 + 1e6, 1e-5)  # sequential: max ε_t + ε_sel
     assert record["composition"] == "sequential" and "ε = 1e+06" in out
+    assert record["seeded"] is False  # the CLI draws from OS entropy
 
     assert main(["push", "tuned", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 0
     card = (workdir / "tuned-hub" / "README.md").read_text()
@@ -189,6 +194,20 @@ def test_tune_subsamples_to_the_public_size_and_releases_no_private_size(workdir
 
 
 @pytest.mark.slow
+def test_a_seeded_tune_is_recorded_seeded_and_push_refuses_it(workdir, monkeypatch, capsys) -> None:
+    """tune_merge's ``seed`` (the API's; the CLI draws from OS entropy) is recorded like a training run's dp_seed."""
+    monkeypatch.chdir(workdir)
+    record = tune_script.tune_merge(
+        yaml.safe_load((workdir / "ta.yaml").read_text()), [GridAxis.parse("lambda=0.0,1.0")],
+        task_runs(workdir / "runs", list(TASKS)), "tuned_seeded", epsilon=1.0, mechanism="exponential",
+        composition="sequential", base_dir=workdir / "runs" / "base", validation_size=20, lora_merge_cache="cache",
+        seed=5, log=lambda line: None)
+    assert record.seeded is True and json.loads((workdir / "tuned_seeded" / "dp_selection.json").read_text())["seeded"]
+    assert main(["push", "tuned_seeded", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 1
+    assert "selected with a fixed --seed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_tune_refuses_bad_settings_before_merging(workdir, monkeypatch, capsys) -> None:
     monkeypatch.chdir(workdir)
     common = ["--tasks", ",".join(TASKS), "--lora-merge-cache", "cache"]
@@ -205,3 +224,51 @@ def test_tune_refuses_bad_settings_before_merging(workdir, monkeypatch, capsys) 
     assert main(["tune", "ta.yaml", "occupied", "--grid", "lambda=0.3,1", "--epsilon", "1", *common]) == 1
     assert (workdir / "occupied" / "x").read_text() == "keep me"
     assert not (workdir / "bad").exists()
+
+
+@pytest.mark.slow
+def test_a_user_level_adapter_gets_a_selection_per_unit(tmp_path, monkeypatch, capsys) -> None:
+    """rotten_tomatoes' adapter is per film (unit:movie): at most --rows_per_unit of a film's validation rows are
+    scored, Δ = m/(T·n), and the record and card say so; a unit column the validation split lacks is refused."""
+    monkeypatch.chdir(tmp_path)
+    save_tiny_bert(tmp_path / "runs" / "base")
+    _save_adapter(tmp_path / "runs", "bbc_news", 5, 1)
+    _save_adapter(tmp_path / "runs", "rotten_tomatoes", 2, 2, privacy_unit="unit:movie", num_units=300)
+    _save_adapter(tmp_path / "runs", "bbc_news", 5, 3, folder="bbc_by_author", privacy_unit="unit:author",
+                  num_units=100)
+    adapters = ["./runs/bbc_news/encoder_adapter", "./runs/rotten_tomatoes/encoder_adapter"]
+    Path("ta.yaml").write_text(lora_config_yaml("task_arithmetic", "./runs/base", adapters, "parameters:\n"
+                                                "  lambda: 0.3\n  weight: 1.0\n"))
+    common = ["--grid", "lambda=0.0,1.0", "--epsilon", "1", "--validation_size", "100", "--rows_per_unit", "2",
+              "--lora-merge-cache", "cache"]
+    assert main(["tune", "ta.yaml", "bad", "--tasks", "bbc_by_author,rotten_tomatoes", *common]) == 1
+    err = capsys.readouterr().err
+    assert "bbc_by_author: its adapter's guarantee is per unit:author" in err and "no column 'author'" in err
+    assert "--tasks" in err and not Path("bad").exists()
+
+    scored = []
+
+    def counting(merged, runs, validation, *args):
+        scored.append({task: len(data) for task, data in validation.items()})
+        return correct_counts(merged, runs, validation, *args)
+
+    monkeypatch.setattr(tune_script, "correct_counts", counting)
+    assert main(["tune", "ta.yaml", "tuned", "--tasks", "bbc_news,rotten_tomatoes", *common]) == 0
+    films = Counter(load_task("rotten_tomatoes")[0]["validation"]["movie"])
+    capped = sum(min(2, rows) for rows in films.values())
+    assert capped < 100 < len(films) * max(films.values())  # the cap, not n, limits the scored rows
+    assert scored == [{"bbc_news": 100, "rotten_tomatoes": capped}] * 2
+    record = json.loads(Path("tuned/dp_selection.json").read_text())
+    assert record["units"] == {"bbc_news": "example", "rotten_tomatoes": "unit:movie"}
+    assert record["rows_per_unit"] == 2 and record["sensitivity"] == pytest.approx(2 / (2 * 100))
+
+    assert main(["push", "tuned", "--runs", "runs", "--tasks", "bbc_news,rotten_tomatoes", "--dry-run"]) == 0
+    card = Path("tuned-hub/README.md").read_text()
+    assert ("giving ε = 6, δ = 1e-05 per privacy unit (all training rows sharing one value of `movie`; one "
+            "training example (row))") in card
+    assert ("per addition, removal or replacement of one validation unit (bbc_news: one example; rotten_tomatoes: "
+            "all rows sharing one value of `movie`, at most 2 of them scored)") in card
+    older = {key: value for key, value in record.items() if key not in ("units", "rows_per_unit")}
+    Path("tuned/dp_selection.json").write_text(json.dumps(older))  # a selection made per row, before units
+    assert main(["push", "tuned", "--runs", "runs", "--tasks", "bbc_news,rotten_tomatoes", "--dry-run"]) == 1
+    assert "made its selection per validation example" in capsys.readouterr().err
