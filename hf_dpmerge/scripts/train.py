@@ -51,6 +51,7 @@ from hf_dpmerge.data.metrics import trainer_compute_metrics
 from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.data.tasks import GLUE, parse_task_list
 from hf_dpmerge.modeling import load_sequence_classifier
+from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.modeling.stock_release import SHARED_ENCODER_FILE, make_adapter_stock_loadable
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
@@ -60,7 +61,7 @@ from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, recipe_value
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
@@ -149,6 +150,16 @@ class TrainArguments:
     train_lora: bool = field(default=True, metadata={
         "help": "false: freeze the LoRA factors at B = 0 (the encoder is the base's) and train the task head only, "
                 "the 'base encoder + own head' floor; under DP the head is the accounted release as usual."})
+    head_phase_epsilon: float | None = field(default=None, metadata={
+        "help": "Private LP-FT (docs/design.md §15.6): first train the head alone on cached pooled features (the "
+                "floor's recipe) at this ε, then LoRA and the head from there (B = 0: the same model at the start); "
+                "both phases compose in one accountant to --target_epsilon, stated in dp_privacy.json."})
+    head_phase_steps: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps")), metadata={
+        "help": "Steps of the LP-FT head phase."})
+    head_phase_batch_size: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--per_device_train_batch_size")),
+                                       metadata={"help": "Expected batch of the LP-FT head phase."})
+    head_phase_learning_rate: float = field(default=float(recipe_value(HEAD_ONLY_RECIPE, "--learning_rate")),
+                                            metadata={"help": "Learning rate of the LP-FT head phase."})
 
 
 @dataclass
@@ -184,6 +195,29 @@ def shared_base(script: ScriptArguments) -> Path:
     return base_dir
 
 
+def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spec, model, train, collator,
+               out: Path) -> list[dict]:
+    """Private LP-FT's first phase (``--head_phase_epsilon``): the head alone on cached pooled features at that ε,
+    copied into ``model``'s head; returns the phase for the accountant of the second ([] without LP-FT)."""
+    if script.head_phase_epsilon is None:
+        return []
+    if not (script.train_lora and config.dp):
+        raise ValueError("--head_phase_epsilon trains a head, then LoRA, under DP: it needs --train_lora true and DP")
+    head_model = lora_sequence_classifier(base_dir.resolve(), spec, train_lora=False, **script.lora_options())
+    head_config = dataclasses.replace(
+        config, output_dir=str(out / "checkpoints-head"), target_epsilon=script.head_phase_epsilon,
+        noise_multiplier=None, epsilon_budget=None, max_steps=script.head_phase_steps,
+        per_device_train_batch_size=script.head_phase_batch_size, physical_batch_size=script.head_phase_batch_size,
+        learning_rate=script.head_phase_learning_rate, head_learning_rate=script.head_phase_learning_rate,
+        sam_mode="none", align_lambda=0.0, head_warmup_steps=0, eval_strategy="no", eval_on_start=False,
+    )
+    trainer = dp_trainer(head_model, head_config, train_dataset=train, data_collator=collator,
+                         **script.trainer_options())
+    trainer.train()
+    task_head(model).load_state_dict(task_head(head_model).state_dict())
+    return [trainer.privacy_phase("head")]
+
+
 def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
                resume: str | bool | None = None) -> dict | None:
     """Train one task (``resume``: a checkpoint, or True for the last complete one); returns its summary on the
@@ -208,11 +242,13 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     evaluating = str(config.eval_strategy) not in ("no", "IntervalStrategy.NO") or config.eval_on_start
     if evaluating and "validation" not in data:
         raise ValueError(f"--eval_strategy/--eval_on_start: task {task} has no validation split")
+    collator = DataCollatorWithPadding(tokenizer)
+    earlier = head_phase(script, args, base_dir, spec, model, data["train"], collator, out)
     # the frozen bottom (below the lowest LoRA layer; the whole encoder with --train_lora false) runs once per row
-    trainer = dp_trainer(model, args, train_dataset=data["train"], data_collator=DataCollatorWithPadding(tokenizer),
+    trainer = dp_trainer(model, args, train_dataset=data["train"], data_collator=collator,
                          eval_dataset=data["validation"] if evaluating else None,
                          compute_metrics=trainer_compute_metrics(spec) if evaluating else None,
-                         **script.trainer_options())
+                         earlier_phases=earlier, **script.trainer_options())
     trainer.train(resume_from_checkpoint=resume)
     adapter_dir = out / ADAPTER_DIR  # saved before predicting: --fp16/bf16_full_eval cast the model for prediction
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)

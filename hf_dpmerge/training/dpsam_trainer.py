@@ -34,7 +34,7 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -135,9 +135,13 @@ class DPSAMTrainer(Trainer):
     args: DPSAMConfig
     needs_token_ids: bool = True  # the training rows are token ids (a subclass may train on other inputs)
 
-    def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, **kwargs: Any):
+    def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, *,
+                 earlier_phases: Sequence[Mapping[str, Any]] = (), **kwargs: Any):
+        """``earlier_phases``: :meth:`privacy_phase` of earlier runs of the same training on the same data (private
+        LP-FT's head phase, docs/design.md §15.6): the accountant composes them with this run's steps."""
         if not isinstance(args, DPSAMConfig):
             raise TypeError(f"DPSAMTrainer needs a DPSAMConfig, got {type(args).__name__}")
+        self.earlier_phases = [dict(phase) for phase in earlier_phases]
         if train_dataset is None:
             raise ValueError("DPSAMTrainer needs a train_dataset (its size N sets the sample rate q = B_exp/N)")
         check_sized_dataset(train_dataset)
@@ -259,7 +263,7 @@ class DPSAMTrainer(Trainer):
         self.noise_multiplier, self.dp_state.allowed_steps = main_process_value(self.accelerator, self._calibrate)
         self.effective_noise_multiplier = self.noise_multiplier / math.sqrt(self.queries_per_step)
         self.dp_state.accountant = PrivacyAccountant(
-            args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta
+            args.accountant, self.effective_noise_multiplier, self.sample_rate, self.delta, self._prior_history
         )
         logger.info(
             "DP-SGD: N=%d rows, %d privacy units (%s), B_exp=%d, q=%.5f, steps=%d, σ=%.4f (σ_eff=%.4f), C=%g, "
@@ -276,6 +280,20 @@ class DPSAMTrainer(Trainer):
             self._grad_sample_module = GradSampleModule(
                 self.model, batch_first=True, loss_reduction="sum", strict=False
             )
+
+    @property
+    def _prior_history(self) -> list[tuple[float, float, int]]:
+        """The earlier phases as accountant stretches (σ_eff, q, steps)."""
+        return [(p["effective_noise_multiplier"], p["sample_rate"], p["steps"]) for p in self.earlier_phases]
+
+    def privacy_phase(self, name: str) -> dict[str, Any]:
+        """This run as one phase of a longer accounted training (``earlier_phases`` of the next run): its name and
+        (σ, σ_eff, q, B_exp, steps taken); public quantities only."""
+        if self.dp_state.accountant is None:
+            raise ValueError("a non-private run is no privacy phase")
+        return {"name": name, "noise_multiplier": self.noise_multiplier,
+                "effective_noise_multiplier": self.effective_noise_multiplier, "sample_rate": self.sample_rate,
+                "expected_batch_size": self.expected_batch_size, "steps": self.dp_state.accountant.steps}
 
     def _privatizer(self, params: list[nn.Parameter]) -> GradientPrivatizer:
         """The Gaussian mechanism (σ, C, B_exp, the run's noise generator) on the clipped vector of ``params``."""
@@ -304,9 +322,11 @@ class DPSAMTrainer(Trainer):
                 steps=self.planned_steps,
                 accountant=args.accountant,
                 queries_per_step=self.queries_per_step,
+                prior_history=self._prior_history,
             )
         accountant = PrivacyAccountant(
-            args.accountant, noise_multiplier / math.sqrt(self.queries_per_step), self.sample_rate, self.delta
+            args.accountant, noise_multiplier / math.sqrt(self.queries_per_step), self.sample_rate, self.delta,
+            self._prior_history,
         )
         budget = args.epsilon_budget if args.epsilon_budget is not None else args.target_epsilon
         allowed_steps = (accountant.max_steps_within(budget, self.planned_steps) if budget is not None
@@ -589,6 +609,8 @@ class DPSAMTrainer(Trainer):
             extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
         if self.args.proximal_mu > 0:
             extra["proximal_mu"] = self.args.proximal_mu
+        if self.earlier_phases and self.dp_state.accountant is not None:
+            extra["phases"] = [*self.earlier_phases, self.privacy_phase("lora")]
         return extra
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, overwrite: bool = False) -> None:

@@ -50,3 +50,11 @@ HEAD_ONLY_RECIPE: list[str] = [  # on top of DP_RECIPE (later flags win): the he
     "--align_lambda", "0",
     "--logging_steps", "250",
 ]
+
+
+def recipe_value(recipe: list[str], flag: str) -> str:
+    """The value a recipe gives ``flag`` (its last occurrence)."""
+    values = [recipe[i + 1] for i, item in enumerate(recipe[:-1]) if item == flag]
+    if not values:
+        raise KeyError(f"the recipe does not set {flag}")
+    return values[-1]

@@ -70,8 +70,13 @@ def calibrate_noise_multiplier(
     accountant: str,
     queries_per_step: int = 1,
     epsilon_tolerance: float = 0.01,
+    prior_history: History = (),
 ) -> float:
     """σ per query such that ``steps`` steps at σ_eff = σ/√queries_per_step reach at most ``target_epsilon``."""
+    if prior_history:
+        return calibrate_after(prior_history, target_epsilon=target_epsilon, target_delta=target_delta,
+                               sample_rate=sample_rate, steps=steps, accountant=accountant,
+                               epsilon_tolerance=epsilon_tolerance) * math.sqrt(queries_per_step)
     with quiet_prv_domain_bound(accountant):
         effective = get_noise_multiplier(
             target_epsilon=target_epsilon,
@@ -84,24 +89,71 @@ def calibrate_noise_multiplier(
     return effective * math.sqrt(queries_per_step)
 
 
+def history_epsilon(mechanism: str, history: History, delta: float) -> float:
+    """ε of an opacus accountant (``mechanism``) over ``history`` (stretches of any (σ_eff, q))."""
+    history = [tuple(entry) for entry in history if entry[2] > 0]
+    if not history:
+        return 0.0
+    probe = create_accountant(mechanism)
+    probe.history = history
+    with quiet_prv_domain_bound(mechanism):
+        return float(probe.get_epsilon(delta=delta))
+
+
+def calibrate_after(prior_history: History, *, target_epsilon: float, target_delta: float, sample_rate: float,
+                    steps: int, accountant: str, epsilon_tolerance: float = 0.01) -> float:
+    """σ_eff such that ``prior_history`` followed by ``steps`` steps at (σ_eff, q) reaches ε in
+    (target − tolerance, target] (bisection: ε decreases in σ). Refuses a prior that leaves no budget."""
+    spent = history_epsilon(accountant, prior_history, target_delta)
+    if spent >= target_epsilon:
+        raise ValueError(f"the earlier phases already spend ε = {spent:.3g} of --target_epsilon {target_epsilon:g}: "
+                         "give the later phase some budget (a smaller --head_phase_epsilon)")
+
+    def total(sigma: float) -> float:
+        return history_epsilon(accountant, [*prior_history, (sigma, sample_rate, steps)], target_delta)
+
+    low, high = 0.0, 1.0
+    while total(high) > target_epsilon:
+        low, high = high, 2 * high
+        if high > 1e4:
+            raise ValueError(f"no noise multiplier reaches ε = {target_epsilon:g} after the earlier phases")
+    while total(high) < target_epsilon - epsilon_tolerance and high - low > 1e-6:
+        middle = (low + high) / 2
+        if total(middle) > target_epsilon:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
 PLD_DISCRETIZATION = 1e-3  # privacy-loss grid (rounded pessimistically): ε within 1e-3 of a 1e-4 grid, 10× faster
 _PLD_RELATIONS = {ADD_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE, REPLACE_ONE: NeighboringRelation.REPLACE_ONE}
+
+
+History = list[tuple[float, float, int]]  # (σ_eff, q, steps) of each stretch of steps, as opacus keeps it
+
+
+def pld_history_epsilon(relation: str, history: History, delta: float) -> float:
+    """ε after a history of Poisson(q)-subsampled Gaussian stretches (σ_eff, q, steps) under ``relation`` (PLD
+    accountant: heterogeneous stretches compose by convolving their privacy-loss distributions)."""
+    if relation not in _PLD_RELATIONS:
+        raise ValueError(f"neighbouring relation must be one of {tuple(_PLD_RELATIONS)}, got {relation!r}")
+    history = [(sigma, q, n) for sigma, q, n in history if n > 0 and q > 0]
+    if not history:
+        return 0.0
+    if any(sigma == 0 for sigma, _, _ in history):
+        return math.inf
+    accountant = PLDAccountant(_PLD_RELATIONS[relation], value_discretization_interval=PLD_DISCRETIZATION)
+    for sigma, q, n in history:
+        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), n)
+    return float(accountant.get_epsilon(delta))
 
 
 def pld_epsilon(
     relation: str, *, effective_noise_multiplier: float, sample_rate: float, steps: int, delta: float
 ) -> float:
     """ε after ``steps`` Poisson(q)-subsampled Gaussian steps at σ_eff, under ``relation`` (PLD accountant)."""
-    if relation not in _PLD_RELATIONS:
-        raise ValueError(f"neighbouring relation must be one of {tuple(_PLD_RELATIONS)}, got {relation!r}")
-    if steps == 0 or sample_rate == 0:
-        return 0.0
-    if effective_noise_multiplier == 0:
-        return math.inf
-    accountant = PLDAccountant(_PLD_RELATIONS[relation], value_discretization_interval=PLD_DISCRETIZATION)
-    step = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(effective_noise_multiplier))
-    accountant.compose(step, steps)
-    return float(accountant.get_epsilon(delta))
+    return pld_history_epsilon(relation, [(effective_noise_multiplier, sample_rate, steps)], delta)
 
 
 def replace_one_epsilon(*, effective_noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
@@ -113,15 +165,20 @@ def replace_one_epsilon(*, effective_noise_multiplier: float, sample_rate: float
 
 
 class PrivacyAccountant:
-    """An opacus accountant fixed to one (σ_eff, q), with a cached ε and a precomputed step budget."""
+    """An opacus accountant fixed to one (σ_eff, q), with a cached ε and a precomputed step budget.
 
-    def __init__(self, mechanism: str, effective_noise_multiplier: float, sample_rate: float, delta: float):
+    ``prior_history``: stretches (σ_eff, q, steps) that earlier phases of the same run spent on the same data
+    (private LP-FT's head phase, docs/design.md §15.6); every ε here composes them with this phase's steps."""
+
+    def __init__(self, mechanism: str, effective_noise_multiplier: float, sample_rate: float, delta: float,
+                 prior_history: History = ()):
         if mechanism not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {mechanism!r}")
         self.mechanism = mechanism
         self.effective_noise_multiplier = effective_noise_multiplier
         self.sample_rate = sample_rate
         self.delta = delta
+        self.prior_history = [tuple(entry) for entry in prior_history]
         self._accountant = create_accountant(mechanism)
         self._epsilon_cache: tuple[int, float] | None = None
         self._replace_one_cache: tuple[int, float] | None = None
@@ -140,32 +197,23 @@ class PrivacyAccountant:
     def epsilon(self) -> float:
         """ε spent so far at ``delta`` (0 before the first step); cached per step count (PRV calls cost seconds)."""
         steps = self.steps
-        if steps == 0:
-            return 0.0
         if self._epsilon_cache is None or self._epsilon_cache[0] != steps:
-            with quiet_prv_domain_bound(self.mechanism):
-                self._epsilon_cache = (steps, float(self._accountant.get_epsilon(delta=self.delta)))
+            self._epsilon_cache = (steps, history_epsilon(self.mechanism, [*self.prior_history, *self.history],
+                                                          self.delta))
         return self._epsilon_cache[1]
 
     def epsilon_replace_one(self) -> float:
         """ε spent so far under replace-one neighbours (:func:`replace_one_epsilon`); cached per step count."""
         steps = self.steps
         if self._replace_one_cache is None or self._replace_one_cache[0] != steps:
-            value = replace_one_epsilon(
-                effective_noise_multiplier=self.effective_noise_multiplier, sample_rate=self.sample_rate,
-                steps=steps, delta=self.delta,
-            )
-            self._replace_one_cache = (steps, value)
+            history = [*self.prior_history, (self.effective_noise_multiplier, self.sample_rate, steps)]
+            self._replace_one_cache = (steps, pld_history_epsilon(REPLACE_ONE, history, self.delta))
         return self._replace_one_cache[1]
 
     def epsilon_after(self, steps: int) -> float:
-        """ε of ``steps`` steps at this accountant's (σ_eff, q), without touching its history."""
-        if steps == 0:
-            return 0.0
-        probe = create_accountant(self.mechanism)
-        probe.history = [(self.effective_noise_multiplier, self.sample_rate, steps)]
-        with quiet_prv_domain_bound(self.mechanism):
-            return float(probe.get_epsilon(delta=self.delta))
+        """ε of the prior history and ``steps`` steps at this accountant's (σ_eff, q), without touching its history."""
+        return history_epsilon(self.mechanism, [*self.prior_history, (self.effective_noise_multiplier,
+                                                                      self.sample_rate, steps)], self.delta)
 
     def max_steps_within(self, budget: float, upper: int) -> int:
         """The largest n ≤ ``upper`` with ε(n) ≤ ``budget`` (binary search; ε is increasing in n)."""
@@ -186,6 +234,7 @@ class PrivacyAccountant:
             "effective_noise_multiplier": self.effective_noise_multiplier,
             "sample_rate": self.sample_rate,
             "delta": self.delta,
+            "prior_history": self.prior_history,
             "history": self.history,
         }
 
@@ -198,6 +247,9 @@ class PrivacyAccountant:
             "effective_noise_multiplier": "σ is calibrated from --target_epsilon, --target_delta, --max_steps and "
                                           "--sam_mode (or set by --noise_multiplier): resume with the same values",
         }
+        hints["prior_history"] = "the earlier phases (private LP-FT's head phase) must be the same: resume the same run"
+        state = {"prior_history": [], **state}
+        state["prior_history"] = [tuple(entry) for entry in state["prior_history"]]
         for key, hint in hints.items():
             if state[key] != getattr(self, key):
                 raise ValueError(

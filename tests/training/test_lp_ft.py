@@ -1,0 +1,79 @@
+"""Private LP-FT in one accounted run: a head phase, then LoRA + head from the head phase's model; both phases
+compose in one accountant (checked against an independent RDP accountant), and a second phase at learning rate 0
+releases the first phase's model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
+from safetensors.torch import load_file
+
+from hf_dpmerge.modeling.pooled_features import task_head
+from hf_dpmerge.scripts import train as train_glue
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+from tests.utils.tiny_models import save_tiny_bert
+
+RUN = ["--max_train_samples", "64", "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
+       "--physical_batch_size", "16", "--max_length", "16", "--max_steps", "3", "--accountant", "rdp",
+       "--head_phase_epsilon", "2", "--head_phase_steps", "4", "--head_phase_batch_size", "32", "--dp_seed", "0"]
+
+
+def independent_rdp_epsilon(phases: list[dict], delta: float) -> float:
+    accountant = RdpAccountant()
+    for phase in phases:
+        event = dp_event.PoissonSampledDpEvent(phase["sample_rate"],
+                                               dp_event.GaussianDpEvent(phase["effective_noise_multiplier"]))
+        accountant.compose(event, phase["steps"])
+    return accountant.get_epsilon(delta)
+
+
+def lp_ft(tmp_path: Path, monkeypatch, *flags: str) -> tuple[dict, dict, dict]:
+    """Run train_glue.py with LP-FT; (record, released weights, the model's head right after the head phase)."""
+    after_head = {}
+    real_head_phase = train_glue.head_phase
+
+    def recording_head_phase(script, config, base_dir, spec, model, *args):
+        phases = real_head_phase(script, config, base_dir, spec, model, *args)
+        after_head.update({k: v.clone() for k, v in task_head(model).state_dict().items() if "modules_to_save" in k})
+        return phases
+
+    monkeypatch.setattr(train_glue, "head_phase", recording_head_phase)
+    train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                     str(tmp_path / "runs"), "--task", "bbc_news", *RUN, *flags])
+    adapter = tmp_path / "runs" / "bbc_news" / "adapter"
+    record = json.loads((adapter / "dp_privacy.json").read_text())
+    return record, load_file(str(adapter / "adapter_model.safetensors")), after_head
+
+
+@pytest.mark.slow
+def test_the_phases_compose_in_one_accountant(tmp_path, monkeypatch):
+    record, _, _ = lp_ft(tmp_path, monkeypatch, "--target_epsilon", "6")
+    head, lora = record["extra"]["phases"]
+    assert (head["name"], head["steps"], head["expected_batch_size"]) == ("head", 4, 32)
+    assert (lora["name"], lora["steps"], lora["expected_batch_size"]) == ("lora", 3, 16)
+    assert PrivacyAccountant("rdp", head["effective_noise_multiplier"], head["sample_rate"],
+                             record["delta"]).epsilon_after(4) <= 2.0
+    assert record["epsilon"] <= 6.0
+    assert record["epsilon"] == pytest.approx(independent_rdp_epsilon([head, lora], record["delta"]), rel=0.01)
+    assert record["noise_multiplier"] == lora["noise_multiplier"] and record["steps"] == 3
+
+
+@pytest.mark.slow
+def test_a_second_phase_at_learning_rate_zero_releases_the_head_phase_model(tmp_path, monkeypatch):
+    # DPSAMConfig refuses a head rate of 0; at 1e-30 an Adam step (≤ lr per coordinate) leaves float32 weights exact
+    _, weights, after_head = lp_ft(tmp_path, monkeypatch, "--learning_rate", "0", "--head_learning_rate", "1e-30",
+                                   "--target_epsilon", "6")
+    assert all(tensor.abs().sum() == 0 for key, tensor in weights.items() if ".lora_B." in key)
+    released = {key.rsplit(".", 1)[-1]: tensor for key, tensor in weights.items() if "classifier" in key}
+    assert len(after_head) == len(released) == 2  # the trained head's weight and bias
+    for name, tensor in after_head.items():
+        torch.testing.assert_close(released[name.rsplit(".", 1)[-1]], tensor, rtol=0, atol=0)
+
+
+def test_a_head_phase_that_spends_the_whole_budget_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="already spend ε = .* of --target_epsilon 1.*--head_phase_epsilon"):
+        train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
+                         str(tmp_path / "runs"), "--task", "bbc_news", *RUN, "--target_epsilon", "1"])
