@@ -326,6 +326,17 @@ class PrivacyStatement:
             "(ε, δ): publish it only for public data, or account for it separately."
         )
 
+    @staticmethod
+    def held_out_evaluation(split: str, metadata: bool = False) -> str:
+        """What a card's evaluation table (and, with ``metadata``, its ``model-index``) publishes outside (ε, δ):
+        the sentence printed under the table."""
+        what = "The table above and the card metadata's `model-index` are" if metadata else "The table above is"
+        return (
+            f"**Outside the guarantee.** {what} computed on each task's held-out {split} split without noise. ε does "
+            f"not cover these numbers: they reveal the size of each task's {split} split (examples) and the models' "
+            "scores on it. If that split is private, publish the card without them (push without `--eval_json`)."
+        )
+
     def markdown(self) -> str:
         """The privacy section's body: the inputs' table, the guarantee, its derivation, scope and notes."""
         parts = [self.table(), self.guarantee(), self.derivation(), self.scope(), *self.notes(), self.not_covered()]
