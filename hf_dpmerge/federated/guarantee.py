@@ -25,7 +25,6 @@ per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -41,7 +40,9 @@ if TYPE_CHECKING:
 CLIENT_UNIT = "client (its whole shard)"
 CLIENT_FIELDS = ("epsilon", "delta", "epsilon_replace_one", "noise_multiplier", "effective_noise_multiplier",
                  "sample_rate", "num_samples", "num_units")
-"""The record fields that differ between clients (through their shard sizes); every other field is the
+"""The record fields that differ between clients (through their shard sizes)."""
+ROUND_FIELDS = ("steps", "sum_lr_squared")
+"""The fields of one client round that count its steps; every field but these and :data:`CLIENT_FIELDS` is the
 federation's configuration, the same in every client's every round."""
 
 
@@ -124,33 +125,37 @@ def planned_client_records(
 ) -> dict[int, PrivacyRecord]:
     """Every registered client's record as if it were sampled in every round (``setup.rounds`` ×
     ``setup.local_steps`` steps), from public configuration only: client k's shard size ``shard_sizes[k]``
-    gives its σ (:meth:`FederatedSetup.client_noise_multiplier`), q = batch_size/N_k and δ; the fields every
-    client shares (:data:`CLIENT_FIELDS` excepted) are read from the round records of the clients that trained,
-    which must agree on them and with their own public values, so whichever clients trained gives the same
+    gives its σ (:meth:`FederatedSetup.client_noise_multiplier`), q = batch_size/N_k and δ; Σ η² is the clients'
+    constant learning rate squared per step. The settings every client shares (the record's other fields) are
+    read from the round records of the clients that trained, which must agree on them and with their own public
+    values (at most ``local_steps`` steps a round, at that rate), so whichever clients trained gives the same
     result."""
     rounds = [record for client in sorted(records_by_client) for record in records_by_client[client]]
     if not rounds:
         raise ValueError("the clients' shared settings come from their round records: no client trained")
-    shared = {k: v for k, v in rounds[0].to_dict().items() if k not in CLIENT_FIELDS}
-    planned = setup.rounds * setup.local_steps
+    shared = {k: v for k, v in rounds[0].to_dict().items() if k not in CLIENT_FIELDS + ROUND_FIELDS}
+    planned, lr_squared = setup.rounds * setup.local_steps, setup.learning_rate**2  # client.py: constant schedule
     public = {}
     for client, size in enumerate(shard_sizes):
         sigma = setup.client_noise_multiplier(size)
-        effective = sigma / math.sqrt(rounds[0].queries_per_step)
+        effective = sigma / math.sqrt(shared["queries_per_step"])
         sample_rate, delta = setup.batch_size / size, resolve_delta(setup.target_delta, size)
         public[client] = PrivacyRecord.from_dict({
             **shared, "num_samples": size, "num_units": size, "noise_multiplier": sigma,
             "effective_noise_multiplier": effective, "sample_rate": sample_rate, "delta": delta, "steps": planned,
-            "sum_lr_squared": planned * rounds[0].sum_lr_squared / max(1, rounds[0].steps),
+            "sum_lr_squared": planned * lr_squared,
             "epsilon": PrivacyAccountant(shared["accountant"], effective, sample_rate, delta).epsilon_after(planned),
             "epsilon_replace_one": replace_one_epsilon(effective_noise_multiplier=effective, sample_rate=sample_rate,
                                                        steps=planned, delta=delta),
         }, source=f"client {client}'s planned record")
     for client, records in records_by_client.items():
-        expected = dataclasses.replace(public[client], steps=rounds[0].steps, sum_lr_squared=rounds[0].sum_lr_squared)
         for record in records:
             differing = [key for key, value in record.to_dict().items()
-                         if key not in ("epsilon", "epsilon_replace_one") and value != getattr(expected, key)]
+                         if key not in ("epsilon", "epsilon_replace_one", *ROUND_FIELDS)
+                         and value != getattr(public[client], key)]
+            if record.steps > setup.local_steps or not math.isclose(
+                    record.sum_lr_squared, record.steps * lr_squared, rel_tol=1e-9):
+                differing += list(ROUND_FIELDS)
             if differing:
                 raise RuntimeError(f"client {client}'s round record differs from the federation's public "
                                    f"configuration in {differing}: the release cannot be stated without it")

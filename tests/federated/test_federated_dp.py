@@ -217,10 +217,11 @@ def test_updates_with_other_tensors_are_refused():
 
 
 def _setup(**fields) -> FederatedSetup:
-    """A federation whose clients train 10 steps a round at σ 0.8, expected batch 10, δ 1e-5 (as ``record``)."""
+    """A federation whose clients train 10 steps a round at σ 0.8, expected batch 10, δ 1e-5 and η² = 1e-5 (as
+    ``record``: Σ η² = 1e-4 a round)."""
     return FederatedSetup(**{"task": "rotten_tomatoes", "base": "unused", "num_clients": 4, "rounds": 3,
                              "local_steps": 10, "batch_size": 10, "noise_multiplier": 0.8, "target_delta": 1e-5,
-                             **fields})
+                             "learning_rate": 1e-5**0.5, **fields})
 
 
 def test_released_guarantee_hides_participation_under_client_level_dp():
@@ -268,9 +269,16 @@ def test_under_client_level_dp_the_released_record_does_not_depend_on_who_was_sa
 def test_a_client_record_that_disagrees_with_the_public_configuration_is_refused():
     mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
     other_sigma = dataclasses.replace(_round_record(1), noise_multiplier=0.9, effective_noise_multiplier=0.9)
-    for records in ({1: [other_sigma]}, {0: [_round_record(0)], 1: [dataclasses.replace(_round_record(1), steps=9)]}):
+    more_steps = dataclasses.replace(_round_record(1), steps=11, sum_lr_squared=1.1e-4)
+    for records in ({1: [other_sigma]}, {0: [_round_record(0)], 1: [more_steps]}):
         with pytest.raises(RuntimeError, match="differs from the federation's public configuration"):
             global_record(_setup(), SimpleNamespace(records=records), mechanism, SHARDS)
+    # a round cut short (fewer steps at the same rate) still releases the planned record, every round counted
+    stopped = dataclasses.replace(_round_record(2), steps=9, sum_lr_squared=9e-5)
+    everyone = {client: [_round_record(client)] * 3 for client in range(4)}
+    assert (global_record(_setup(), SimpleNamespace(records={2: [stopped], 0: [_round_record(0)]}), mechanism,
+                          SHARDS).to_dict()
+            == global_record(_setup(), SimpleNamespace(records=everyone), mechanism, SHARDS).to_dict())
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -94,10 +94,10 @@ def test_fedadam_under_client_level_dp_steps_on_the_noised_mean_and_keeps_the_gu
     torch.testing.assert_close(private_mean, noised_mean)
     torch.testing.assert_close(merged.double(), _adam_step(noised_mean.double(), 0.01, 1e-3), rtol=1e-6, atol=1e-7)
     assert not torch.allclose(merged.double(), _adam_step(_fedavg_mean().double(), 0.01, 1e-3))
-    # the released record (privacy_record's rounds: 100 steps at σ 0.9, q 32/1600, δ 1e-5) is FedAvg's
+    # the released record (privacy_record's rounds: 100 steps at σ 0.9, q 32/1600, δ 1e-5, Σ η² 0.01) is FedAvg's
     mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=1.0, num_clients=3, accountant="rdp")
     setup = FederatedSetup(task="rotten_tomatoes", base="unused", num_clients=3, rounds=1, local_steps=100,
-                           batch_size=32, noise_multiplier=0.9, target_delta=1e-5)
+                           batch_size=32, noise_multiplier=0.9, target_delta=1e-5, learning_rate=0.01)
     adam, avg = (global_record(setup, _round(name, client_dp=mechanism, **options)[2], mechanism, [1600] * 3)
                  for name, options in (("fedadam", {"eta": 0.01, "tau": 1e-3}), ("fedavg", {})))
     assert adam.to_dict() == avg.to_dict()
