@@ -85,7 +85,8 @@ def federated_arguments() -> type:
         max_eval_samples: int | None = _flag(None, "Evaluate on a seeded stratified subset of this size.")
         server_strategy: str = _flag("fedavg", "Flower's strategy: fedavg; fedprox (each client adds "
                                      "(μ/2)·‖θ − θ_global‖², --proximal_mu); fedadam (Flower's server Adam step "
-                                     "on the FedAvg mean: --aggregation fedavg, no client-level DP).",
+                                     "on the FedAvg mean, the noised mean under client-level DP: --aggregation "
+                                     "fedavg).",
                                      choices=tuple(SERVER_STRATEGIES))
         proximal_mu: float = _flag(0.0, "μ of fedprox's proximal term (data-free: added after the noise).")
         server_eta: float = _flag(DEFAULT_SERVER_ETA, "η, fedadam's server learning rate.")

@@ -51,7 +51,7 @@ def train_client(setup: FederatedSetup, client: int, global_state: dict, server_
             max_steps=setup.local_steps,
             learning_rate=setup.learning_rate,
             head_learning_rate=setup.head_learning_rate,
-            lr_scheduler_type="constant",
+            lr_scheduler_type="constant",  # Σ η² = steps·lr², as planned_client_records states it
             weight_decay=0.0,
             per_sample_max_grad_norm=setup.max_grad_norm,
             noise_multiplier=setup.client_noise_multiplier(len(shard)),

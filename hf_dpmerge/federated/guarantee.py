@@ -16,22 +16,34 @@ the adapters' records: docs/design.md §9). A change to one example changes one 
 client-level (ε, δ) also bounds the example-level one.
 
 What is released: subsampling amplifies the client-level guarantee only while it stays secret which
-clients were sampled, so the released record (:func:`released_guarantee`) never lists participation. With
-client-level DP its example-level ε is each client's data-independent worst case (sampled in every round,
-rounds·local_steps steps); the per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
+clients were sampled, so the released record (:func:`released_guarantee`) never lists participation, and with
+client-level DP no released value depends on it: every value comes from :func:`planned_client_records`, the
+record of each REGISTERED client as if sampled in every round (rounds·local_steps steps), computed from public
+configuration (its shard size, the σ, q and δ the setup gives that size) whether or not it ever trained. The
+per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord
-from hf_dpmerge.training.dp.accounting import PrivacyAccountant, replace_one_epsilon
+from hf_dpmerge.training.dp.accounting import PrivacyAccountant, replace_one_epsilon, resolve_delta
+
+if TYPE_CHECKING:
+    from hf_dpmerge.federated.federation import FederatedSetup
 
 CLIENT_UNIT = "client (its whole shard)"
+CLIENT_FIELDS = ("epsilon", "delta", "epsilon_replace_one", "noise_multiplier", "effective_noise_multiplier",
+                 "sample_rate", "num_samples", "num_units")
+"""The record fields that differ between clients (through their shard sizes)."""
+ROUND_FIELDS = ("steps", "sum_lr_squared")
+"""The fields of one client round that count its steps; every field but these and :data:`CLIENT_FIELDS` is the
+federation's configuration, the same in every client's every round."""
 
 
 @dataclass(frozen=True)
@@ -108,19 +120,62 @@ def federated_guarantee(
     }
 
 
+def planned_client_records(
+    setup: FederatedSetup, shard_sizes: Sequence[int], records_by_client: Mapping[int, Sequence[PrivacyRecord]]
+) -> dict[int, PrivacyRecord]:
+    """Every registered client's record as if it were sampled in every round (``setup.rounds`` ×
+    ``setup.local_steps`` steps), from public configuration only: client k's shard size ``shard_sizes[k]``
+    gives its σ (:meth:`FederatedSetup.client_noise_multiplier`), q = batch_size/N_k and δ; Σ η² is the clients'
+    constant learning rate squared per step. The settings every client shares (the record's other fields) are
+    read from the round records of the clients that trained, which must agree on them and with their own public
+    values (at most ``local_steps`` steps a round, at that rate), so whichever clients trained gives the same
+    result."""
+    rounds = [record for client in sorted(records_by_client) for record in records_by_client[client]]
+    if not rounds:
+        raise ValueError("the clients' shared settings come from their round records: no client trained")
+    shared = {k: v for k, v in rounds[0].to_dict().items() if k not in CLIENT_FIELDS + ROUND_FIELDS}
+    planned, lr_squared = setup.rounds * setup.local_steps, setup.learning_rate**2  # client.py: constant schedule
+    public = {}
+    for client, size in enumerate(shard_sizes):
+        sigma = setup.client_noise_multiplier(size)
+        effective = sigma / math.sqrt(shared["queries_per_step"])
+        sample_rate, delta = setup.batch_size / size, resolve_delta(setup.target_delta, size)
+        public[client] = PrivacyRecord.from_dict({
+            **shared, "num_samples": size, "num_units": size, "noise_multiplier": sigma,
+            "effective_noise_multiplier": effective, "sample_rate": sample_rate, "delta": delta, "steps": planned,
+            "sum_lr_squared": planned * lr_squared,
+            "epsilon": PrivacyAccountant(shared["accountant"], effective, sample_rate, delta).epsilon_after(planned),
+            "epsilon_replace_one": replace_one_epsilon(effective_noise_multiplier=effective, sample_rate=sample_rate,
+                                                       steps=planned, delta=delta),
+        }, source=f"client {client}'s planned record")
+    for client, records in records_by_client.items():
+        for record in records:
+            differing = [key for key, value in record.to_dict().items()
+                         if key not in ("epsilon", "epsilon_replace_one", *ROUND_FIELDS)
+                         and value != getattr(public[client], key)]
+            if record.steps > setup.local_steps or not math.isclose(
+                    record.sum_lr_squared, record.steps * lr_squared, rel_tol=1e-9):
+                differing += list(ROUND_FIELDS)
+            if differing:
+                raise RuntimeError(f"client {client}'s round record differs from the federation's public "
+                                   f"configuration in {differing}: the release cannot be stated without it")
+    return public
+
+
 def released_guarantee(
     records_by_client: Mapping[int, Sequence[PrivacyRecord]],
     client_dp: ClientLevelDP | None,
     rounds: int,
-    planned_client_steps: int,
+    planned: Mapping[int, PrivacyRecord] | None = None,
 ) -> dict[str, Any]:
-    """Both levels as the global adapter's record states them: no participation, and with client-level DP
-    the example-level ε of a client sampled in every round (``planned_client_steps`` steps)."""
+    """Both levels as the global adapter's record states them, without participation: with client-level DP
+    every value comes from ``planned`` (:func:`planned_client_records` of every registered client, required),
+    without it from the clients' ``records_by_client``."""
     hidden = client_dp is not None
-    per_client = [
-        client_example_level(client, records_by_client[client], planned_client_steps if hidden else None)
-        for client in sorted(records_by_client)
-    ]
+    if hidden and planned is None:
+        raise ValueError("under client-level DP the release is stated from every registered client's planned record")
+    per_client = ([client_example_level(client, [planned[client]]) for client in sorted(planned)] if hidden else
+                  [client_example_level(client, records_by_client[client]) for client in sorted(records_by_client)])
     return {
         "example_level": {
             "epsilon": max((c.epsilon for c in per_client), default=0.0),

@@ -37,7 +37,12 @@ from hf_dpmerge.federated.federation import (
     task_data,
     trainable_state,
 )
-from hf_dpmerge.federated.guarantee import client_example_level, federated_guarantee, released_guarantee
+from hf_dpmerge.federated.guarantee import (
+    client_example_level,
+    federated_guarantee,
+    planned_client_records,
+    released_guarantee,
+)
 from hf_dpmerge.federated.strategy import (
     DEFAULT_SERVER_ETA,
     DEFAULT_SERVER_TAU,
@@ -98,33 +103,32 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
     return compute_metrics(spec, predictions_from_logits(spec, logits), data[split]["labels"])
 
 
-def _global_record(
-    setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None
+def global_record(
+    setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None, shard_sizes: list[int]
 ) -> PrivacyRecord:
     """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ, and ε under
     replace-one for the same steps), the noise fields of the client with the largest ε (its Σ η² over its
-    steps bounds the averaged global state's noise; under client-level DP every round is counted), and both
-    levels under ``extra["federated"]`` (:func:`released_guarantee`: no participation)."""
+    steps bounds the averaged global state's noise) and both levels under ``extra["federated"]``
+    (:func:`released_guarantee`). Under client-level DP that client is chosen among every registered client's
+    :func:`planned_client_records` (``shard_sizes``: each client's shard size), so no field depends on who
+    was sampled."""
     if not strategy.records:
         raise ValueError("no client trained in any round: nothing to release (raise --client_sample_rate)")
-    planned = setup.rounds * setup.local_steps
-    released = released_guarantee(strategy.records, client_dp, setup.rounds, planned)
-
-    def accounted_steps(records: list[PrivacyRecord]) -> int:  # participation stays secret under client DP
-        return planned if client_dp is not None else sum(r.steps for r in records)
-
-    client = max(strategy.records, key=lambda c: client_example_level(
-        c, strategy.records[c], accounted_steps(strategy.records[c])).epsilon)
-    records = strategy.records[client]
-    last, steps, trained = records[-1], accounted_steps(records), sum(r.steps for r in records)
+    if client_dp is not None:
+        planned = planned_client_records(setup, shard_sizes, strategy.records)
+        released = released_guarantee(strategy.records, client_dp, setup.rounds, planned)
+        fields = max(planned.values(), key=lambda record: record.epsilon).to_dict()
+    else:
+        released = released_guarantee(strategy.records, None, setup.rounds)
+        client = max(strategy.records, key=lambda c: client_example_level(c, strategy.records[c]).epsilon)
+        records = strategy.records[client]
+        last, steps = records[-1], sum(r.steps for r in records)
+        fields = {**last.to_dict(), "steps": steps, "sum_lr_squared": sum(r.sum_lr_squared for r in records),
+                  "epsilon_replace_one": replace_one_epsilon(
+                      effective_noise_multiplier=last.effective_noise_multiplier, sample_rate=last.sample_rate,
+                      steps=steps, delta=last.delta)}
     return PrivacyRecord.from_dict({
-        **last.to_dict(),
-        "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
-        "epsilon_replace_one": replace_one_epsilon(
-            effective_noise_multiplier=last.effective_noise_multiplier, sample_rate=last.sample_rate, steps=steps,
-            delta=last.delta,
-        ),
-        "steps": steps, "sum_lr_squared": steps * sum(r.sum_lr_squared for r in records) / max(1, trained),
+        **fields, "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
         "task": setup.task, "extra": {"federated": released},
     }, source="federated global record")
 
@@ -141,8 +145,8 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
     generator.manual_seed(seed)
     strategy = server.strategy(generator)
     _, spec, _ = task_data(setup)
-    for client in range(setup.num_clients):  # every shard fits the batch: refuse here, not inside a client
-        client_shard(setup, client)
+    # every shard fits the batch (refused here, not inside a client); their sizes are public configuration
+    shard_sizes = [len(client_shard(setup, client)) for client in range(setup.num_clients)]
     server_model = setup.model(spec)
     initial = trainable_state(server_model)
     outcome: dict[str, Any] = {}
@@ -177,7 +181,7 @@ def run_federated(setup: FederatedSetup, server: ServerSettings, output_dir: str
          spec.metric: float(result.evaluate_metrics_serverapp[r][spec.metric])}
         for r in sorted(result.evaluate_metrics_serverapp)
     ]
-    record = _global_record(setup, strategy, server.client_dp)
+    record = global_record(setup, strategy, server.client_dp, shard_sizes)
     summary = {
         "task": setup.task, "setup": asdict(setup), "server": asdict(server), "guarantee": guarantee,
         "released": record.extra["federated"], "history": history,

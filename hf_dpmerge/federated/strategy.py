@@ -5,8 +5,8 @@ Built on Flower's own strategies (``SERVER_STRATEGIES``): :class:`FederatedDPStr
 :class:`FederatedDPFedProx` on ``FedProx`` (Li et al., MLSys 2020: the round's config carries ``proximal-mu``
 and each client adds (μ/2)·‖θ − θ_g‖² to its objective, ``DPSAMConfig.proximal_mu``: data-free, so any
 aggregation and client-level DP still apply); :class:`FederatedDPFedAdam` on ``FedAdam`` (Reddi et al., ICLR
-2021: Flower's server Adam step on the FedAvg mean of the replies, so only with ``fedavg`` and without
-client-level DP, whose noisy mean Flower's step does not see)."""
+2021: Flower's server Adam step, :meth:`FederatedDPStrategy.server_step`, on the ``fedavg`` aggregate: FedAvg's
+mean of the replies, or under client-level DP the noised mean, whose Adam step is post-processing)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from flwr.app import (
     ArrayRecord,
@@ -124,18 +125,23 @@ class FederatedDPStrategy(FedAvg):
                 self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
                 client_dp=self.client_dp, generator=self.generator, density=self.dare_density,
             )
-            return ArrayRecord(state), metrics
-        if not updates:
+        elif not updates:
             return None, metrics
-        if self.aggregation == "fedavg":  # Flower's: FedAvg's weighted mean (FedAdam: then its server step)
-            arrays, _ = super().aggregate_train(server_round, valid)
-            state = arrays.to_torch_state_dict()  # in the global state's dtypes (FedAdam's step is float64)
-            return ArrayRecord({name: state[name].to(self._global[name].dtype) for name in state}), metrics
-        state = merge_updates(
-            self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
-            density=self.dare_density if self.aggregation == "dare" else self.ties_density, generator=self.generator,
-        )
-        return ArrayRecord(state), metrics
+        elif self.aggregation == "fedavg":  # Flower's FedAvg weighted mean
+            arrays, _ = FedAvg.aggregate_train(self, server_round, valid)
+            state = arrays.to_torch_state_dict()
+        else:
+            state = merge_updates(
+                self._global, updates, method=self.aggregation, server_learning_rate=self.server_learning_rate,
+                density=self.dare_density if self.aggregation == "dare" else self.ties_density,
+                generator=self.generator,
+            )
+        stepped = self.server_step(server_round, state)
+        return ArrayRecord({name: stepped[name].to(self._global[name].dtype) for name in stepped}), metrics
+
+    def server_step(self, server_round: int, aggregate: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The new global state from the round's ``aggregate``: the aggregate itself (FedAvg, FedProx)."""
+        return aggregate
 
     def _check_updates(self, server_round: int, updates: list[ClientUpdate]) -> None:
         """Refuse replies the strategy cannot aggregate (none here)."""
@@ -178,12 +184,13 @@ class FederatedDPFedProx(FederatedDPStrategy, FedProx):
 
 class FederatedDPFedAdam(FederatedDPStrategy, FedAdam):
     """:class:`FederatedDPStrategy` on Flower's ``FedAdam``: its server Adam step (η = ``eta``, τ = ``tau``) on
-    the FedAvg mean of the sampled clients."""
+    the ``fedavg`` aggregate, FedAvg's mean of the sampled clients or, under client-level DP, the noised mean."""
 
     def __init__(self, *, eta: float, tau: float, **settings) -> None:
-        if settings.get("aggregation") != "fedavg" or settings.get("client_dp") is not None:
-            raise ValueError("--server_strategy fedadam takes Flower's server Adam step on FedAvg's mean of the "
-                             "replies: use it with --aggregation fedavg and without --client_noise_multiplier")
+        if settings.get("aggregation") != "fedavg":
+            raise ValueError("--server_strategy fedadam takes Flower's server Adam step on the fedavg aggregate "
+                             "(FedAvg's mean of the replies, or the noised mean under client-level DP): use it with "
+                             "--aggregation fedavg")
         if not (math.isfinite(eta) and eta > 0 and math.isfinite(tau) and tau > 0):
             raise ValueError(f"--server_eta and --server_tau must be finite numbers > 0, got {eta} and {tau}")
         super().__init__(eta=eta, tau=tau, **settings)
@@ -193,6 +200,19 @@ class FederatedDPFedAdam(FederatedDPStrategy, FedAdam):
     ) -> Iterable[Message]:
         self.current_arrays = {name: array.numpy() for name, array in arrays.items()}  # as FedOpt.configure_train
         return super().configure_train(server_round, arrays, config, grid)
+
+    def server_step(self, server_round: int, aggregate: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """FedAdam.aggregate_train's step on the pseudo-gradient Δ = aggregate − θ (FedOpt's Δ and m_t, then
+        v_t and Flower's bias-corrected η_t): θ + η_t·m_t/(√v_t + τ). Under client-level DP the aggregates are the
+        mechanism's outputs (the noised means) and m_t, v_t, never released, are functions of them only: the step
+        is post-processing."""
+        delta, m_t, _ = self._compute_deltat_and_mt(ArrayRecord(aggregate))
+        if not self.v_t:
+            self.v_t = {name: np.zeros_like(value) for name, value in delta.items()}
+        self.v_t = {name: self.beta_2 * v + (1 - self.beta_2) * delta[name] ** 2 for name, v in self.v_t.items()}
+        eta = self.eta * np.sqrt(1 - self.beta_2 ** (server_round + 1.0)) / (1 - self.beta_1 ** (server_round + 1.0))
+        return {name: torch.from_numpy(np.asarray(x + eta * m_t[name] / (np.sqrt(self.v_t[name]) + self.tau)))
+                for name, x in self.current_arrays.items()}
 
 
 SERVER_STRATEGIES: dict[str, type[FederatedDPStrategy]] = {

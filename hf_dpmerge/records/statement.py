@@ -15,7 +15,8 @@ value and it states one final (ε, δ):
 What ε covers (docs/design.md §9): the privacy unit (one training row, or all rows sharing a value of a unit
 column) and both neighbouring relations, each with its own computed ε (add/remove-one: the calibrated one;
 replace-one: always from the PLD accountant). A per-row ε does not protect an entity with many rows: group
-privacy scales it by up to their number of rows.
+privacy scales it by up to their number of rows. The training set is the one as split (a seeded permutation of
+the raw rows): ε is not about neighbouring raw datasets, one of whose rows can move many others between splits.
 """
 
 from __future__ import annotations
@@ -312,7 +313,17 @@ class PrivacyStatement:
             text += (" Where the unit is one row, a person, author or other entity with several rows is protected "
                      "only by group privacy (for k rows, roughly k·ε at k·e^{(k−1)ε}·δ), which is weak: train "
                      "with `privacy_unit_column` set to their id for a per-entity guarantee.")
-        return text
+        return text + " " + self.split_scope()
+
+    @staticmethod
+    def split_scope() -> str:
+        """Which dataset ε is about: the training set as split, not the raw data it was split from."""
+        return ("The neighbouring datasets are training sets **as split**: hf_dpmerge's tasks (`load_task`) cut the "
+                "validation split, and the test split where the source has none, from the raw training rows by a "
+                "seeded permutation, and `max_train_samples` subsamples what is left with the same seed, so adding "
+                "or removing one raw row can move many other rows into or out of the training set. ε bounds what "
+                "the release reveals about one unit of the training set it was trained on, not about one row of the "
+                "raw data it was split from.")
 
     def notes(self) -> list[str]:
         """Warnings that qualify the guarantee: seeded noise (training or selection), evaluation on data declared
@@ -346,6 +357,17 @@ class PrivacyStatement:
             "private data — evaluation numbers, training diagnostics (losses, gradient norms, alignment or merge "
             "diagnostics), a hyper-parameter selection not accounted above — releases information outside "
             "(ε, δ): publish it only for public data, or account for it separately."
+        )
+
+    @staticmethod
+    def held_out_evaluation(split: str, metadata: bool = False) -> str:
+        """What a card's evaluation table (and, with ``metadata``, its ``model-index``) publishes outside (ε, δ):
+        the sentence printed under the table."""
+        what = "The table above and the card metadata's `model-index` are" if metadata else "The table above is"
+        return (
+            f"**Outside the guarantee.** {what} computed on each task's held-out {split} split without noise. ε does "
+            f"not cover these numbers: they reveal the size of each task's {split} split (examples) and the models' "
+            "scores on it. If that split is private, publish the card without them (push without `--eval_json`)."
         )
 
     def markdown(self) -> str:

@@ -47,3 +47,13 @@ def test_subsample_has_exact_size_and_proportions():
     assert len(picked) == 10 and len(set(picked)) == 10
     assert np.bincount(LABELS[picked], minlength=4).tolist() == [5, 3, 2, 0]
     assert np.array_equal(stratified_subsample(LABELS, 1000, seed=0), np.arange(len(LABELS)))
+
+
+def test_one_raw_row_moves_many_others_between_the_seeded_splits():
+    """Why a card's ε is about the training set as split (records/statement.py's split_scope), not the raw data:
+    removing one raw row re-draws the permutation, and other rows change sides."""
+    labels = np.arange(400) % 2
+    kept, _ = stratified_split(labels, 0.1, seed=42)
+    kept_without, _ = stratified_split(labels[1:], 0.1, seed=42)  # raw row 0 removed; row i is now i - 1
+    moved = np.setxor1d(kept[kept > 0], kept_without + 1)
+    assert len(moved) > 10

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,11 +22,15 @@ from hf_dpmerge.federated.client_level_dp import (
     private_mean_update,
     sample_clients,
 )
+from hf_dpmerge.federated.federation import FederatedSetup
 from hf_dpmerge.federated.guarantee import (
     client_example_level,
     federated_guarantee,
+    planned_client_records,
     released_guarantee,
 )
+from hf_dpmerge.federated.simulation import global_record
+from hf_dpmerge.records.record import PrivacyRecord
 from tests.utils.independent_accounting import gaussian_epsilon, independent_replace_one_epsilon
 from tests.utils.records import privacy_record
 from tests.utils.tiny_models import save_tiny_bert
@@ -211,17 +216,69 @@ def test_updates_with_other_tensors_are_refused():
                       server_learning_rate=1.0)
 
 
+def _setup(**fields) -> FederatedSetup:
+    """A federation whose clients train 10 steps a round at σ 0.8, expected batch 10, δ 1e-5 and η² = 1e-5 (as
+    ``record``: Σ η² = 1e-4 a round)."""
+    return FederatedSetup(**{"task": "rotten_tomatoes", "base": "unused", "num_clients": 4, "rounds": 3,
+                             "local_steps": 10, "batch_size": 10, "noise_multiplier": 0.8, "target_delta": 1e-5,
+                             "learning_rate": 1e-5**0.5, **fields})
+
+
 def test_released_guarantee_hides_participation_under_client_level_dp():
     records = {0: [record(accountant="rdp")], 3: [record(accountant="rdp")] * 2}  # client 0 sampled once, 3 twice
     mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
-    released = released_guarantee(records, mechanism, rounds=3, planned_client_steps=30)
+    planned = planned_client_records(_setup(), [1000] * 4, records)
+    released = released_guarantee(records, mechanism, rounds=3, planned=planned)
     worst_case = RDPAccountant()
     worst_case.history = [(0.8, 0.01, 30)]  # sampled in all 3 rounds of 10 steps, whatever the draw was
     assert released["example_level"]["epsilon"] == pytest.approx(worst_case.get_epsilon(delta=1e-5), rel=1e-9)
     assert "clients" not in released["example_level"] and released["client_level"]["rounds"] == 3
-    without_server_dp = released_guarantee(records, None, rounds=3, planned_client_steps=30)
+    without_server_dp = released_guarantee(records, None, rounds=3)
     ledger = federated_guarantee(records, None, 3)
     assert without_server_dp["example_level"]["epsilon"] == ledger["example_level"]["epsilon"]
+
+
+SHARDS = [1000, 1000, 400, 1000]  # client 2's small shard: q = 10/400, the largest ε at a fixed σ
+
+
+def _round_record(client: int) -> PrivacyRecord:
+    """Client ``client``'s record of one round of ``_setup()``: its shard size fixes N, q and δ = 1e-5."""
+    return record(accountant="rdp", num_samples=SHARDS[client], num_units=SHARDS[client],
+                  sample_rate=10 / SHARDS[client])
+
+
+@pytest.mark.parametrize("sampled", [{0: 1, 1: 2}, {2: 1, 1: 3}, {0: 3, 1: 3, 2: 3, 3: 3}, {3: 1}],
+                         ids=["without_the_worst_client", "with_it_once", "everyone_always", "one_client_once"])
+def test_under_client_level_dp_the_released_record_does_not_depend_on_who_was_sampled(sampled):
+    """Every released field (ε, δ, σ, q, N, steps, Σ η², both levels) is the worst case over all REGISTERED
+    clients sampled in every round, from public configuration: the same whichever clients trained, and whether
+    client 2, the one with the largest ε, took part at all."""
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
+    everyone = {client: [_round_record(client)] * 3 for client in range(4)}
+    expected = global_record(_setup(), SimpleNamespace(records=everyone), mechanism, SHARDS)
+    strategy = SimpleNamespace(records={client: [_round_record(client)] * rounds for client, rounds in sampled.items()})
+    released = global_record(_setup(), strategy, mechanism, SHARDS)
+    assert released.to_dict() == expected.to_dict()
+    worst_case = RDPAccountant()
+    worst_case.history = [(0.8, 10 / 400, 30)]  # client 2, in all 3 rounds of 10 steps
+    assert released.epsilon == pytest.approx(worst_case.get_epsilon(delta=1e-5), rel=1e-9)
+    assert (released.num_samples, released.sample_rate, released.steps) == (400, 10 / 400, 30)
+    assert released.sum_lr_squared == pytest.approx(3e-4)
+
+
+def test_a_client_record_that_disagrees_with_the_public_configuration_is_refused():
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=4, accountant="rdp")
+    other_sigma = dataclasses.replace(_round_record(1), noise_multiplier=0.9, effective_noise_multiplier=0.9)
+    more_steps = dataclasses.replace(_round_record(1), steps=11, sum_lr_squared=1.1e-4)
+    for records in ({1: [other_sigma]}, {0: [_round_record(0)], 1: [more_steps]}):
+        with pytest.raises(RuntimeError, match="differs from the federation's public configuration"):
+            global_record(_setup(), SimpleNamespace(records=records), mechanism, SHARDS)
+    # a round cut short (fewer steps at the same rate) still releases the planned record, every round counted
+    stopped = dataclasses.replace(_round_record(2), steps=9, sum_lr_squared=9e-5)
+    everyone = {client: [_round_record(client)] * 3 for client in range(4)}
+    assert (global_record(_setup(), SimpleNamespace(records={2: [stopped], 0: [_round_record(0)]}), mechanism,
+                          SHARDS).to_dict()
+            == global_record(_setup(), SimpleNamespace(records=everyone), mechanism, SHARDS).to_dict())
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -232,12 +289,11 @@ def test_released_guarantee_hides_participation_under_client_level_dp():
     (["--aggregation", "ties", "--client_noise_multiplier", "1"], "cannot run under client-level DP"),
     (["--aggregation", "ties", "--ties_density", "0"], "--ties_density must be in (0, 1]"),
     (["--server_strategy", "fedadam", "--aggregation", "ties"], "use it with --aggregation fedavg"),
-    (["--server_strategy", "fedadam", "--client_noise_multiplier", "1"], "without --client_noise_multiplier"),
     (["--server_strategy", "fedprox"], "--proximal_mu must be a finite number > 0"),
     (["--proximal_mu", "0.1"], "pass --server_strategy fedprox"),
     (["--aggregation", "dare", "--dare_density", "0"], "--dare_density must be in (0, 1]"),
 ], ids=["count", "shard", "client_delta", "fedavg_rate", "ties_private", "ties_density", "fedadam_ties",
-        "fedadam_client_dp", "fedprox_mu", "mu_without_fedprox", "dare_density"])
+        "fedprox_mu", "mu_without_fedprox", "dare_density"])
 def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, capsys, flags, message):
     base = save_tiny_bert(tmp_path / "base")
     code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",

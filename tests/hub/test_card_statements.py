@@ -16,8 +16,10 @@ from hf_dpmerge.merging.privacy_section import HEADING, write_privacy_section
 from hf_dpmerge.records.card import adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
-from hf_dpmerge.records.statement import number
+from hf_dpmerge.records.statement import PrivacyStatement, number
 from tests.utils.records import privacy_record
+
+PRIVACY_DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 
 FINAL = re.compile(r"\(ε = ([^,]+), δ = ([^)]+)\)-DP")
 PROSE = re.compile(r"ε(?:_sel)? = (∞|\d[\d.e+-]*)")
@@ -153,3 +155,24 @@ def test_a_card_without_a_private_input_claims_nothing() -> None:
     text = str(build_model_card(records))
     assert FINAL.findall(text) == [] and "**no** differential-privacy guarantee" in text
     assert set(PROSE.findall(prose(text))) == set()
+
+
+def test_every_private_card_says_its_epsilon_is_about_the_training_set_as_split() -> None:
+    """Seeded splits move many rows when one raw row comes or goes: every card derived from private records says
+    its neighbours are training sets as split (adapter, merged, tuned, federated), and docs/privacy.md says so."""
+    records = {"alpha": privacy_record("alpha", **ALPHA), "beta": privacy_record("beta", **BETA)}
+    federated = privacy_record("alpha", extra={"federated": {"example_level": {"steps_accounted": "each client's"},
+                                                             "client_level": None}})
+    cards = [str(adapter_card(records["alpha"], "alpha")), str(build_model_card(records, repo_id="bob/m")),
+             str(build_model_card(records, repo_id="bob/m", selection=_selection(records, "sequential"))),
+             str(adapter_card(federated, "alpha (federated)"))]
+    sentence = PrivacyStatement.split_scope()
+    assert "training sets **as split**" in sentence and "seeded permutation" in sentence
+    for text in cards:
+        covers = next(p for p in text.split("\n\n") if p.startswith("**What ε covers.**"))
+        assert covers.endswith(sentence)
+    plain = str(build_model_card({"plain": privacy_record("plain", math.inf, dp=False)}))
+    assert sentence not in plain  # no guarantee, nothing to scope
+    doc = " ".join(PRIVACY_DOC.read_text().split())
+    assert "**ε is about the training set as split.**" in doc
+    assert "seeded permutation" in doc and "not about one row of the raw data" in doc

@@ -9,6 +9,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from hf_dpmerge.analysis.evaluation_report import EvaluationReport, TaskEvaluation
+from hf_dpmerge.hub.causal_release import causal_model_card
 from hf_dpmerge.hub.model_card import HeadInfo, MergeRecipe, build_model_card
 from hf_dpmerge.records.card import hub_model_id
 from hf_dpmerge.records.record import PrivacyRecord
@@ -114,6 +115,36 @@ def test_model_index_names_the_split_the_scores_came_from():
                                           repo_id="bob/m", evaluation=report)))
     assert {r.dataset_split for r in card.data.eval_results} == {"validation"}
     assert "validation split" in card.text
+
+
+def _causal_evaluation(split: str) -> dict:
+    row = {"metric": "accuracy", "epsilon": 3.0, "floor": 0.5, "individual": 0.8, "merged": 0.7,
+           "gain_retained": 0.667, "retention": 0.875, "num_examples": 321}
+    return {"model_kind": "causal_lm", "split": split, "tasks": {"sst2": row}}
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_every_evaluation_table_says_it_is_outside_the_guarantee(split):
+    """The held-out metrics and split sizes are published without noise: the card says so under the table, on the
+    encoder and the causal-LM release alike, and only when there is a table."""
+    encoder = {"sst2": _record("sst2", 1.5), "qnli": _record("qnli", 4.0)}
+    causal = {"sst2": privacy_record("sst2", extra={"model_kind": "causal_lm"})}
+    merge = MergeRecipe(text=None, method=None, source=None)
+    cards = {
+        "encoder": build_model_card(encoder, repo_id="bob/m",
+                                    evaluation=dataclasses.replace(_report(), split=split)).text,
+        "causal": causal_model_card(causal, repo_id="bob/c", merge=merge, evaluation=_causal_evaluation(split)).text,
+    }
+    for kind, text in cards.items():
+        table, _, after = text.partition("## Evaluation")[2].rpartition("|\n")
+        note = after.split("\n## ")[0]
+        assert "**Outside the guarantee.**" in note, kind
+        assert f"held-out {split} split without noise. ε does not cover these numbers" in note, kind
+        assert f"the size of each task's {split} split (examples) and the models' scores" in note, kind
+    assert "`model-index`" in cards["encoder"] and "`model-index`" not in cards["causal"]
+    for text in (build_model_card(encoder, repo_id="bob/m").text,
+                 causal_model_card(causal, repo_id="bob/c", merge=merge).text):
+        assert "No evaluation results were given." in text and "**Outside the guarantee.**" not in text
 
 
 def test_evaluation_json_is_read_by_one_typed_reader(tmp_path):
