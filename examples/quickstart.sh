@@ -21,7 +21,7 @@ if [ -e "$MERGED" ]; then
   exit 1
 fi
 
-accelerate launch --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
+accelerate launch --quiet --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
 if [ "${AS_ADAPTER:-0}" = 1 ]; then
   hf-dpmerge merge "$MERGE_CONFIG" "$MERGED" --as-adapter
   exit 0

@@ -95,6 +95,8 @@ def ignored_mergekit_options(extra: list[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     import click
 
+    from hf_dpmerge.utils.user_errors import USAGE_ERROR, error_line
+
     if args.list_methods:
         print("\n".join(list_methods()))
         return 0
@@ -110,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
         code = _click_command(args.overwrite).main([args.config, args.out_path, *args.extra],
                                                    prog_name="hf-dpmerge merge", standalone_mode=False)
     except click.ClickException as err:
-        print(f"hf-dpmerge merge: {err.format_message()}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:  # mergekit reports most problems as RuntimeError
-        print(f"hf-dpmerge merge: error: {err}", file=sys.stderr)
-        return 1
+        print(error_line("hf-dpmerge merge", err.format_message()), file=sys.stderr)
+        return USAGE_ERROR
+    except RuntimeError as err:  # mergekit reports most problems (an unknown method, a bad config) as RuntimeError
+        print(error_line("hf-dpmerge merge", err), file=sys.stderr)
+        return USAGE_ERROR
     if code is not None:  # --help and the like: click returns an exit code instead of running the merge
         return int(code)
     print(f"merged model written to {args.out_path}")

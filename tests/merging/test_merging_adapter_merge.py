@@ -142,7 +142,7 @@ def test_cli_as_adapter_reads_the_merge_yaml(runs: Path, tmp_path: Path, capsys)
         assert torch.equal(adapter_weights(tmp_path / "cli").tensors[key], tensor)
     refused = "parameters:\n  lambda: 1\n  consensus: precision_sign\n"
     config.write_text(lora_config_yaml("dp_aware", base, inputs, refused))
-    assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 1
+    assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 2
     assert "dp_aware parameter consensus='precision_sign' acts on dense coordinates" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
 
@@ -231,7 +231,7 @@ def test_every_packaged_config_merges_as_adapter_to_the_dense_merges_logits(layo
     code = main(["merge", config, f"adapters/{name}", "--as-adapter", *flags])
     err = capsys.readouterr().err
     if name in NOT_EXACT:
-        assert code == 1 and NOT_EXACT[name][0] in err and "use the dense merge" in err, err
+        assert code == 2 and NOT_EXACT[name][0] in err and "use the dense merge" in err, err
         assert not (layout / "adapters" / name).exists()
         return
     assert code == 0, err
