@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.merging.adapter_merge import MERGE_RECORD_NAME, merge_shared_a_adapters
+from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
 from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, adapter_weights
 from hf_dpmerge.merging.methods import DPAwareMethod
 from tests.utils.merging_builders import SHARED_A_SEED as SEED
@@ -244,3 +246,35 @@ def test_every_packaged_config_merges_as_adapter_to_the_dense_merges_logits(layo
     unmerged, _ = packaged_logits(layout, name, layout / ("runs_causal" if "causal" in name else "runs") / "base",
                                   layout / "adapters" / name)
     assert (dense - unmerged).abs().max() > 1e-4  # the merge moved the outputs: the comparison has teeth
+
+
+def test_as_adapter_settings_are_honoured_or_refused_by_name(runs: Path, tmp_path: Path):
+    """A global weight is every model's, ``normalize`` divides by Σw as mergekit does, ``safe_merge`` at
+    percentile 100 is task arithmetic of the useful inputs; layer-varying or dense-only values are refused."""
+    inputs = [f"{runs / 'base'}+{d}" for d in adapters(runs, "sst2", "mnli")]
+
+    def config(method: str, parameters: dict, per_model: list[dict] | None = None) -> dict:
+        return {"merge_method": method, "base_model": str(runs / "base"), "parameters": parameters,
+                "models": [{"model": m, "parameters": p} for m, p in zip(inputs, per_model or [{}, {}])]}
+
+    arguments = adapter_merge_arguments(config("task_arithmetic", {"weight": 2.0, "lambda": 0.5}))
+    assert arguments["weights"] == [2.0, 2.0] and arguments["lam"] == 0.5
+    normalized = adapter_merge_arguments(config("task_arithmetic", {"normalize": True}, [{"weight": 1}, {"weight": 3}]))
+    assert normalized["weights"] == [0.25, 0.75] and normalized["lam"] == 1.0  # mergekit's task_arithmetic λ default
+    safe = adapter_merge_arguments(config("safe_merge", {"percentile": 100, "scale": 0.7},
+                                          [{"weight": 0.5}, {"unwanted": True}]))
+    kept = merge_shared_a_adapters(out_dir=tmp_path / "safe", **safe)
+    plain = merge_shared_a_adapters(adapters(runs, "sst2"), tmp_path / "plain", lam=0.7, weights=[0.5])
+    for key, tensor in adapter_weights(plain).tensors.items():
+        torch.testing.assert_close(adapter_weights(kept).tensors[key], tensor)
+    refusals = {
+        "weight=[1.0, 0.5] varies across layers": config("task_arithmetic", {"weight": [1.0, 0.5]}),
+        "dp_aware parameter weighting='random_effects' acts on dense coordinates": config(
+            "dp_aware", {"lambda": 1.0, "weighting": "random_effects"}),
+        "safe_merge parameter percentile=50.0 masks dense coordinates": config(
+            "safe_merge", {}, [{}, {"unwanted": True}]),
+        "unknown cauchy_poe parameter ['density']": config("cauchy_poe", {"lambda": 1.0, "density": 0.5}),
+    }
+    for message, refused in refusals.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            adapter_merge_arguments(refused)
