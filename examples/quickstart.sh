@@ -6,6 +6,9 @@
 #   4. stage the Hub release with its privacy model card, no upload     (hf-dpmerge push --dry-run)
 # Extra arguments go to train_glue.py (e.g. --target_epsilon 4); TASKS, MERGE_CONFIG and MERGED override the
 # task list, the merge plan and the output. Outputs: runs/, merged/, merged-hub/.
+# AS_ADAPTER=1 merges in factor space instead (hf-dpmerge merge --as-adapter): MERGED is then one LoRA adapter
+# (the shared A, the merged B, no head; stock PeftModel.from_pretrained(base, MERGED)), and steps 3-4, which
+# read a merged model, are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}"
@@ -18,7 +21,11 @@ if [ -e "$MERGED" ]; then
   exit 1
 fi
 
-accelerate launch --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
+accelerate launch --quiet --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
+if [ "${AS_ADAPTER:-0}" = 1 ]; then
+  hf-dpmerge merge "$MERGE_CONFIG" "$MERGED" --as-adapter
+  exit 0
+fi
 mergekit-yaml "$MERGE_CONFIG" "$MERGED" --lora-merge-cache runs/lora-cache
 hf-dpmerge evaluate --runs runs --merged "$MERGED" --tasks "$TASKS"
 hf-dpmerge push "$MERGED" --runs runs --tasks "$TASKS" --eval_json runs/eval/results.json --dry-run

@@ -11,6 +11,7 @@ float32 base under ``<runs_dir>/base`` (default ``runs_causal``); the workflow i
 """
 
 from hf_dpmerge.scripts.train_causal_lm import main
+from hf_dpmerge.utils.user_errors import run_script
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

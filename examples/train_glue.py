@@ -12,6 +12,7 @@ base under ``<runs_dir>/base``; the workflow is :mod:`hf_dpmerge.scripts.train`.
 """
 
 from hf_dpmerge.scripts.train import main
+from hf_dpmerge.utils.user_errors import run_script
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

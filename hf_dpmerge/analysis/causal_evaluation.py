@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.evaluation_report import mean_of_defined
+from hf_dpmerge.analysis.merged_origin import check_merged_from_base
 from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
 from hf_dpmerge.data.instructions import verbaliser_choices
@@ -178,6 +179,7 @@ def evaluate_causal_runs(
     device = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
+    check_merged_from_base(base_dir, merged_dir, runs)
     splits = {run.name: load_task(run.task, seed=run.data_seed, max_eval_samples=max_eval_samples)[0][split]
               for run in runs}
     scores: dict[str, dict[str, float]] = {run.name: {} for run in runs}

@@ -19,6 +19,7 @@ import torch
 
 from hf_dpmerge.analysis.batching import length_sorted_batches
 from hf_dpmerge.analysis.evaluation_report import EvaluationReport, TaskEvaluation
+from hf_dpmerge.analysis.merged_origin import check_merged_from_base
 from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import (
@@ -83,6 +84,7 @@ def evaluate_runs(
     from tqdm.auto import tqdm
 
     runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
+    check_merged_from_base(base_dir, merged_dir, runs)
     for run in tqdm(runs, desc="tasks", unit="task", disable=not progress):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])

@@ -44,16 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the verb of ``argv``; a user error (:mod:`hf_dpmerge.utils.user_errors`) is one ``hf-dpmerge <verb>:
+    error: …`` line and exit status 2, anything else keeps its traceback."""
+    from hf_dpmerge.utils.user_errors import USAGE_ERROR, error_line, is_user_error
+
     args, extra = build_parser().parse_known_args(argv)
     if extra and not getattr(args, "accepts_extra", False):
-        print(f"hf-dpmerge {args.verb}: unrecognised arguments: {' '.join(extra)}", file=sys.stderr)
-        return 2
+        print(f"hf-dpmerge {args.verb}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+        return USAGE_ERROR
     args.extra = extra
     try:
         return int(args.run(args) or 0)
-    except (ValueError, OSError, KeyError) as err:  # OSError: missing/existing paths, permissions, a full disk
-        print(f"hf-dpmerge {args.verb}: error: {err}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError) as err:
+        if not is_user_error(err):
+            raise
+        print(error_line(f"hf-dpmerge {args.verb}", err), file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ anything is written. This policy is this command's: plain ``mergekit-yaml`` keep
 merge methods mergekit knows, ours included.
 
 ``--as-adapter`` merges shared-A LoRA adapters (``--lora_freeze_a``) in factor space and writes a LoRA adapter
-instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``merge_method``
-``task_arithmetic`` or ``dp_aware``, ``models:`` as ``base+adapter``, ``parameters: lambda``, per-model ``weight``
-and record overrides) without mergekit.
+instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``task_arithmetic``,
+``dp_aware``, ``cauchy_poe`` or ``safe_merge``, ``models:`` as ``base+adapter``) without mergekit, honouring every
+setting whose merge is exact in factor space and refusing the others by name
+(:mod:`~hf_dpmerge.merging.adapter_merge_config`); mergekit's options (``--lora-merge-cache``, …) are ignored
+with a note.
 """
 
 from __future__ import annotations
@@ -69,68 +71,31 @@ def _click_command(overwrite: bool):
     return command
 
 
-_AS_ADAPTER_SHARED = {"lambda", "allow_non_private", "shrinkage"}
-
-
 def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
     """The ``--as-adapter`` merge of the YAML at ``config_path`` into the adapter ``out_path``."""
-    from mergekit.common import ModelReference
-
     from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
+    from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
     from hf_dpmerge.merging.config_edit import read_merge_config
-    from hf_dpmerge.merging.inputs import RECORD_OVERRIDES
 
-    config = read_merge_config(config_path)
-    shared = dict(config.get("parameters") or {})
-    poe = _cauchy_poe_settings(shared) if config.get("merge_method") == "cauchy_poe" else None
-    if unknown := sorted(set(shared) - _AS_ADAPTER_SHARED - set(poe or ())):
-        raise ValueError(
-            f"--as-adapter: unknown or unsupported parameter {unknown}; it takes {sorted(_AS_ADAPTER_SHARED)} "
-            "and cauchy_poe's own (precision_sign and random_effects act on dense coordinates: use the dense merge)"
-        )
-    adapters, weights, overrides = [], [], []
-    for entry in config["models"]:
-        reference = ModelReference.parse(entry["model"] if isinstance(entry, dict) else entry)
-        if reference.lora is None:
-            raise ValueError(f"--as-adapter: input {reference} is not base+adapter; give each input as BASE+ADAPTER")
-        settings = dict((entry.get("parameters") or {}) if isinstance(entry, dict) else {})
-        weights.append(float(settings.pop("weight", 1.0)))
-        if unknown := sorted(set(settings) - set(RECORD_OVERRIDES) - {"noise_std"}):
-            raise ValueError(f"--as-adapter: input {reference} has unknown per-model parameter {unknown}")
-        adapters.append(reference.lora.path)
-        overrides.append(settings)
-    base = config.get("base_model")
-    if "lambda" not in shared:
-        raise ValueError("--as-adapter needs `parameters: {lambda: …}` (the merged task vector's scale has no default)")
-    return merge_shared_a_adapters(
-        adapters, out_path, method=config.get("merge_method"), lam=float(shared["lambda"]),
-        weights=weights, overrides=overrides, base_model=None if base is None else str(base),
-        allow_non_private=bool(shared.get("allow_non_private", False)), overwrite=overwrite,
-        shrinkage=str(shared.get("shrinkage", "scale")), poe_options=poe,
-    )
+    arguments = adapter_merge_arguments(read_merge_config(config_path))
+    return merge_shared_a_adapters(out_dir=out_path, overwrite=overwrite, **arguments)
 
 
-def _cauchy_poe_settings(shared: dict) -> dict:
-    """cauchy_poe's shared settings of the YAML, validated and defaulted as its mergekit method does (one
-    source: :class:`hf_dpmerge.merging.methods.CauchyPoEMethod`'s parameter specs), ``lambda`` left out."""
-    from mergekit.merge_methods.base import MISSING, ParameterScope
+def ignored_mergekit_options(extra: list[str]) -> str:
+    """The mergekit-yaml options ``--as-adapter`` ignores (it runs without mergekit), checked to be mergekit's."""
+    import click
 
-    from hf_dpmerge.merging.methods import CauchyPoEMethod
-
-    specs = {spec.name: spec for spec in CauchyPoEMethod().spec.parameters
-             if spec.scope == ParameterScope.SHARED and spec.name != "lambda"}
-    settings = {}
-    for name, spec in specs.items():
-        value = shared.get(name, spec.default)
-        try:
-            settings[name] = spec.validate(value) if value is not MISSING else value
-        except ValueError as err:
-            raise ValueError(f"--as-adapter: cauchy_poe parameter {name}={value!r}: {err}") from None
-    return settings
+    try:
+        _click_command(False).make_context("hf-dpmerge merge", ["config", "out", *extra])
+    except click.ClickException as err:
+        raise ValueError(f"--as-adapter: {err.format_message()}") from None
+    return " ".join(extra)
 
 
 def run(args: argparse.Namespace) -> int:
     import click
+
+    from hf_dpmerge.utils.user_errors import USAGE_ERROR, error_line
 
     if args.list_methods:
         print("\n".join(list_methods()))
@@ -139,18 +104,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give the merge CONFIG and the OUT directory (or --list-methods)")
     if args.as_adapter:
         if args.extra:
-            raise ValueError(f"--as-adapter runs without mergekit: it takes no mergekit options ({args.extra})")
+            print(f"hf-dpmerge merge: note: --as-adapter runs without mergekit and ignores "
+                  f"{ignored_mergekit_options(args.extra)}", file=sys.stderr)
         print(f"merged adapter written to {run_as_adapter(args.config, args.out_path, args.overwrite)}")
         return 0
     try:
         code = _click_command(args.overwrite).main([args.config, args.out_path, *args.extra],
                                                    prog_name="hf-dpmerge merge", standalone_mode=False)
     except click.ClickException as err:
-        print(f"hf-dpmerge merge: {err.format_message()}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:  # mergekit reports most problems as RuntimeError
-        print(f"hf-dpmerge merge: error: {err}", file=sys.stderr)
-        return 1
+        print(error_line("hf-dpmerge merge", err.format_message()), file=sys.stderr)
+        return USAGE_ERROR
+    except RuntimeError as err:  # mergekit reports most problems (an unknown method, a bad config) as RuntimeError
+        print(error_line("hf-dpmerge merge", err), file=sys.stderr)
+        return USAGE_ERROR
     if code is not None:  # --help and the like: click returns an exit code instead of running the merge
         return int(code)
     print(f"merged model written to {args.out_path}")

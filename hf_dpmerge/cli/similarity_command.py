@@ -2,10 +2,14 @@
 
 Each RUN is a run folder (``runs/<task>``: its ``encoder_adapter/``, else ``adapter/``) or a peft adapter
 folder. Prints the cosine similarity of the dense task vectors τ = s·B·A (computed from r×r Gram matrices,
-ΔW is never built) and the exact sign-conflict rate of every pair, clusters the adapters (average linkage
-on 1 − cos, joined while the mean cosine is ≥ --threshold) and writes to --output_dir:
-``similarity.json``, ``similarity.png`` (heatmap) and one mergekit config ``merge_group_<k>.yaml`` per group
-of two or more adapters (merge method: --method). Reads released adapters only: no privacy cost.
+ΔW is never built) and the exact sign-conflict rate of every pair and, for DP adapters, the noise-aware
+cosine: the cosine with the DP noise energy their records predict subtracted from each norm, with its 95 %
+interval. Grouping uses the noise-aware cosine (equal to the raw one without DP records; the raw one for a
+pair where it is undefined because an adapter's energy is not above its predicted noise): average-linkage
+clustering on 1 − that cosine, two clusters joining while its mean over their pairs of members is
+≥ --threshold. Writes to --output_dir: ``similarity.json``, ``similarity.png`` (heatmap) and one mergekit
+config ``merge_group_<k>.yaml`` per group of two or more adapters (merge method: --method). Reads released
+adapters only: no privacy cost.
 
 Example::
 
@@ -32,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/<task>) or peft adapter folders")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"cosine similarity at which adapters group (default: {DEFAULT_THRESHOLD})")
+                        help="clusters join while the mean noise-aware cosine (the raw one where it is "
+                             f"undefined) between their members is ≥ this (default: {DEFAULT_THRESHOLD})")
     parser.add_argument("--method", default="dp_aware", choices=sorted(METHOD_PARAMETERS),
                         help="merge method of the generated configs, with merge_configs/' parameters "
                              "(default: dp_aware)")

@@ -24,7 +24,7 @@ import yaml
 from safetensors.torch import save_file
 
 from hf_dpmerge.lora import SavedAdapter
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS, cauchy_poe_lora_b, merged_lora_b
+from hf_dpmerge.merging.factor_space import FACTOR_METHODS, cauchy_poe_lora_b, merged_lora_b, safe_merge_lora_b
 from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     adapter_input,
@@ -164,6 +164,8 @@ def merge_shared_a_adapters(
     overwrite: bool = False,
     shrinkage: str = "scale",
     poe_options: Mapping[str, Any] | None = None,
+    unwanted: Sequence[bool] | None = None,
+    projection: str = "none",
 ) -> Path:
     """Write the merged adapter of ``adapter_dirs`` (shared-A LoRA adapters) to ``out_dir``; see the module doc.
     ``shrinkage`` is ``dp_aware``'s (``scale`` or ``soft_threshold``, as in its mergekit parameters).
@@ -172,6 +174,8 @@ def merge_shared_a_adapters(
     ``base_model`` becomes the adapter's ``base_model_name_or_path`` (the first input's otherwise).
     ``poe_options`` are ``cauchy_poe``'s settings (``tol``, ``jitter``, ``max_iter``, ``conv_tol``, ``layers``,
     ``dp_calibrated``; its mergekit parameters); it weighs its inputs itself, so every weight must be 1.
+    ``safe_merge`` (``lam`` its ``scale``) adds the inputs not flagged in ``unwanted``, projected away from (or
+    onto) the unwanted ones' outputs with ``projection``; with ``none`` it is its ``percentile: 100`` form.
     """
     if method not in FACTOR_METHODS:
         raise ValueError(f"--as-adapter merges with {list(FACTOR_METHODS)}, not {method!r}; use the dense merge")
@@ -185,6 +189,9 @@ def merge_shared_a_adapters(
     dp_calibrated = bool(options.pop("dp_calibrated", False))
     if method == "cauchy_poe" and any(w != 1.0 for w in weights):
         raise ValueError("cauchy_poe weighs its inputs itself (one α_i per input): drop the per-model `weight`")
+    unwanted = [False] * len(adapter_dirs) if unwanted is None else [bool(u) for u in unwanted]
+    if method == "safe_merge" and (all(unwanted) or not any(unwanted) or len(unwanted) != len(adapter_dirs)):
+        raise ValueError("safe_merge needs at least one useful input and one marked `unwanted: true`")
     check_merge_output(out_dir, overwrite)
     inputs = [_load(AdapterInput(Path(d), float(w), dict(o))) for d, w, o in zip(adapter_dirs, weights, overrides)]
     check_shared_a(inputs)
@@ -203,6 +210,11 @@ def merge_shared_a_adapters(
                 for v, b in zip(layer_variances, lora_bs)]  # mean Var(τ_i) = mean s²·V_B·(A∘A)
             merged = cauchy_poe_lora_b(lora_bs, factor.lora_a, factor.scaling, lam, without_peft_prefix(name),
                                        widths, **options)
+        elif method == "safe_merge" and projection != "none":
+            merged = safe_merge_lora_b(lora_bs, weights, unwanted, factor.lora_a, factor.scaling, lam, projection,
+                                       without_peft_prefix(name), factor.fan_in_fan_out)
+        elif method == "safe_merge":  # percentile 100: task arithmetic of the useful inputs
+            merged = merged_lora_b(lora_bs, [0.0 if u else w for w, u in zip(weights, unwanted)], lam)
         else:
             merged = merged_lora_b(lora_bs, weights, lam, layer_variances, factor.lora_a, shrinkage)
         tensors[factor.saved_a] = factor.lora_a.contiguous()
@@ -220,10 +232,12 @@ def merge_shared_a_adapters(
     lora_a = {"seed": inputs[0].lora_a.get("seed") if len({i.lora_a.get("seed") for i in inputs}) == 1 else None,
               "fingerprint": inputs[0].lora_a["fingerprint"]}
     parameters = {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {}),
-                  **({**options, "dp_calibrated": dp_calibrated} if method == "cauchy_poe" else {})}
+                  **({**options, "dp_calibrated": dp_calibrated} if method == "cauchy_poe" else {}),
+                  **({"projection": projection} if method == "safe_merge" else {})}
     description = {"merge_method": method, "parameters": parameters,
-                   "models": [{"model": name, "parameters": {"weight": item.source.weight}}
-                              for name, item in zip(names, inputs)]}
+                   "models": [{"model": name, "parameters": {"weight": item.source.weight,
+                                                            **({"unwanted": True} if flag else {})}}
+                              for name, item, flag in zip(names, inputs, unwanted)]}
     with staged_directory(out_dir) as staged:
         staged.mkdir()
         save_file(tensors, staged / ADAPTER_SAFETENSORS_NAME, metadata={"format": "pt"})
@@ -232,7 +246,8 @@ def merge_shared_a_adapters(
             {**description, "lora_a": lora_a, "records": {n: r.to_dict() for n, r in records.items()}}, indent=2
         ) + "\n")
         (staged / MERGE_MARKER).write_text("# hf-dpmerge merge --as-adapter\n" + yaml.safe_dump(description))
-        card = merged_adapter_card(method, lam, [(name, item.source.weight) for name, item in zip(names, inputs)],
+        card = merged_adapter_card(method, lam, [(name, "unwanted: never added" if flag else item.source.weight)
+                                                 for name, item, flag in zip(names, inputs, unwanted)],
                                    lora_a["fingerprint"], records, config.get("base_model_name_or_path"))
         (staged / CARD_NAME).write_text(str(card), encoding="utf-8")
     return Path(out_dir)

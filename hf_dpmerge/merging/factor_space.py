@@ -17,6 +17,10 @@ and a merge that combines the τ_i linearly is exactly the LoRA adapter with the
   in ·A like every τ_i (row blocks and the λ·mean rule too), so ζ = s·B'·A with B' = ζ·Aᵀ(AAᵀ)⁻¹/s: the dense
   solve of :func:`~hf_dpmerge.merging.cauchy_poe.cauchy_poe_merge` (in the span of the B_i, float64), read back
   as B' and checked (:func:`cauchy_poe_lora_b`).
+- ``safe_merge`` with ``projection: away``/``onto``: (I − P)·Σ_i w_i·τ_i (or P·…), P the projector onto the
+  unwanted inputs' column space, acts on the rows of every τ_i = s·B_i·A and leaves the trailing ·A, so it is read
+  back the same way (:func:`safe_merge_lora_b`); without a projection only ``percentile: 100`` (plain task
+  arithmetic of the useful inputs) is linear in B; a percentile mask picks dense coordinates and is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
 
-FACTOR_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe")
+FACTOR_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe", "safe_merge")
 FACTOR_RESIDUAL_RTOL = 1e-9  # ‖ζ − s·B'·A‖ ≤ this · ‖ζ‖ in float64, else ζ left A's row space
 SHRINKAGES = ("scale", "soft_threshold")
 
@@ -91,9 +95,41 @@ def cauchy_poe_lora_b(
     base = torch.zeros(lora_bs[0].shape[0], a.shape[1], dtype=torch.float64)
     merged = cauchy_poe_merge(base, [left @ right for left, right in factors], lam=lam, name=name,
                               noise_variance=noise_variance, factors=factors, **options)
+    return read_back_lora_b(merged, a, scaling, name, "cauchy_poe")
+
+
+def safe_merge_lora_b(
+    lora_bs: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    unwanted: Sequence[bool],
+    lora_a: torch.Tensor,
+    scaling: float,
+    scale: float,
+    projection: str,
+    name: str,
+    fan_in_fan_out: bool = False,
+) -> torch.Tensor:
+    """One layer's merged B for ``safe_merge`` with a ``projection``: B' with s·B'·A the dense
+    ``scale·(I − P or P)·Σ_useful w_i·τ_i`` (:func:`~hf_dpmerge.merging.safe_merge.project` on the weight's first
+    axis, as the dense kernel), solved in float64 and read back."""
+    from hf_dpmerge.merging.safe_merge import project, subspace_basis
+
+    a = lora_a.double()
+    deltas = [scaling * b.double() @ a for b in lora_bs]  # in B·A's layout; the weight's is its transpose if fifo
+    stored = [d.T if fan_in_fan_out else d for d in deltas]
+    useful = sum(w * d for d, w, u in zip(stored, weights, unwanted, strict=True) if not u)
+    merged = scale * project(useful, subspace_basis([d for d, u in zip(stored, unwanted) if u]), projection)
+    return read_back_lora_b(merged.T if fan_in_fan_out else merged, a, scaling, name, "safe_merge")
+
+
+def read_back_lora_b(merged: torch.Tensor, lora_a: torch.Tensor, scaling: float, name: str,
+                     method: str) -> torch.Tensor:
+    """B' = ζ·Aᵀ(AAᵀ)⁻¹/s of a dense float64 merge ζ (in B·A's layout), refused unless s·B'·A = ζ: the merge
+    must stay in the shared A's row space for the adapter to be exact."""
+    a = lora_a.double()
     lora_b = merged @ a.T @ torch.linalg.inv(a @ a.T) / scaling
     residual = float((scaling * lora_b @ a - merged).norm())
     if residual > FACTOR_RESIDUAL_RTOL * max(float(merged.norm()), 1e-30):
-        raise RuntimeError(f"{name}: the cauchy_poe merge left the shared A's row space (residual {residual:.3g}); "
+        raise RuntimeError(f"{name}: the {method} merge left the shared A's row space (residual {residual:.3g}); "
                            "use the dense merge")
     return lora_b.float()

@@ -66,14 +66,16 @@ def adapter_card(record: PrivacyRecord, name: str, stock_base: bool = False) -> 
                        stock_base=ADAPTER_BASE_DIR if stock_base else None)
 
 
-def merged_adapter_card(method: str, lam: float, inputs: Sequence[tuple[str, float]], fingerprint: str,
+def merged_adapter_card(method: str, lam: float, inputs: Sequence[tuple[str, float | str]], fingerprint: str,
                         records: Mapping[str, PrivacyRecord], base_model: str | None) -> ModelCard:
     """The card of a factor-space merge of shared-A adapters: what was merged (by name and weight), the shared
-    A's fingerprint and the merge's privacy statement (parallel composition of ``records``)."""
+    A's fingerprint and the merge's privacy statement (parallel composition of ``records``); an input's role is
+    its weight, or a phrase (``safe_merge``'s unwanted inputs)."""
     base = hub_model_id(base_model)
     data = ModelCardData(library_name="peft", base_model=base, tags=[*ADAPTER_TAGS, "merge"])
+    roles = [(name, weight if isinstance(weight, str) else f"weight {weight:g}") for name, weight in inputs]
     return render_card("merged_adapter", data, PrivacyStatement.from_records(records), method=method, lam=f"{lam:g}",
-                       inputs=[(name, f"{weight:g}") for name, weight in inputs], fingerprint=fingerprint)
+                       inputs=roles, fingerprint=fingerprint)
 
 
 def write_adapter_card(directory: str | os.PathLike, record: PrivacyRecord, name: str | None = None) -> Path:

@@ -59,6 +59,11 @@ def _safetensors_index(base_dir: Path) -> dict[str, Path]:
         return {name: single for name in handle.keys()}
 
 
+def saved_tensor_names(model_dir: str | Path) -> list[str]:
+    """The names of the tensors a saved model directory holds (safetensors, single or sharded), sorted."""
+    return sorted(_safetensors_index(Path(model_dir)))
+
+
 def directory_base_tensors(base_dir: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
     """Load the named tensors from a saved base model directory (safetensors, single or sharded)."""
     from safetensors import safe_open

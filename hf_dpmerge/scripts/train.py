@@ -323,4 +323,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from hf_dpmerge.utils.user_errors import run_script
+
+    run_script(main)

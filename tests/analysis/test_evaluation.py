@@ -4,15 +4,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.analysis.evaluation import evaluate_runs, predict_logits
 from hf_dpmerge.analysis.evaluation_report import CHART_NAME, RESULTS_NAME, EvaluationReport, TaskEvaluation
+from hf_dpmerge.analysis.merged_origin import check_merged_from_base
+from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
 from hf_dpmerge.cli import evaluate_command
+from hf_dpmerge.cli.main import main
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
 from hf_dpmerge.records.record import PrivacyRecordError
+from tests.utils.merging_builders import save_shared_a_adapter
 from tests.utils.runs_builders import MAX_LENGTH
-from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.tiny_models import save_tiny_bert, save_tiny_llama, tiny_tokenizer
 
 
 def test_head_swap_reproduces_individual_logits(fake_runs):
@@ -243,3 +248,35 @@ def test_a_missing_task_folder_is_named(fake_runs):
     message = r"--tasks election-tweets: no folder .*election-tweets \(did you mean 'election_tweets'\?\)"
     with pytest.raises(FileNotFoundError, match=message):
         task_runs(fake_runs["runs"], ["election-tweets"])
+
+
+def test_evaluate_refuses_a_merged_model_of_another_architecture(fake_runs, tmp_path, monkeypatch, capsys):
+    """The quick start's default merged/ (a BERT merge) is not the causal runs' merged model: one line naming both,
+    before any model is scored (it used to die with an IndexError in an embedding)."""
+    root = fake_runs["merged"].parent
+    save_tiny_llama(root / "runs_causal" / "base")
+    save_shared_a_adapter(root / "runs_causal", "rotten_tomatoes", 2, seed=1, causal=True)
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    assert main(["evaluate", "--runs", "runs_causal", "--max_eval_samples", "4"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert errors == ["hf-dpmerge evaluate: error: merged model merged is a bert (BertForSequenceClassification) "
+                      "but the runs' base runs_causal/base is a llama (LlamaForCausalLM): it was not merged from "
+                      "these runs' base; pass --merged with the merge of these runs"]
+    assert not (root / "runs_causal" / "eval").exists()
+
+
+def test_a_merged_model_of_another_base_is_refused_naming_the_tensor(merge_runs, tmp_path):
+    """Same architecture, another base: a tensor no adapter changes differs; the merge of the runs' own base
+    (which changes only the LoRA-covered weights) passes."""
+    runs = merge_runs({"rotten_tomatoes": 2, "bbc_news": 5})
+    base = runs / "base"
+    merged = AutoModelForSequenceClassification.from_pretrained(base)
+    with torch.no_grad():
+        merged.bert.encoder.layer[0].attention.self.query.weight.add_(0.1)  # covered by the records: merged
+    merged.save_pretrained(tmp_path / "merged", safe_serialization=True)
+    check_merged_from_base(base, tmp_path / "merged", task_runs(runs))
+    other = save_tiny_bert(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match=r"merged model .*other was not merged from the runs' base .*base: "
+                                         r"bert\.embeddings\..*, which no adapter changes, has base fingerprint"):
+        check_merged_from_base(base, other, task_runs(runs))

@@ -53,5 +53,5 @@ def test_the_base_as_the_merged_encoder_probes_the_same_and_the_cli_writes_json(
 def test_bad_probe_inputs_are_refused_by_name(fake_runs, capsys):
     common = ["probe", "--runs", str(fake_runs["runs"]), "--merged", str(fake_runs["merged"]), "--tasks", "bbc",
               "--max_length", str(MAX_LENGTH)]
-    assert main([*common, "--l2", "-1"]) == 1 and "--l2 must be ≥ 0" in capsys.readouterr().err
-    assert main([*common, "--max_samples", "3"]) == 1 and "too few to fit and hold out" in capsys.readouterr().err
+    assert main([*common, "--l2", "-1"]) == 2 and "--l2 must be ≥ 0" in capsys.readouterr().err
+    assert main([*common, "--max_samples", "3"]) == 2 and "too few to fit and hold out" in capsys.readouterr().err

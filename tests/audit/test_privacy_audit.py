@@ -197,5 +197,5 @@ def test_cli_audits_a_packaged_task_and_prints_bound_and_claim(tmp_path, capsys)
 
 
 def test_cli_refuses_bad_audit_settings_before_training(capsys):
-    assert main(["audit", "--num_canaries", "0"]) == 1
+    assert main(["audit", "--num_canaries", "0"]) == 2
     assert "--num_canaries must be positive" in capsys.readouterr().err

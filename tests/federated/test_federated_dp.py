@@ -298,7 +298,7 @@ def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, c
     base = save_tiny_bert(tmp_path / "base")
     code = main(["federated", "--model_name_or_path", str(base), "--max_train_samples", "128", "--batch_size", "8",
                  "--output_dir", str(tmp_path / "fed"), *flags])
-    assert code == 1 and message in capsys.readouterr().err
+    assert code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "fed").exists()
 
 
@@ -306,7 +306,7 @@ def test_bad_federated_settings_are_refused_before_any_client_trains(tmp_path, c
 def test_a_flag_of_training_the_federation_does_not_implement_is_refused_not_ignored(tmp_path, capsys, flag):
     value = {"--dataset_path": "glue", "--lora_freeze_a": "true", "--lora_a_seed": "3"}[flag]
     code = main(["federated", flag, value, "--output_dir", str(tmp_path / "fed")])
-    assert code == 1 and f"does not support {flag}" in capsys.readouterr().err
+    assert code == 2 and f"does not support {flag}" in capsys.readouterr().err
     assert not (tmp_path / "fed").exists()
 
 

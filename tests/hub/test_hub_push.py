@@ -172,7 +172,7 @@ def test_push_public_creates_public_repo(release, cli, loopback_hub):
 
 def test_push_refuses_existing_public_repo_when_private(release, cli, loopback_hub, capsys):
     loopback_hub.add_repo(REPO, private=False)
-    assert cli(_push_args(release, "--repo_id", REPO)) == 1
+    assert cli(_push_args(release, "--repo_id", REPO)) == 2
     assert "already exists and is public" in capsys.readouterr().err
     assert loopback_hub.repos[REPO].commits == []
 
@@ -188,7 +188,7 @@ def test_push_refuses_offline_mode(release, cli, loopback_hub, monkeypatch, caps
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert cli(_push_args(release, "--repo_id", REPO)) == 1
+    assert cli(_push_args(release, "--repo_id", REPO)) == 2
     assert "--dry-run" in capsys.readouterr().err
     assert loopback_hub.requests == []
 
@@ -226,7 +226,7 @@ def test_dry_run_default_staging_dir_and_foreign_dir(release, cli, tmp_path, cap
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     rc = cli(["push", str(merged), "--runs", str(release.runs), "--dry-run", "--staging_dir", str(foreign)])
-    assert rc == 1 and "holds no previous hf-dpmerge push staging" in capsys.readouterr().err
+    assert rc == 2 and "holds no previous hf-dpmerge push staging" in capsys.readouterr().err
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
@@ -244,20 +244,20 @@ def _dry(cli, merged, runs, *extra) -> int:
 
 
 def test_missing_merged_dir(release, cli, tmp_path, capsys):
-    assert _dry(cli, tmp_path / "nope", release.runs) == 1
+    assert _dry(cli, tmp_path / "nope", release.runs) == 2
     assert "merged model directory" in capsys.readouterr().err
 
 
 def test_merged_dir_without_model(release, cli, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert _dry(cli, tmp_path / "empty", release.runs) == 1
+    assert _dry(cli, tmp_path / "empty", release.runs) == 2
     assert "no config.json" in capsys.readouterr().err
 
 
 def test_missing_privacy_record(release, cli, tmp_path, capsys):
     runs = _runs_copy(release, tmp_path)
     (runs / "beta/adapter/dp_privacy.json").unlink()
-    assert _dry(cli, release.merged, runs) == 1
+    assert _dry(cli, release.merged, runs) == 2
     err = capsys.readouterr().err
     assert "no privacy record" in err and "beta" in err
     assert not (release.root / "merged-hub").exists()
@@ -266,25 +266,25 @@ def test_missing_privacy_record(release, cli, tmp_path, capsys):
 def test_corrupt_privacy_record(release, cli, tmp_path, capsys):
     runs = _runs_copy(release, tmp_path)
     (runs / "alpha/adapter/dp_privacy.json").write_text("{not json")
-    assert _dry(cli, release.merged, runs) == 1
+    assert _dry(cli, release.merged, runs) == 2
     assert "corrupt privacy record" in capsys.readouterr().err
 
 
 def test_record_of_another_task(release, cli, tmp_path, capsys):
     runs = _runs_copy(release, tmp_path)
     shutil.copy(runs / "alpha/adapter/dp_privacy.json", runs / "beta/adapter/dp_privacy.json")
-    assert _dry(cli, release.merged, runs) == 1
+    assert _dry(cli, release.merged, runs) == 2
     assert "record of task 'alpha', not of 'beta'" in capsys.readouterr().err
 
 
 def test_no_adapters(release, cli, tmp_path, capsys):
     (tmp_path / "runs").mkdir()
-    assert _dry(cli, release.merged, tmp_path / "runs") == 1
+    assert _dry(cli, release.merged, tmp_path / "runs") == 2
     assert "no adapters" in capsys.readouterr().err
 
 
 def test_unknown_task(release, cli, capsys):
-    assert _dry(cli, release.merged, release.runs, "--tasks", "alpha,gamma") == 1
+    assert _dry(cli, release.merged, release.runs, "--tasks", "alpha,gamma") == 2
     assert "gamma" in capsys.readouterr().err
 
 
@@ -294,19 +294,19 @@ def test_adapter_without_head(release, cli, tmp_path, capsys):
     config = json.loads(config_path.read_text())
     config["modules_to_save"] = None
     config_path.write_text(json.dumps(config))
-    assert _dry(cli, release.merged, runs) == 1
+    assert _dry(cli, release.merged, runs) == 2
     assert "saves no classifier head" in capsys.readouterr().err
 
 
 def test_corrupt_eval_json(release, cli, tmp_path, capsys):
     bad = tmp_path / "eval.json"
     bad.write_text("[1, 2")
-    assert _dry(cli, release.merged, release.runs, "--eval_json", str(bad)) == 1
+    assert _dry(cli, release.merged, release.runs, "--eval_json", str(bad)) == 2
     assert "corrupt evaluation JSON" in capsys.readouterr().err
 
 
 def test_real_push_needs_repo_id(release, cli, capsys):
-    assert cli(["push", str(release.merged), "--runs", str(release.runs)]) == 1
+    assert cli(["push", str(release.merged), "--runs", str(release.runs)]) == 2
     assert "--repo_id" in capsys.readouterr().err
 
 
@@ -319,7 +319,7 @@ def test_merged_dir_with_files_outside_the_allow_list_is_refused(release, cli, l
     (merged / "trainer_state.json").write_text("{}")
     (merged / "logs").mkdir()
     (merged / "logs" / "events.out").write_text("loss")
-    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 2
     err = capsys.readouterr().err
     assert "logs/events.out, trainer_state.json" in err and "RELEASE_ALLOW_LIST" in err
     assert REPO not in loopback_hub.repos
@@ -334,11 +334,11 @@ def test_training_args_bin_and_hidden_files_in_the_merged_dir_are_refused_by_nam
     (merged / "optimizer.safetensors").write_bytes(b"state")
     (merged / ".notes").write_text("private")
     staging = tmp_path / "staged"
-    assert _dry(cli, merged, release.runs, "--staging_dir", str(staging)) == 1
+    assert _dry(cli, merged, release.runs, "--staging_dir", str(staging)) == 2
     err = capsys.readouterr().err
     assert ".notes, optimizer.safetensors, training_args.bin" in err and "remove these files" in err
     assert not staging.exists()
-    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 1
+    assert cli(["push", str(merged), "--runs", str(release.runs), "--repo_id", REPO]) == 2
     assert "training_args.bin" in capsys.readouterr().err and REPO not in loopback_hub.repos
 
     for name in ("training_args.bin", "optimizer.safetensors", ".notes"):
@@ -363,7 +363,7 @@ def _seeded_runs(release, tmp_path, seeded) -> Path:
 def test_seeded_release_is_refused_unless_allowed(release, cli, loopback_hub, tmp_path, capsys, seeded, reason):
     runs = _seeded_runs(release, tmp_path, seeded)
     args = ["push", str(release.merged), "--runs", str(runs), "--tasks", "alpha,beta", "--repo_id", REPO]
-    assert cli(args) == 1
+    assert cli(args) == 2
     err = capsys.readouterr().err
     assert reason in err and "--allow-seeded" in err and "subtract" in err
     assert REPO not in loopback_hub.repos

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -12,45 +13,17 @@ import torch
 from mergekit.common import ModelReference
 from mergekit.merge_methods.base import TensorEntry
 from peft import PeftModel
-from transformers import AutoModelForSequenceClassification
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.merging.adapter_merge import MERGE_RECORD_NAME, merge_shared_a_adapters
+from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
 from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, adapter_weights
 from hf_dpmerge.merging.methods import DPAwareMethod
-from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record
-from tests.utils.merging_builders import adamw_record, lora_config_yaml, save_base
-from tests.utils.tiny_models import tiny_tokenizer
-from tests.utils.training_helpers import lora_classifier
-
-SEED = 11
-NOISE_STD_B = 0.01  # adamw_record: V_B = sum_lr_squared = 1e-4
-
-
-def save_shared_a_adapter(runs: Path, task: str, labels: int, seed: int, a_seed: int | None = SEED) -> Path:
-    """``runs/<task>/encoder_adapter`` with A frozen from ``a_seed`` (None: A trained, no lora_a in the record)
-    and a sparse B signal plus noise at the record's V_B."""
-    model = lora_classifier(seed=0, num_labels=labels)
-    if a_seed is not None:
-        freeze_shared_lora_a(model, a_seed)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".lora_B." in name:
-                signal = 0.05 * torch.randn(parameter.shape, generator=generator)
-                signal *= torch.rand(parameter.shape, generator=generator) < 0.3
-                parameter.copy_(signal + NOISE_STD_B * torch.randn(parameter.shape, generator=generator))
-            elif ".lora_A." in name and a_seed is None:
-                parameter.normal_(0, 0.1, generator=generator)
-    tensors = peft_base_tensors(model)
-    lora_a = frozen_lora_a_record(model)
-    adapter = runs / task / "adapter"
-    model.save_pretrained(adapter)
-    adamw_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
-                 extra={"lora_a": lora_a} if lora_a else {}).save(adapter)
-    return export_encoder_adapter(adapter, runs / task / "encoder_adapter")
+from tests.utils.merging_builders import SHARED_A_SEED as SEED
+from tests.utils.merging_builders import lora_config_yaml, save_base, save_shared_a_adapter
+from tests.utils.tiny_models import save_tiny_llama, tiny_causal_tokenizer, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +142,10 @@ def test_cli_as_adapter_reads_the_merge_yaml(runs: Path, tmp_path: Path, capsys)
     api = merge_shared_a_adapters(inputs, tmp_path / "api", lam=0.8, weights=[0.5, 0.5])
     for key, tensor in adapter_weights(api).tensors.items():
         assert torch.equal(adapter_weights(tmp_path / "cli").tensors[key], tensor)
-    config.write_text(lora_config_yaml("task_arithmetic", base, inputs, "parameters:\n  consensus: precision_sign\n"))
-    assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 1
-    assert "unsupported parameter ['consensus']" in capsys.readouterr().err
+    refused = "parameters:\n  lambda: 1\n  consensus: precision_sign\n"
+    config.write_text(lora_config_yaml("dp_aware", base, inputs, refused))
+    assert main(["merge", str(config), str(tmp_path / "refused"), "--as-adapter"]) == 2
+    assert "dp_aware parameter consensus='precision_sign' acts on dense coordinates" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
 
 
@@ -201,3 +175,106 @@ def test_cauchy_poe_adapter_gives_the_dense_cauchy_poe_merges_logits_through_sto
     assert (expected - task_arithmetic).abs().max() > 1e-4  # PoE is not the mean: the comparison has teeth
     with pytest.raises(ValueError, match="cauchy_poe weighs its inputs itself"):
         merge_shared_a_adapters(inputs, tmp_path / "weighted", method="cauchy_poe", weights=[1.0, 2.0, 1.0])
+
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGED = sorted(path.stem for path in (REPO / "merge_configs").glob("*.yaml"))
+NOT_EXACT = {  # packaged config -> the parameter the refusal names and why no merged adapter can equal the dense merge
+    "ties": ("merge_method 'ties'", "sign election and magnitude trimming pick dense coordinates"),
+    "safe_merge": ("percentile=50.0", "its entry mask keeps dense coordinates of each ΔW, not a change of B"),
+}
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged configs' folders: runs/ (tiny BERT, the quickstart's four tasks) and runs_causal/ (tiny
+    Llama, two tasks), every adapter sharing its frozen A."""
+    root = tmp_path_factory.mktemp("layout")
+    save_base(root / "runs" / "base")
+    for seed, (task, labels) in enumerate({"rotten_tomatoes": 2, "election_tweets": 3, "reuters_r8": 8,
+                                           "bbc_news": 5}.items(), start=1):
+        save_shared_a_adapter(root / "runs", task, labels, seed)
+    save_tiny_llama(root / "runs_causal" / "base")
+    for seed, task in enumerate(("rotten_tomatoes", "election_tweets"), start=1):
+        save_shared_a_adapter(root / "runs_causal", task, 2, seed, causal=True)
+    return root
+
+
+def packaged_logits(root: Path, name: str, dense: Path, adapter: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the dense merge's, the merged adapter's through stock peft) logits and last hidden states; an encoder
+    merge gets the base's head on both sides (the dense root carries no head)."""
+    if name.startswith("causal_"):
+        base = root / "runs_causal" / "base"
+        batch = tiny_causal_tokenizer()(["the film was a delight"], return_tensors="pt")
+
+        def run(model: torch.nn.Module) -> torch.Tensor:
+            with torch.no_grad():
+                output = model.eval()(**batch, output_hidden_states=True)
+            return torch.cat([output.logits.flatten(), output.hidden_states[-1].flatten()])
+
+        return (run(AutoModelForCausalLM.from_pretrained(dense)),
+                run(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)))
+    base = root / "runs" / "base"
+    model = AutoModelForSequenceClassification.from_pretrained(base)
+    model.load_state_dict(load_file(dense / "model.safetensors"), strict=False)
+    return outputs(model), outputs(PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base),
+                                                             adapter))
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_every_packaged_config_merges_as_adapter_to_the_dense_merges_logits(layout: Path, name: str, monkeypatch,
+                                                                             capsys):
+    """The packaged YAML unchanged, with the documented mergekit flags: ``--as-adapter`` ignores them with a note
+    and its adapter equals ``hf-dpmerge merge``'s dense model within 1e-5; configs no adapter can equal are
+    refused naming the parameter, writing nothing."""
+    monkeypatch.chdir(layout)
+    config = str(REPO / "merge_configs" / f"{name}.yaml")
+    flags = ["--lora-merge-cache", "lora_cache"]
+    code = main(["merge", config, f"adapters/{name}", "--as-adapter", *flags])
+    err = capsys.readouterr().err
+    if name in NOT_EXACT:
+        assert code == 2 and NOT_EXACT[name][0] in err and "use the dense merge" in err, err
+        assert not (layout / "adapters" / name).exists()
+        return
+    assert code == 0, err
+    assert "ignores --lora-merge-cache lora_cache" in err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no dp_noise_stats: the record's formula (warned) on both paths
+        assert main(["merge", config, f"dense/{name}", *flags, "--quiet"]) == 0
+    dense, adapter = packaged_logits(layout, name, layout / "dense" / name, layout / "adapters" / name)
+    torch.testing.assert_close(adapter, dense, atol=1e-5, rtol=0)
+    unmerged, _ = packaged_logits(layout, name, layout / ("runs_causal" if "causal" in name else "runs") / "base",
+                                  layout / "adapters" / name)
+    assert (dense - unmerged).abs().max() > 1e-4  # the merge moved the outputs: the comparison has teeth
+
+
+def test_as_adapter_settings_are_honoured_or_refused_by_name(runs: Path, tmp_path: Path):
+    """A global weight is every model's, ``normalize`` divides by Σw as mergekit does, ``safe_merge`` at
+    percentile 100 is task arithmetic of the useful inputs; layer-varying or dense-only values are refused."""
+    inputs = [f"{runs / 'base'}+{d}" for d in adapters(runs, "sst2", "mnli")]
+
+    def config(method: str, parameters: dict, per_model: list[dict] | None = None) -> dict:
+        return {"merge_method": method, "base_model": str(runs / "base"), "parameters": parameters,
+                "models": [{"model": m, "parameters": p} for m, p in zip(inputs, per_model or [{}, {}])]}
+
+    arguments = adapter_merge_arguments(config("task_arithmetic", {"weight": 2.0, "lambda": 0.5}))
+    assert arguments["weights"] == [2.0, 2.0] and arguments["lam"] == 0.5
+    normalized = adapter_merge_arguments(config("task_arithmetic", {"normalize": True}, [{"weight": 1}, {"weight": 3}]))
+    assert normalized["weights"] == [0.25, 0.75] and normalized["lam"] == 1.0  # mergekit's task_arithmetic λ default
+    safe = adapter_merge_arguments(config("safe_merge", {"percentile": 100, "scale": 0.7},
+                                          [{"weight": 0.5}, {"unwanted": True}]))
+    kept = merge_shared_a_adapters(out_dir=tmp_path / "safe", **safe)
+    plain = merge_shared_a_adapters(adapters(runs, "sst2"), tmp_path / "plain", lam=0.7, weights=[0.5])
+    for key, tensor in adapter_weights(plain).tensors.items():
+        torch.testing.assert_close(adapter_weights(kept).tensors[key], tensor)
+    refusals = {
+        "weight=[1.0, 0.5] varies across layers": config("task_arithmetic", {"weight": [1.0, 0.5]}),
+        "dp_aware parameter weighting='random_effects' acts on dense coordinates": config(
+            "dp_aware", {"lambda": 1.0, "weighting": "random_effects"}),
+        "safe_merge parameter percentile=50.0 masks dense coordinates": config(
+            "safe_merge", {}, [{}, {"unwanted": True}]),
+        "unknown cauchy_poe parameter ['density']": config("cauchy_poe", {"lambda": 1.0, "density": 0.5}),
+    }
+    for message, refused in refusals.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            adapter_merge_arguments(refused)

@@ -107,14 +107,14 @@ def test_cli_replaces_only_a_previous_merge_and_only_with_overwrite(workdir: Pat
     occupied = workdir / "occupied"
     occupied.mkdir()
     (occupied / "keep.txt").write_text("mine")
-    assert merge(occupied) == 1 and "pass --overwrite" in capsys.readouterr().err
-    assert merge(occupied, "--overwrite") == 1 and "holds no previous merge" in capsys.readouterr().err
+    assert merge(occupied) == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert merge(occupied, "--overwrite") == 2 and "holds no previous merge" in capsys.readouterr().err
     assert sorted(p.name for p in occupied.iterdir()) == ["keep.txt"]
 
     previous = workdir / "previous"
     assert merge(previous) == 0
     (previous / "stale.txt").write_text("from the first merge")
-    assert merge(previous) == 1 and "pass --overwrite" in capsys.readouterr().err
+    assert merge(previous) == 2 and "pass --overwrite" in capsys.readouterr().err
     assert merge(previous, "--overwrite") == 0
     assert not (previous / "stale.txt").exists() and (previous / "model.safetensors").exists()
 
@@ -160,7 +160,7 @@ def test_bad_inputs_fail_clearly_without_output(workdir: Path, broken: str, mess
     adapters = ADAPTERS[:2] if broken == "misspelt" else [ADAPTERS[0], adapter]
     (workdir / "bad.yaml").write_text(lora_config_yaml("dp_aware", "./runs/base", adapters, per_model=per_model))
     out = workdir / "bad_out"
-    assert main(["merge", "bad.yaml", str(out), "--lora-merge-cache", "cache", "--quiet"]) == 1
+    assert main(["merge", "bad.yaml", str(out), "--lora-merge-cache", "cache", "--quiet"]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists() and not [p for p in workdir.iterdir() if p.name.startswith(".bad_out")]
 

@@ -123,7 +123,7 @@ def test_similarity_command_writes_heatmap_results_and_one_config_per_group(runs
     assert config.parameters == METHOD_PARAMETERS["task_arithmetic"]  # the shipped task_arithmetic.yaml's
 
     (out / "mine.txt").write_text("keep")
-    assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out)]) == 1
+    assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out)]) == 2
     assert "pass --overwrite" in capsys.readouterr().err
     assert main(["similarity", "runs/task", "runs/near", "--output_dir", str(out), "--overwrite"]) == 0
     assert not (out / "mine.txt").exists() and (out / "merge_group_1.yaml").exists()

@@ -188,7 +188,7 @@ def test_weights_cli_writes_softmax_weights_that_reach_the_merge(variants, tmp_p
     tensors = [load_file(p / "model.safetensors")[name] for p in (base, *paths)]
     merged = load_file(tmp_path / "out" / "model.safetensors")[name]
     torch.testing.assert_close(merged, tensors[0] + sum(w * (t - tensors[0]) for w, t in zip(expected, tensors[1:])))
-    assert main(["weights", str(source), str(tmp_path / "w2.yaml"), "--scores", "1,2"]) == 1
+    assert main(["weights", str(source), str(tmp_path / "w2.yaml"), "--scores", "1,2"]) == 2
     assert "gives 2 scores for 3 models" in capsys.readouterr().err
 
 

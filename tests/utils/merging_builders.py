@@ -10,10 +10,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
+from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record
 from tests.utils.records import privacy_record
-from tests.utils.tiny_models import save_tiny_bert, tiny_bert
+from tests.utils.tiny_models import save_tiny_bert, tiny_bert, tiny_llama
 
 HASHED = ["bert.encoder.layer.0.attention.self.query.weight", "bert.encoder.layer.1.attention.self.value.weight"]
 
@@ -48,6 +49,43 @@ def save_task_adapter(runs: Path, task: str, num_labels: int, seed: int, **recor
                 **record).save(adapter)
     export_encoder_adapter(adapter, runs / task / "encoder_adapter")
     return runs / task / "encoder_adapter"
+
+
+SHARED_A_SEED = 11
+NOISE_STD_B = 0.01  # adamw_record: V_B = sum_lr_squared = 1e-4
+
+
+def save_shared_a_adapter(runs: Path, task: str, labels: int, seed: int, a_seed: int | None = SHARED_A_SEED,
+                          causal: bool = False) -> Path:
+    """``runs/<task>/encoder_adapter`` (a tiny BERT's; ``causal``: ``runs/<task>/adapter``, a tiny Llama's LoRA on
+    q/v) with A frozen from ``a_seed`` (None: A trained, no lora_a in the record) and a sparse B signal plus noise
+    at the record's V_B."""
+    from tests.utils.training_helpers import lora_classifier
+
+    if causal:
+        model = get_peft_model(tiny_llama(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                              task_type="CAUSAL_LM"))
+    else:
+        model = lora_classifier(seed=0, num_labels=labels)
+    if a_seed is not None:
+        freeze_shared_lora_a(model, a_seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".lora_B." in name:
+                signal = 0.05 * torch.randn(parameter.shape, generator=generator)
+                signal *= torch.rand(parameter.shape, generator=generator) < 0.3
+                parameter.copy_(signal + NOISE_STD_B * torch.randn(parameter.shape, generator=generator))
+            elif ".lora_A." in name and a_seed is None:
+                parameter.normal_(0, 0.1, generator=generator)
+    tensors = peft_base_tensors(model)
+    lora_a = frozen_lora_a_record(model)
+    adapter = runs / task / "adapter"
+    model.save_pretrained(adapter)
+    extra = {**({"lora_a": lora_a} if lora_a else {}), **({"model_kind": CAUSAL_LM} if causal else {})}
+    adamw_record(task=task, base_model_hash=base_fingerprint(tensors), base_model_hash_tensors=sorted(tensors),
+                 extra=extra).save(adapter)
+    return adapter if causal else export_encoder_adapter(adapter, runs / task / "encoder_adapter")
 
 
 def save_merge_runs(runs: Path, tasks: dict[str, int]) -> Path:

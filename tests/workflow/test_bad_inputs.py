@@ -7,8 +7,10 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -284,7 +286,7 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:
     monkeypatch.chdir(workdir)
-    assert _merge(workdir, config) == 1
+    assert _merge(workdir, config) == 2
     assert message in capsys.readouterr().err
 
 
@@ -296,7 +298,7 @@ def test_merge_on_a_full_disk_names_the_output_and_leaves_nothing(workdir: Path,
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(TensorWriter, "_save_st", full_disk)
-    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS)) == 1
+    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS)) == 2
     assert "error: [Errno 28] No space left on device while writing out" in capsys.readouterr().err
 
 
@@ -304,6 +306,37 @@ def test_merge_into_a_read_only_directory_names_it(workdir: Path, read_only_dir:
                                                    capsys) -> None:
     monkeypatch.chdir(workdir)
     out = str(read_only_dir / "merged")
-    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS), out=out) == 1
+    assert _merge(workdir, lora_config_yaml("dp_aware", "./runs/base", ADAPTERS), out=out) == 2
     assert re.search(rf"error: \[Errno (1|13)\] .*{re.escape(str(read_only_dir))}", capsys.readouterr().err)
     assert list(read_only_dir.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def command_line_mistakes() -> list[tuple[str, str]]:
+    """(command, the stderr line's first excerpt) of every row of docs/bad-inputs.md's command-line table."""
+    text = (REPO / "docs" / "bad-inputs.md").read_text()
+    table = text.split("<!-- command-line-mistakes")[1].split("<!-- /command-line-mistakes -->")[0]
+    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)`", table, flags=re.MULTILINE)
+    assert len(rows) >= 10, "docs/bad-inputs.md lost its command-line table"
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "expected"), command_line_mistakes(), ids=lambda value: value[:60])
+def test_command_line_mistakes_end_in_one_error_line(tmp_path: Path, command: str, expected: str) -> None:
+    """Each documented mistake, run as a user types it: exit status 2, one `<prog>: error: …` line, no traceback."""
+    for folder in ("examples", "merge_configs"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    words = shlex.split(command)
+    program = {"python": [sys.executable], "hf-dpmerge": [sys.executable, "-m", "hf_dpmerge.cli.main"]}[words[0]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([*program, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(expected), done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["examples", "merge_configs"]  # nothing written

@@ -125,6 +125,6 @@ def test_an_unseeded_evolve_is_recorded_unseeded_and_pushes(workdir, monkeypatch
 ], ids=["generations", "population", "bounds", "step"])
 def test_bad_evolve_settings_are_refused_before_merging(workdir, monkeypatch, capsys, flags, message):  # noqa: F811
     monkeypatch.chdir(workdir)
-    assert main(["evolve", "ta.yaml", "bad", "--epsilon", "1", "--tasks", ",".join(TASKS), *flags]) == 1
+    assert main(["evolve", "ta.yaml", "bad", "--epsilon", "1", "--tasks", ",".join(TASKS), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (workdir / "bad").exists()

@@ -69,7 +69,7 @@ def test_audit_takes_the_task_and_lora_flags_of_training(capsys) -> None:
         main(["audit", "--help"])
     help_text = capsys.readouterr().out
     assert all(f"--{f.name}" in help_text for kind in (TaskArguments, LoraArguments) for f in dataclasses.fields(kind))
-    assert main(["audit", "--lora_r", "0"]) == 1
+    assert main(["audit", "--lora_r", "0"]) == 2
     assert "--lora_r must be positive, got 0" in capsys.readouterr().err
 
 
@@ -109,4 +109,4 @@ def test_the_train_verb_shows_the_scripts_help_and_reports_bad_input(capsys) -> 
     help_text = " ".join(capsys.readouterr().out.split())
     assert exit_info.value.code == 0 and help_text.startswith("usage: hf-dpmerge train")
     assert re.search(r"--lora_freeze_a .*?\(default: True\)", help_text)  # the defaults it runs with
-    assert main(["train", "--task", "nope"]) == 1 and "unknown task 'nope'" in capsys.readouterr().err
+    assert main(["train", "--task", "nope"]) == 2 and "unknown task 'nope'" in capsys.readouterr().err

@@ -211,17 +211,17 @@ def test_a_seeded_tune_is_recorded_seeded_and_push_refuses_it(workdir, monkeypat
 def test_tune_refuses_bad_settings_before_merging(workdir, monkeypatch, capsys) -> None:
     monkeypatch.chdir(workdir)
     common = ["--tasks", ",".join(TASKS), "--lora-merge-cache", "cache"]
-    assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3,1", "--epsilon", "0", *common]) == 1
+    assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3,1", "--epsilon", "0", *common]) == 2
     assert "--epsilon must be positive" in capsys.readouterr().err
-    assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3", "--epsilon", "1", *common]) == 1
+    assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3", "--epsilon", "1", *common]) == 2
     assert "fewer than 2 candidate" in capsys.readouterr().err
     for bad in ("0", "bbc_news=100", "lots"):
         assert main(["tune", "ta.yaml", "bad", "--grid", "lambda=0.3,1", "--epsilon", "1", "--validation_size",
-                     bad, *common]) == 1
+                     bad, *common]) == 2
         assert "--validation_size" in capsys.readouterr().err
     (workdir / "occupied").mkdir()
     (workdir / "occupied" / "x").write_text("keep me")
-    assert main(["tune", "ta.yaml", "occupied", "--grid", "lambda=0.3,1", "--epsilon", "1", *common]) == 1
+    assert main(["tune", "ta.yaml", "occupied", "--grid", "lambda=0.3,1", "--epsilon", "1", *common]) == 2
     assert (workdir / "occupied" / "x").read_text() == "keep me"
     assert not (workdir / "bad").exists()
 

@@ -89,3 +89,10 @@ def test_main_command_script_on_tiny_settings(tmp_path):
     # a second run refuses to overwrite the merged model it made
     again = subprocess.run(["bash", "examples/quickstart.sh"], cwd=project, capture_output=True, text=True)
     assert again.returncode == 1 and "merged already exists" in again.stderr
+    # AS_ADAPTER=1: the same training, merged in factor space into one peft adapter (no evaluate, no push)
+    adapter = run(["bash", "examples/quickstart.sh", "--overwrite", "--model_name_or_path", str(base_model),
+                   *TINY_TRAINING], cwd=project, TASKS=TASKS, AS_ADAPTER="1", MERGED="merged-adapter")
+    assert "merged adapter written to merged-adapter" in adapter.stdout and "retention" not in adapter.stdout
+    written = sorted(p.name for p in (project / "merged-adapter").iterdir())
+    assert written == ["README.md", "adapter_config.json", "adapter_merge.json", "adapter_model.safetensors",
+                       "mergekit_config.yml"]
