@@ -4,7 +4,10 @@ Model: the float32 base ``examples/train_causal_lm.py`` builds (``<runs_causal>/
 the packaged GGUF when missing) with the example's LoRA (r = 8 on q_proj/v_proj of the top half of the layers);
 one micro-batch of the example's ``physical_batch_size`` sequences of L tokens, labels on the last
 ``ANSWER_TOKENS`` only (the response). Modes: ``non_private`` (dp=False, no SAM, no alignment) and ``dp``
-(the example's defaults: DP-SGD with per-sample clipping, dp_sat, alignment λ = 0.05). Each measurement runs in
+(the example's defaults: DP-SGD with per-sample clipping, dp_sat, alignment λ = 0.05), both today's uncached path
+with LoRA on the top half; ``cached_top_k`` (LoRA on the top k layers, trained on cached states of the frozen
+bottom, the LM head at the answer positions only; docs/design.md §16), ``cached_top_4_non_private`` and
+``uncached_top_4`` (the same k without the cache). Each measurement runs in
 a fresh subprocess (peak RSS is that mode's own); modes alternate round by round so machine load affects them
 alike. A step of the example (``per_device_train_batch_size`` B) is B/physical micro-batches, so time per
 adapter ≈ step × B/physical × steps.
@@ -23,9 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+NON_PRIVATE = dict(dp=False, sam_mode="none", align_lambda=0.0)
+# arm: (DPSAMConfig settings, LoRA layers, cached prefix); the first two are today's uncached path
 MODES = {
-    "non_private": dict(dp=False, sam_mode="none", align_lambda=0.0),
-    "dp": {},
+    "non_private": (NON_PRIVATE, "top_half", False),
+    "dp": ({}, "top_half", False),
+    **{f"cached_top_{k}": ({}, f"top_{k}", True) for k in (2, 4, 8)},
+    "cached_top_4_non_private": (NON_PRIVATE, "top_4", True),
+    "uncached_top_4": ({}, "top_4", False),
 }
 ANSWER_TOKENS = 3  # verbaliser + end of sequence, as in hf_dpmerge.data.instructions
 
@@ -36,11 +44,13 @@ def measure(mode: str, base: str, steps: int, batch: int, length: int) -> dict[s
     import torch
     from datasets import Dataset
 
-    from hf_dpmerge import DPSAMConfig, DPSAMTrainer
+    from hf_dpmerge import DPSAMConfig
+    from hf_dpmerge.training.cached_prefix import collate_prefix_rows, dp_trainer
     from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
 
+    settings, layers, cached = MODES[mode]
     torch.manual_seed(0)
-    model = lora_causal_lm(base, r=8, alpha=16, target_modules=["q_proj", "v_proj"], layers="top_half")
+    model = lora_causal_lm(base, r=8, alpha=16, target_modules=["q_proj", "v_proj"], layers=layers)
     vocab = model.config.vocab_size
     labels = torch.full((batch, length), -100)
     ids = torch.randint(1000, vocab, (batch, length))
@@ -48,20 +58,23 @@ def measure(mode: str, base: str, steps: int, batch: int, length: int) -> dict[s
     data = Dataset.from_dict({"input_ids": ids.repeat(10, 1).tolist(), "labels": labels.repeat(10, 1).tolist()})
     args = DPSAMConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, physical_batch_size=batch,
                        max_steps=steps + 1, report_to="none", use_cpu=True, dp_seed=0, accountant="rdp",
-                       noise_multiplier=1.0, **MODES[mode])
-    trainer = DPSAMTrainer(model=model, args=args, train_dataset=data)
+                       noise_multiplier=1.0, **settings)
+    start = time.perf_counter()
+    trainer = dp_trainer(model, args, train_dataset=data, cache_prefix="true" if cached else "false")
+    setup_s = time.perf_counter() - start
     trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    inputs = (collate_prefix_rows([trainer.train_dataset[i] for i in range(batch)]) if cached
+              else {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
     times = []
     for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
         start = time.perf_counter()
-        trainer.training_step(trainer.model, inputs)
+        trainer.training_step(trainer.model, dict(inputs))
         trainer.optimizer.step()
         trainer.model.zero_grad()
         if i:
             times.append(time.perf_counter() - start)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb}
+    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb, "setup_s": setup_s}
 
 
 def ensure_base(runs_dir: Path) -> Path:
@@ -99,15 +112,20 @@ def main() -> None:
     base_time = statistics.median(r["step_s"] for r in results["non_private"])
     base_rss = statistics.median(r["peak_rss_mb"] for r in results["non_private"])
     micro_batches = args.example_batch / args.batch
-    print(f"SmolLM2-135M, LoRA r=8 q/v top half; micro-batch {args.batch} × {args.length} tokens, "
-          f"median of {args.rounds} rounds × {args.steps} steps")
-    print(f"{'mode':<12} {'step s':>8} {'time ×':>7} {'peak RSS MB':>12} {'RSS ×':>6} {'adapter min':>12}")
+    dp_time = statistics.median(r["step_s"] for r in results["dp"])
+    print(f"SmolLM2-135M, LoRA r=8 q/v; micro-batch {args.batch} × {args.length} tokens ({ANSWER_TOKENS} answer "
+          f"tokens), median of {args.rounds} rounds × {args.steps} steps; cached arms: the top k layers on cached "
+          "states, the LM head at the answer positions only (setup s: the cache build of the arm's 10 batches)")
+    print("| arm | step s | × non-private | speed-up over today's DP step | peak RSS MB | RSS × | setup s | "
+          "adapter min |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, runs in results.items():
         step = statistics.median(r["step_s"] for r in runs)
         rss = statistics.median(r["peak_rss_mb"] for r in runs)
+        setup = statistics.median(r["setup_s"] for r in runs)
         adapter_min = step * micro_batches * args.example_steps / 60
-        print(f"{mode:<12} {step:>8.2f} {step / base_time:>7.2f} {rss:>12.0f} {rss / base_rss:>6.2f} "
-              f"{adapter_min:>12.1f}")
+        print(f"| {mode} | {step:.2f} | {step / base_time:.2f} | {dp_time / step:.2f} | {rss:.0f} | "
+              f"{rss / base_rss:.2f} | {setup:.1f} | {adapter_min:.1f} |")
     print(f"adapter min: {args.example_steps} steps of {args.example_batch} examples "
           f"({micro_batches:g} micro-batches each), extrapolated from the micro-batch step")
 

@@ -18,9 +18,14 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.batching import length_sorted_batches
-from hf_dpmerge.analysis.evaluation_report import EvaluationReport, TaskEvaluation
+from hf_dpmerge.analysis.evaluation_report import (
+    OWN_HEAD_FLOOR,
+    PRIVATE_HEAD_FLOOR,
+    EvaluationReport,
+    TaskEvaluation,
+)
 from hf_dpmerge.analysis.merged_origin import check_merged_from_base
-from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
+from hf_dpmerge.analysis.runs_layout import TaskRun, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import (
     compute_metrics,
@@ -63,6 +68,7 @@ def evaluate_runs(
     batch_size: int = 32,
     glue_path: str | None = None,
     device: str | torch.device | None = None,
+    floor_runs: str | os.PathLike | None = None,
     log=print,
     progress: bool = True,
 ) -> EvaluationReport:
@@ -74,7 +80,9 @@ def evaluate_runs(
     the task named in the privacy record (the folder name when it has none). Split seed and ``max_length``
     come from the arguments, else the record's ``extra`` (``data_seed``, ``max_length``), else the defaults.
     Models run on ``device`` (default: CUDA when available, else CPU). ``progress`` shows tqdm bars on stderr, per
-    task and per batch of each of its three models.
+    task and per batch of each of its three models. ``floor_runs``: a runs folder of head-only releases
+    (``--train_lora false``) of the same tasks at the same ε; the floor is then each task's private head (the
+    strongest baseline a user could run) and the base encoder with the adapter's own head is kept as ``own_head``.
     """
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
@@ -91,10 +99,15 @@ def evaluate_runs(
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(examples["labels"])
         scores = {}
-        for kind, loader, directory in (("floor", load_merged_with_head, base_dir),  # base encoder + own head
-                                        ("individual", load_individual_model, base_dir),
-                                        ("merged", load_merged_with_head, merged_dir)):
-            model = loader(directory, run.adapter_dir, spec).to(device)
+        models = [("floor", load_merged_with_head, base_dir, run.adapter_dir),  # base encoder + own head
+                  ("individual", load_individual_model, base_dir, run.adapter_dir),
+                  ("merged", load_merged_with_head, merged_dir, run.adapter_dir)]
+        if floor_runs is not None:
+            floor_run = private_head_run(Path(floor_runs), run)
+            models = [("own_head", *models[0][1:]), ("floor", load_individual_model, Path(floor_runs) / BASE_DIR,
+                                                      floor_run.adapter_dir), *models[1:]]
+        for kind, loader, directory, adapter_dir in models:
+            model = loader(directory, adapter_dir, spec).to(device)
             logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
             predictions = predictions_from_logits(spec, logits)
             scores[kind] = compute_metrics(spec, predictions, references)
@@ -105,12 +118,32 @@ def evaluate_runs(
             individual=scores["individual"][spec.metric], merged=scores["merged"][spec.metric],
             num_examples=len(examples), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
             floor=scores["floor"][spec.metric], floor_metrics=scores["floor"],
+            own_head=scores["own_head"][spec.metric] if "own_head" in scores else None,
         )
         log(f"{run.task}: floor {result.floor:.4f}, individual {result.individual:.4f}, merged {result.merged:.4f} "
             f"({spec.metric}, n={len(examples)})")
         results.append(result)
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
-                            max_eval_samples=max_eval_samples, split=split)
+                            max_eval_samples=max_eval_samples, split=split,
+                            floor_kind=OWN_HEAD_FLOOR if floor_runs is None else PRIVATE_HEAD_FLOOR)
+
+
+def private_head_run(floor_runs: Path, run: TaskRun) -> TaskRun:
+    """``run``'s private head in ``floor_runs``: a head-only release (``--train_lora false``) of the same task at
+    the same ε (within 1 %) on the same split, else refused naming ``--floor_runs``."""
+    (floor,) = task_runs(floor_runs, [run.name], data_seed=run.data_seed, max_length=run.max_length)
+    record = floor.record
+    problems = []
+    if record.extra.get("train_lora", True):
+        problems.append("it is not a head-only release (train it with --train_lora false)")
+    if floor.task != run.task:
+        problems.append(f"it trained on {floor.task!r}, the adapter on {run.task!r}")
+    if not math.isclose(record.epsilon, run.record.epsilon, rel_tol=0.01) or record.dp != run.record.dp:
+        problems.append(f"its ε = {record.epsilon:.3g}, the adapter's {run.record.epsilon:.3g}")
+    if problems:
+        raise ValueError(f"--floor_runs {floor_runs}: {run.name}'s private head cannot be its floor: "
+                         + "; ".join(problems))
+    return floor
 
 
 # ---------------------------------------------------------------------------------------------- chart

@@ -38,6 +38,12 @@ from hf_dpmerge.data.metrics import gain_retained, retention_and_interference
 
 RESULTS_NAME = "results.json"
 CHART_NAME = "retention.png"
+OWN_HEAD_FLOOR, PRIVATE_HEAD_FLOOR = "own_head", "private_head"
+FLOOR_KINDS = {
+    OWN_HEAD_FLOOR: "the unmodified base encoder with the task's own head (no adapter, no merge)",
+    PRIVATE_HEAD_FLOOR: "the private head: the unmodified base encoder with a head trained by its own recipe "
+                        "(--train_lora false) at the same ε on the same data (hf-dpmerge evaluate --floor_runs)",
+}
 
 
 @dataclass
@@ -56,6 +62,7 @@ class TaskEvaluation:
     merged_metrics: dict[str, float] = field(default_factory=dict)
     floor: float | None = None
     floor_metrics: dict[str, float] = field(default_factory=dict)
+    own_head: float | None = None  # the base encoder with the adapter's own head, when the floor is a private head
 
     @property
     def below_floor(self) -> bool:
@@ -94,6 +101,7 @@ class EvaluationReport:
     base_model: str
     max_eval_samples: int | None = None
     split: str = "test"
+    floor_kind: str = OWN_HEAD_FLOOR
 
     def averages(self) -> dict[str, float | None]:
         mean = mean_of_defined
@@ -102,6 +110,7 @@ class EvaluationReport:
         gain = None if None in (floor, individual, merged) else gain_retained(merged, individual, floor)
         return {
             "floor": floor,
+            "own_head": mean([t.own_head for t in self.tasks]),
             "individual": individual,
             "merged": merged,
             "gain_retained": gain,
@@ -118,6 +127,7 @@ class EvaluationReport:
                     "metric": t.metric,
                     "epsilon": t.epsilon,
                     "floor": t.floor,
+                    "own_head": t.own_head,
                     "individual": t.individual,
                     "merged": t.merged,
                     "gain_retained": t.gain_retained if _defined(t.gain_retained) else None,
@@ -137,8 +147,11 @@ class EvaluationReport:
             "base_model": self.base_model,
             "max_eval_samples": self.max_eval_samples,
             "split": self.split,
+            "floor_kind": self.floor_kind,
             "definitions": {
-                "floor": "the unmodified base encoder with the task's own head (no adapter, no merge)",
+                "floor": FLOOR_KINDS[self.floor_kind],
+                "own_head": "the unmodified base encoder with the adapter's own head (no adapter, no merge), "
+                            "when the floor is the private head",
                 "gain_retained": "(merged - floor) / (individual - floor) (null when individual <= floor: below "
                                  "floor; the average is the formula on the averaged scores)",
                 "retention": "merged / individual (primary metric; null when individual <= 0; read it beside the "
@@ -154,6 +167,9 @@ class EvaluationReport:
         scores; results without a floor read as floor None)."""
         try:
             metrics, deltas = data.get("metrics") or {}, data.get("deltas") or {}
+            floor_kind = data.get("floor_kind", OWN_HEAD_FLOOR)
+            if floor_kind not in FLOOR_KINDS:
+                raise ValueError(f"floor_kind {floor_kind!r} is none of {sorted(FLOOR_KINDS)}")
             tasks = [
                 TaskEvaluation(
                     task=str(task), metric=str(row["metric"]), epsilon=float(row["epsilon"]),
@@ -164,11 +180,13 @@ class EvaluationReport:
                     merged_metrics=dict((metrics.get(task) or {}).get("merged") or {}),
                     floor=None if row.get("floor") is None else float(row["floor"]),
                     floor_metrics=dict((metrics.get(task) or {}).get("floor") or {}),
+                    own_head=None if row.get("own_head") is None else float(row["own_head"]),
                 )
                 for task, row in data["tasks"].items()
             ]
             return cls(tasks=tasks, merged_model=str(data["merged_model"]), base_model=str(data["base_model"]),
-                       max_eval_samples=data.get("max_eval_samples"), split=str(data.get("split", "test")))
+                       max_eval_samples=data.get("max_eval_samples"), split=str(data.get("split", "test")),
+                       floor_kind=floor_kind)
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise ValueError(
                 f"{source} is not what `hf-dpmerge evaluate` writes ({type(err).__name__}: {err})"
@@ -195,19 +213,26 @@ class EvaluationReport:
         return json_path, plot_retention(self, directory / CHART_NAME)
 
     def table(self) -> str:
-        """A plain-text table of every task and the averages; retention only beside the floor."""
+        """A plain-text table of every task and the averages; retention only beside the floor; an ``own head``
+        column when the floor is the private head."""
+        own = any(t.own_head is not None for t in self.tasks)
         lines = [_row("task", "metric", "ε", "floor", "individual", "merged", "gain retained", "retention",
-                      "interference")]
+                      "interference", "own head" if own else None)]
         lines.append("-" * len(lines[0]))
         for t in self.tasks:
             eps = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.2f}"
             lines.append(_row(t.task, t.metric, eps, t.floor, t.individual, t.merged, _gain(t.gain_retained,
-                              t.below_floor), t.retention, t.interference))
+                              t.below_floor), t.retention, t.interference, _own(t.own_head) if own else None))
         avg = self.averages()
         lines.append(_row("average", "", "", avg["floor"], avg["individual"], avg["merged"],
                           _gain(avg["gain_retained"], bool(avg["below_floor"])), avg["retention"],
-                          avg["interference"]))
+                          avg["interference"], _own(avg["own_head"]) if own else None))
+        lines.append(f"floor: {FLOOR_KINDS[self.floor_kind]}")
         return "\n".join(lines)
+
+
+def _own(value: float | None) -> float | str:
+    return "–" if value is None else value
 
 
 def _defined(value: float | None) -> bool:
@@ -219,14 +244,16 @@ def _gain(gain: float | None, below_floor: bool) -> str | float | None:
     return "below floor" if below_floor else gain
 
 
-def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, retention, interference) -> str:
+def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, retention, interference,
+         own_head=None) -> str:
     def num(x, spec: str) -> str:
         return x if isinstance(x, str) else (format(x, spec) if _defined(x) else "–")
 
     cells = (num(floor, ".4f"), num(individual, ".4f"), num(merged, ".4f"), num(gain, ".1%"), num(retention, ".1%"),
              num(interference, "+.4f"))
-    return (f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>8} {cells[1]:>10} {cells[2]:>8} {cells[3]:>13} "
-            f"{cells[4]:>9} {cells[5]:>12}")
+    row = (f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>8} {cells[1]:>10} {cells[2]:>8} {cells[3]:>13} "
+           f"{cells[4]:>9} {cells[5]:>12}")
+    return row if own_head is None else f"{row} {num(own_head, '.4f'):>9}"
 
 
 def plot_retention(report: EvaluationReport, path: str | os.PathLike) -> Path:

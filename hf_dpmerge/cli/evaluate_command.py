@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_eval_samples", type=int, help="evaluate a seeded stratified subset of this size")
     parser.add_argument("--split", default="test", choices=("validation", "test"),
                         help="split to score (default: test; validation for choices made before the test split)")
+    parser.add_argument("--floor_runs", help="runs folder of head-only releases (train_glue.py --train_lora false, "
+                        "same tasks, same ε): the floor is then each task's private head, and the adapter's own head "
+                        "on the base encoder is shown as 'own head'")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         args.runs, args.merged, tasks, base_dir=args.base, tokenizer=load_tokenizer(args.tokenizer),
         max_eval_samples=args.max_eval_samples, max_length=args.max_length, data_seed=args.data_seed,
         batch_size=args.batch_size, glue_path=args.glue_path, device=args.device, split=args.split,
-        log=lambda line: print(line, file=sys.stderr),
+        floor_runs=args.floor_runs, log=lambda line: print(line, file=sys.stderr),
     )
     print(report.table())
     json_path, chart_path = report.save(Path(args.output) if args.output else Path(args.runs) / "eval")

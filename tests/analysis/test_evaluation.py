@@ -1,5 +1,6 @@
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hf_dpmerge.cli.main import main
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
 from hf_dpmerge.records.record import PrivacyRecordError
 from tests.utils.merging_builders import save_shared_a_adapter
-from tests.utils.runs_builders import MAX_LENGTH
+from tests.utils.runs_builders import MAX_LENGTH, runs_record, save_fake_adapter
 from tests.utils.tiny_models import save_tiny_bert, save_tiny_llama, tiny_tokenizer
 
 
@@ -280,3 +281,26 @@ def test_a_merged_model_of_another_base_is_refused_naming_the_tensor(merge_runs,
     with pytest.raises(ValueError, match=r"merged model .*other was not merged from the runs' base .*base: "
                                          r"bert\.embeddings\..*, which no adapter changes, has base fingerprint"):
         check_merged_from_base(base, other, task_runs(runs))
+
+
+def test_the_floor_is_the_private_head_when_floor_runs_are_given(fake_runs, tmp_path):
+    """--floor_runs: the floor is the head-only release's score (its own base + its trained head), the adapter's
+    own head on the base encoder moves to 'own head'; a floor at another ε is refused naming the flag."""
+    floor_runs = tmp_path / "runs_floor"
+    shutil.copytree(fake_runs["base"], floor_runs / "base")
+    save_fake_adapter(floor_runs / "base", floor_runs / "bbc" / "adapter", num_labels=5, seed=3)
+    runs_record("bbc_news", epsilon=4.0, max_length=MAX_LENGTH, train_lora=False).save(floor_runs / "bbc" / "adapter")
+    settings = dict(max_eval_samples=30, max_length=MAX_LENGTH, log=lambda line: None, progress=False)
+    (plain,) = evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["bbc"], **settings).tasks
+    report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["bbc"], floor_runs=floor_runs, **settings)
+    (head_only,) = evaluate_runs(floor_runs, fake_runs["merged"], ["bbc"], base_dir=floor_runs / "base",
+                                 **settings).tasks
+    (task,) = report.tasks
+    assert task.floor == head_only.individual and task.own_head == plain.floor
+    assert (task.individual, task.merged) == (plain.individual, plain.merged)
+    assert report.floor_kind == "private_head" and "private head" in report.table().splitlines()[-1]
+    assert "own head" in report.table().splitlines()[0]
+    assert EvaluationReport.from_dict(report.to_dict()).tasks[0].own_head == task.own_head
+    runs_record("bbc_news", epsilon=8.0, max_length=MAX_LENGTH, train_lora=False).save(floor_runs / "bbc" / "adapter")
+    with pytest.raises(ValueError, match="--floor_runs .*bbc's private head cannot be its floor: its ε = 8"):
+        evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["bbc"], floor_runs=floor_runs, **settings)

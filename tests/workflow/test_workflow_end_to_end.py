@@ -79,6 +79,8 @@ def test_main_command_script_on_tiny_settings(tmp_path):
     assert "retention" in done.stdout and "average" in done.stdout  # the printed table
     results = json.loads((project / "runs" / "eval" / "results.json").read_text())
     assert set(results["tasks"]) == set(TASKS.split(","))
+    assert results["floor_kind"] == "private_head" and "own head" in done.stdout  # the floor: runs_floor's heads
+    assert all((project / "runs_floor" / task / "adapter" / "dp_privacy.json").is_file() for task in TASKS.split(","))
     card = (project / "merged-hub" / "README.md").read_text()
     assert "rotten_tomatoes" in card and "bbc_news" in card and "-DP" in card
     staged = project / "merged-hub"
