@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "128", "--physical_batch_size", "32",
-          "--max_steps", "150", "--learning_rate", "3e-3", "--cache_prefix", "true"]
+RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "64", "--physical_batch_size", "16",
+          "--max_steps", "100", "--learning_rate", "3e-3", "--cache_prefix", "true"]
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
 
 
@@ -58,16 +58,20 @@ def main() -> None:
     parser.add_argument("--tasks", default="rotten_tomatoes,election_tweets")
     parser.add_argument("--epsilon", default="8")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--max_train_samples", help="train on a seeded stratified subset of this size (default: all)")
+    parser.add_argument("--max_eval_samples", help="score a seeded stratified subset of the test split of this size")
     args = parser.parse_args()
     out, tasks = Path(args.out).resolve(), args.tasks.split(",")
+    sizes = [part for name in ("max_train_samples", "max_eval_samples") if getattr(args, name)
+             for part in (f"--{name}", getattr(args, name))]
     out.mkdir(parents=True, exist_ok=True)
     times_path = out / "times.json"
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        train(out, "runs_causal", tasks, ["--target_epsilon", args.epsilon], times)
+        train(out, "runs_causal", tasks, ["--target_epsilon", args.epsilon, *sizes], times)
         times_path.write_text(json.dumps(times, indent=2))
-        train(out, "runs_nonprivate", tasks, NON_PRIVATE, times)
+        train(out, "runs_nonprivate", tasks, [*NON_PRIVATE, *sizes], times)
         times_path.write_text(json.dumps(times, indent=2))
         if not (out / "merged_causal" / "config.json").exists():
             shutil.rmtree(out / "merged_causal", ignore_errors=True)
@@ -76,8 +80,9 @@ def main() -> None:
             times["merge"] = run(["mergekit-yaml", "merge.yaml", "merged_causal", "--lora-merge-cache",
                                   "runs_causal/lora_cache"], out, out / "log.txt")
         if not (out / "runs_causal" / "eval" / "results.json").exists():
+            evaluate_sizes = ["--max_eval_samples", args.max_eval_samples] if args.max_eval_samples else []
             times["evaluate"] = run(["hf-dpmerge", "evaluate", "--runs", "runs_causal", "--merged", "merged_causal",
-                                     "--tasks", args.tasks], out, out / "log.txt")
+                                     "--tasks", args.tasks, *evaluate_sizes], out, out / "log.txt")
         times_path.write_text(json.dumps(times, indent=2))
     results = json.loads((out / "runs_causal" / "eval" / "results.json").read_text())
     print(json.dumps(results, indent=2)[:4000])

@@ -4,6 +4,7 @@ tiny BERT classifier and a tiny Llama causal LM, in every SAM mode, with the ali
 units; the record says a cache was used."""
 
 import dataclasses
+import fnmatch
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from hf_dpmerge.data.tasks import get_task_spec
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.modeling.prefix_split import trainable_boundary
+from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
 from hf_dpmerge.training.cached_prefix import CachedPrefixTrainer, collate_prefix_rows, dp_trainer, prefix_boundary
 from hf_dpmerge.training.dp.micro_batches import micro_batches
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
@@ -235,3 +237,26 @@ def test_top_k_lora_layers():
     assert lora_layer_indices("top_2", 6) == [4, 5] and lora_layer_indices("top_half", 6) == [3, 4, 5]
     with pytest.raises(ValueError, match="top_K needs 1 ≤ K ≤ 6"):
         lora_layer_indices("top_7", 6)
+
+
+def test_a_resumed_cached_run_rebuilds_its_cache_and_ends_at_the_uninterrupted_weights(tmp_path):
+    settings = dict(max_steps=6, save_strategy="steps", save_steps=3, sam_mode="dp_sat", sam_rho=0.1)
+    full = make_cached_trainer(tmp_path / "full", model=top_layer_classifier(), **settings)
+    full.train()
+    make_cached_trainer(tmp_path / "part", model=top_layer_classifier(), **settings).train()
+    resumed = make_cached_trainer(tmp_path / "part", model=top_layer_classifier(), **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "part" / "out" / "checkpoint-3"))
+    assert resumed.accountant.steps == 6
+    assert resumed.accountant.epsilon() == pytest.approx(full.accountant.epsilon(), rel=1e-12)
+    for a, b in zip(resumed._params, full._params):
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
+
+
+def test_a_cached_release_ships_its_noise_statistics_and_no_cached_state(tmp_path):
+    trainer = make_cached_trainer(tmp_path, model=top_layer_classifier(), max_steps=3)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "release"))
+    released = sorted(p.name for p in (tmp_path / "release").iterdir())
+    assert "dp_noise_stats.safetensors" in released and "dp_privacy.json" in released
+    assert all(any(fnmatch.fnmatch(name, allowed) for allowed in RELEASE_ALLOW_LIST) for name in released)
+    assert not list(tmp_path.rglob("*.npy")) and not list(tmp_path.rglob("*cache*"))  # the states stay in memory

@@ -16,6 +16,7 @@ from tests.utils.multiprocess_training import (
     NOISE,
     NOISE_DRAWS,
     SINGLE_PROCESS_BATCH,
+    cached_run,
     clipped_query,
     free_port,
     noise_only_queries,
@@ -40,6 +41,7 @@ def single(tmp_path_factory):
         "noise": noise_only_queries(out, batch),
         "full": training_run(out / "full", batch),
         "unit_level": unit_level_run(out / "units", batch),
+        "cached": cached_run(out / "cached", batch),
     }
 
 
@@ -196,3 +198,10 @@ def test_unit_level_draws_are_shared_by_unit_and_train_like_one_process(single, 
         assert run["sample_rate"] == reference["sample_rate"] == 4 / 40
         assert run["epsilon"] == pytest.approx(reference["epsilon"], rel=1e-12)
         assert_same_weights(run["params"], reference["params"])
+
+
+def test_two_processes_on_the_cached_prefix_end_at_the_single_process_weights(single, two):
+    """Each process caches the whole training set and trains its share of every draw on the top layer."""
+    for rank in two["ranks"]:
+        assert rank["cached"]["epsilon"] == pytest.approx(single["cached"]["epsilon"], rel=1e-12)
+        assert_same_weights(rank["cached"]["params"], single["cached"]["params"])

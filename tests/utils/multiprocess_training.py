@@ -22,7 +22,14 @@ import torch.multiprocessing as mp
 from accelerate import PartialState
 
 from hf_dpmerge.records.record import PrivacyRecord
-from tests.utils.training_helpers import collate, make_trainer, text_dataset, unit_dataset
+from tests.utils.training_helpers import (
+    collate,
+    lora_classifier,
+    make_cached_trainer,
+    make_trainer,
+    text_dataset,
+    unit_dataset,
+)
 
 SINGLE_PROCESS_BATCH = 20
 PER_PROCESS_BATCH = SINGLE_PROCESS_BATCH // 2
@@ -124,6 +131,15 @@ def unit_level_run(out: Path, batch: int) -> dict[str, Any]:
     return {"rows": rows, "params": params, "epsilon": trainer.accountant.epsilon(), "sample_rate": trainer.sample_rate}
 
 
+def cached_run(out: Path, batch: int) -> dict[str, Any]:
+    """TRAINING's steps on the cached prefix (LoRA on the tiny BERT's top layer, every process caching the whole
+    training set): the final weights and ε."""
+    trainer = make_cached_trainer(out, model=lora_classifier(layers_to_transform=[1]),
+                                  per_device_train_batch_size=batch, **{**TRAINING, "save_strategy": "no"})
+    trainer.train()
+    return {"params": [p.detach().clone() for p in trainer._params], "epsilon": trainer.accountant.epsilon()}
+
+
 def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str, Any]:
     """Everything the fast tests look at, from one process group (start-up dominates the cost)."""
     batch = PER_PROCESS_BATCH
@@ -138,6 +154,7 @@ def two_process_scenarios(out: Path, single_process_checkpoint: str) -> dict[str
         "unseeded_resumed_sampler_state": unseeded_resumed_sampler_state(
             out, batch, str(out / "full" / "out" / "checkpoint-3")),
         "unit_level": unit_level_run(out / "units", batch),
+        "cached": cached_run(out / "cached", batch),
     }
 
 
