@@ -38,6 +38,7 @@ from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
+from hf_dpmerge.utils.io import apply_open_modes
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
@@ -77,6 +78,7 @@ def save_stock_classifier(model: PreTrainedModel, directory: str | os.PathLike, 
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if config.get("model_type") == REMOTE_MODEL_TYPE:
         shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
+    apply_open_modes(directory)  # save_pretrained's safetensors file is 0600
 
 
 def copy_tokenizer(source: str | os.PathLike, directory: str | os.PathLike) -> None:
@@ -160,6 +162,7 @@ def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
              if not k.startswith(remote_code.HEAD_PREFIX)}
     save_file(state, str(path), metadata={"format": "pt"})
+    apply_open_modes(path)  # safetensors writes 0600
 
 
 def write_task_head_folder(
@@ -186,6 +189,7 @@ def write_task_head_folder(
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
     copy_tokenizer(encoder_dir, directory)
+    apply_open_modes(directory)  # safetensors writes 0600
 
 
 def make_adapter_stock_loadable(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,36 +16,27 @@ from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_stock_loadable
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
-from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from tests.utils.hub_helpers import serving_loopback_hub
-from tests.utils.stock_loading import TEXTS, load_without_hf_dpmerge
-from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
+from tests.utils.stock_loading import (
+    ADAPTER,
+    SHARED_BASE,
+    SPEC_LABELS,
+    TEXTS,
+    load_without_hf_dpmerge,
+    release_task_adapter,
+)
+from tests.utils.tiny_models import tiny_tokenizer
 
 pytestmark = pytest.mark.slow  # each check loads a release in a fresh interpreter
 
-SPEC = TaskSpec("topics", 3, ("acq", "crude", "earn"), ("text",), "accuracy", "packaged")
-SHARED_BASE, ADAPTER = Path("runs", "base"), Path("runs", "topics", "adapter")  # train_glue.py's runs layout
+SPEC = TaskSpec("topics", 3, SPEC_LABELS, ("text",), "accuracy", "packaged")
 
 
 @pytest.fixture(scope="module")
 def released_adapter(tmp_path_factory):
     """A mean-pooling shared base and a 3-label adapter trained from it, in the runs layout, released as
     train_glue releases it."""
-    root = tmp_path_factory.mktemp("stock")
-    tiny_bert().save_pretrained(root / "base")
-    base = load_sequence_classifier(root / "base", classifier_pooling="mean")
-    base.save_pretrained(root / SHARED_BASE)
-    tiny_tokenizer().save_pretrained(root / SHARED_BASE)
-    model = lora_sequence_classifier(root / SHARED_BASE, SPEC, r=4, alpha=8, target_modules=["query", "value"])
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(root / ADAPTER)
-    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, SPEC.label_names,
-                                "../../../base/model.safetensors")  # as train_glue.py names the runs' base
-    return root
+    return release_task_adapter(tmp_path_factory.mktemp("stock"))
 
 
 def hf_dpmerge_logits(root) -> torch.Tensor:

@@ -11,6 +11,8 @@ import textwrap
 from pathlib import Path
 
 _MARK = "@@stock-loading@@ "
+SPEC_LABELS = ("acq", "crude", "earn")
+SHARED_BASE, ADAPTER = Path("runs", "base"), Path("runs", "topics", "adapter")  # train_glue.py's runs layout
 TEXTS = ["the film was a delight from start to finish", "a dull and lifeless script", "oil prices fell"]
 
 _SCRIPT = textwrap.dedent(
@@ -60,3 +62,34 @@ def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", 
     answers = [line.split(_MARK, 1)[1] for line in done.stdout.splitlines() if _MARK in line]
     assert answers, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(answers[-1])
+
+
+def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
+    """``root/runs/base`` (a mean-pooling shared base) and a 3-label adapter trained from it in
+    ``root/runs/topics/adapter``, released as train_glue.py releases it (:func:`release_adapter`, then the stock
+    base); ``shared_encoder=False``: the stock base written whole. Returns ``root``."""
+    import torch
+
+    from hf_dpmerge.data.tasks import TaskSpec
+    from hf_dpmerge.modeling import load_sequence_classifier
+    from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+    from hf_dpmerge.training.release import release_adapter
+    from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
+
+    root = Path(root)
+    spec = TaskSpec("topics", 3, SPEC_LABELS, ("text",), "accuracy", "packaged")
+    tiny_bert().save_pretrained(root / "plain")
+    base = load_sequence_classifier(root / "plain", classifier_pooling="mean")
+    base.save_pretrained(root / SHARED_BASE)
+    tiny_tokenizer().save_pretrained(root / SHARED_BASE)
+    model = lora_sequence_classifier(root / SHARED_BASE, spec, r=4, alpha=8, target_modules=["query", "value"])
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0, 0.5)
+    release_adapter(root / ADAPTER, lambda directory: model.save_pretrained(directory))
+    pointer = "../../../base/model.safetensors" if shared_encoder else None  # as train_glue.py names the runs' base
+    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, spec.label_names, pointer)
+    return root
