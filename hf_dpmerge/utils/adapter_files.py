@@ -46,9 +46,11 @@ def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
                                   "adapter") from None
 
 
-ADAPTER_BASE_DIR = "base"
-"""The folder inside a released task adapter that holds its base for stock loaders; ``adapter_config.json``'s
-``base_model_name_or_path`` names it by this path, relative to the adapter folder."""
+ADAPTER_BASE_DIR = "."
+"""Where a released task adapter holds its base for stock loaders: the adapter folder itself (its ``config.json``
+beside ``adapter_config.json``, which transformers loads as "a model with an embedded adapter" from any working
+directory); ``adapter_config.json``'s ``base_model_name_or_path`` names it by this path, relative to the adapter
+folder."""
 
 
 def set_adapter_base(directory: str | os.PathLike, reference: str | None) -> None:

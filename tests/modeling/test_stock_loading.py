@@ -40,24 +40,46 @@ def released_adapter(tmp_path_factory):
 
 
 def hf_dpmerge_logits(root) -> torch.Tensor:
-    """The adapter's logits as hf_dpmerge computes them: shared base + adapter, mean pooling."""
-    base = load_sequence_classifier(root / SHARED_BASE, num_labels=3, ignore_mismatched_sizes=True)
-    model = PeftModel.from_pretrained(base, root / ADAPTER).eval()
+    """The adapter's logits as ``hf-dpmerge evaluate`` computes them: its individual model (shared base + adapter)."""
+    from hf_dpmerge.analysis.task_models import load_individual_model
+
+    model = load_individual_model(root / SHARED_BASE, root / ADAPTER, SPEC).eval()
     with torch.no_grad():
         return model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
 
 
-@pytest.mark.parametrize("loader", ["peft", "auto"])
-def test_adapter_gives_hf_dpmerge_logits_through_stock_classes(released_adapter, loader, tmp_path):
-    answer = load_without_hf_dpmerge(loader, ".", cwd=released_adapter / ADAPTER, HF_MODULES_CACHE=str(tmp_path))
+def assert_logits(answer: dict, root) -> None:
     assert "error" not in answer, answer
-    torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(root), atol=1e-5, rtol=0)
     assert answer["id2label"] == {"0": "acq", "1": "crude", "2": "earn"}
 
 
-def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("pipeline", ".", cwd=released_adapter / ADAPTER, HF_MODULES_CACHE=str(tmp_path))
+@pytest.mark.parametrize("loader", ["auto", "peft_model"])
+def test_adapter_loads_by_path_from_another_directory(released_adapter, loader, tmp_path):
+    """A folder holding a model and an adapter is, to transformers, a model with an embedded adapter: by path,
+    from a working directory that is not the adapter's (the repository root of the issue)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    answer = load_without_hf_dpmerge(loader, released_adapter / ADAPTER, cwd=elsewhere,
+                                     HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert_logits(answer, released_adapter)
+
+
+def test_adapter_loads_through_auto_peft_from_its_folder(released_adapter, tmp_path):
+    """Stock peft opens base_model_name_or_path relative to the working directory: "." is the adapter folder."""
+    answer = load_without_hf_dpmerge("peft", ".", cwd=released_adapter / ADAPTER,
+                                     HF_MODULES_CACHE=str(tmp_path / "modules"))
+    assert_logits(answer, released_adapter)
+
+
+def test_adapter_loads_by_path_after_the_runs_folder_is_moved(released_adapter, tmp_path):
+    moved = tmp_path / "moved" / "my_runs"
+    shutil.copytree(released_adapter / "runs", moved)
+    adapter = moved / ADAPTER.relative_to("runs")
+    for loader in ("auto", "pipeline"):
+        answer = load_without_hf_dpmerge(loader, adapter, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / loader))
+        if loader == "auto":
+            assert_logits(answer, released_adapter)
     assert "error" not in answer, answer
     expected = torch.softmax(hf_dpmerge_logits(released_adapter), dim=-1)
     for scores, probabilities in zip(answer["pipeline"], expected):
@@ -68,49 +90,47 @@ def test_adapter_pipeline_names_the_task_labels(released_adapter, tmp_path):
 
 
 def test_adapter_without_remote_code_is_refused_not_misread(released_adapter, tmp_path):
-    answer = load_without_hf_dpmerge("no_remote_code", ".", cwd=released_adapter / ADAPTER,
+    answer = load_without_hf_dpmerge("no_remote_code", released_adapter / ADAPTER, cwd=tmp_path,
                                      HF_MODULES_CACHE=str(tmp_path))
     assert "trust_remote_code" in answer.get("error", ""), answer
 
 
-def test_adapter_base_is_named_relative_to_the_adapter(released_adapter):
+def test_adapter_folder_is_its_own_base_named_relative_to_itself(released_adapter):
     adapter = released_adapter / ADAPTER
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == "base"  # no path of the training machine (it would not exist
+    assert config["base_model_name_or_path"] == "."  # no path of the training machine (it would not exist
     # where the adapter is downloaded)
-    assert (adapter / "base" / REMOTE_CODE_FILE).is_file() and REMOTE_CODE_FILE in RELEASE_ALLOW_LIST
-    model_config = json.loads((adapter / "base" / "config.json").read_text())
+    assert (adapter / REMOTE_CODE_FILE).is_file() and REMOTE_CODE_FILE in RELEASE_ALLOW_LIST
+    assert not (adapter / "base").exists()
+    model_config = json.loads((adapter / "config.json").read_text())
     assert model_config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_mean_pooling_bert.")
-    assert "hf_dpmerge" not in (adapter / "base" / REMOTE_CODE_FILE).read_text().split('"""', 2)[2]
+    assert "hf_dpmerge" not in (adapter / REMOTE_CODE_FILE).read_text().split('"""', 2)[2]
 
 
-def test_adapter_base_takes_the_encoder_from_the_runs_shared_base(released_adapter, tmp_path):
-    """The adapter's base/ holds the task's config and head only; the encoder is read from <runs>/base/ (a
+def test_adapter_takes_the_encoder_from_the_runs_shared_base(released_adapter, tmp_path):
+    """The adapter folder holds the task's config and head only; the encoder is read from <runs>/base/ (a
     relative path, once for every task). A copy of the adapter folder alone is refused by name; without the
     pointer (a base outside a runs layout) the base is written whole and loads the same."""
     from safetensors.torch import load_file
 
     adapter = released_adapter / ADAPTER
-    stock_base = adapter / "base"
-    assert sorted(p.name for p in stock_base.glob("*.safetensors")) == ["head.safetensors"]
-    assert json.loads((stock_base / "config.json").read_text())["shared_encoder_weights"] == \
-        "../../../base/model.safetensors"
-    head, saved = load_file(stock_base / "head.safetensors"), task_head_state(adapter)
+    assert sorted(p.name for p in adapter.glob("*.safetensors")) == ["adapter_model.safetensors", "head.safetensors"]
+    assert json.loads((adapter / "config.json").read_text())["shared_encoder_weights"] == \
+        "../../base/model.safetensors"
+    head, saved = load_file(adapter / "head.safetensors"), task_head_state(adapter)
     assert sorted(head) == sorted(saved) and all(torch.equal(head[k], saved[k]) for k in head)
 
     alone = tmp_path / "alone" / "adapter"
     shutil.copytree(adapter, alone)
-    answer = load_without_hf_dpmerge("peft", ".", cwd=alone, HF_MODULES_CACHE=str(tmp_path / "m1"))
+    answer = load_without_hf_dpmerge("auto", alone, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "m1"))
     assert "shared_encoder_weights" in answer.get("error", "") and "base/model.safetensors" in answer["error"], answer
 
     elsewhere = tmp_path / "elsewhere" / "adapter"
     shutil.copytree(adapter, elsewhere)
     make_adapter_stock_loadable(elsewhere, released_adapter / SHARED_BASE, SPEC.label_names)
-    whole = elsewhere / "base"
-    assert (whole / "model.safetensors").is_file() and not (whole / "head.safetensors").exists()
-    answer = load_without_hf_dpmerge("peft", ".", cwd=elsewhere, HF_MODULES_CACHE=str(tmp_path / "m2"))
-    assert "error" not in answer, answer
-    torch.testing.assert_close(torch.tensor(answer["logits"]), hf_dpmerge_logits(released_adapter), atol=1e-5, rtol=0)
+    assert (elsewhere / "model.safetensors").is_file() and not (elsewhere / "head.safetensors").exists()
+    answer = load_without_hf_dpmerge("auto", elsewhere, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / "m2"))
+    assert_logits(answer, released_adapter)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_dpmerge.records.release_files import unlisted_files
 from tests.utils.stock_loading import ADAPTER, release_task_adapter
 
 
@@ -31,6 +32,7 @@ def test_every_file_of_a_released_adapter_has_the_umask_mode(tmp_path, umask_027
              for p in adapter.rglob("*") if p.is_file()}
     assert any(name.endswith(".safetensors") and name != "adapter_model.safetensors" for name in modes), modes
     assert set(modes.values()) == {0o640}, modes
+    assert not unlisted_files(adapter)  # the adapter folder, its own stock base, holds release files only
 
 
 def test_adapter_config_lists_each_module_to_save_once(tmp_path):

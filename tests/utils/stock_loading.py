@@ -21,7 +21,7 @@ _SCRIPT = textwrap.dedent(
     sys.modules["hf_dpmerge"] = None  # `import hf_dpmerge` raises ImportError from here on
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
-    from peft import AutoPeftModelForSequenceClassification
+    from peft import AutoPeftModelForSequenceClassification, PeftModel
 
     MARK = "@@stock-loading@@ "
     loader, path, subfolder, texts = sys.argv[1], sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
@@ -38,6 +38,8 @@ _SCRIPT = textwrap.dedent(
             sys.exit(0)
         cls = AutoPeftModelForSequenceClassification if loader == "peft" else AutoModelForSequenceClassification
         model = cls.from_pretrained(path, trust_remote_code=True, **where).eval()
+        if loader == "peft_model":  # the adapter applied to a base the caller loaded (here: the folder's own)
+            model = PeftModel.from_pretrained(model, path, **where).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, **where)
         with torch.no_grad():
             logits = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits
@@ -50,9 +52,8 @@ _SCRIPT = textwrap.dedent(
 
 def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", texts: list[str] = TEXTS,
                             cwd: str | Path | None = None, **env: str) -> dict:
-    """Run ``loader`` ('peft', 'auto', 'pipeline' or 'no_remote_code') on ``path`` in a fresh interpreter with
-    ``hf_dpmerge`` blocked, in ``cwd`` (a task adapter names its base relative to its folder: load ``"."`` from
-    there); its JSON answer (``error`` when loading raised)."""
+    """Run ``loader`` ('peft', 'auto', 'peft_model', 'pipeline' or 'no_remote_code') on ``path`` in a fresh
+    interpreter with ``hf_dpmerge`` blocked, in ``cwd``; its JSON answer (``error`` when loading raised)."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, loader, str(path), subfolder, json.dumps(texts)],
@@ -90,6 +91,6 @@ def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
             if parameter.requires_grad:
                 parameter.normal_(0, 0.5)
     release_adapter(root / ADAPTER, lambda directory: model.save_pretrained(directory))
-    pointer = "../../../base/model.safetensors" if shared_encoder else None  # as train_glue.py names the runs' base
+    pointer = "../../base/model.safetensors" if shared_encoder else None  # as train_glue.py names the runs' base
     make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, spec.label_names, pointer)
     return root
