@@ -16,7 +16,7 @@ from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_stock_loadable
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
-from tests.utils.hub_helpers import serving_loopback_hub
+from tests.utils.hub_helpers import serving_loopback_hub, write_hub_cache
 from tests.utils.stock_loading import (
     ADAPTER,
     SHARED_BASE,
@@ -133,6 +133,36 @@ def test_adapter_takes_the_encoder_from_the_runs_shared_base(released_adapter, t
     assert_logits(answer, released_adapter)
 
 
+def test_a_pushed_adapter_names_its_base_by_hub_id_and_loads_from_the_hub_cache(loopback_hub, tmp_path):
+    """DPSAMTrainer.push_to_hub of an adapter whose base has no Hub id: the base goes up alongside (the
+    repository is its own stock base) and adapter_config.json names the repository; by repo id from a Hub cache,
+    stock peft, transformers and pipeline compute the trained model's logits."""
+    from tests.utils.training_helpers import make_trainer
+
+    trainer = make_trainer(tmp_path / "run", max_steps=1, hub_model_id="alice/topics-adapter")
+    trainer.train()
+    trainer.processing_class = tiny_tokenizer()  # pushed beside the model, as Trainer saves it
+    trainer.push_to_hub(allow_seeded=True)
+    files = loopback_hub.repos["alice/topics-adapter"].files
+    assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "alice/topics-adapter"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    write_hub_cache(tmp_path / "hub", "alice/topics-adapter", files)
+    model = trainer.model.eval()
+    with torch.no_grad():
+        expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt").to(model.device)).logits.cpu()
+    for loader in ("peft", "auto", "pipeline"):
+        answer = load_without_hf_dpmerge(loader, "alice/topics-adapter", cwd=tmp_path,
+                                         HF_HUB_CACHE=str(tmp_path / "hub"), HF_MODULES_CACHE=str(tmp_path / loader))
+        assert "error" not in answer, (loader, answer)
+        if loader == "pipeline":
+            scores = [{item["label"]: item["score"] for item in row} for row in answer["pipeline"]]
+            labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+            probabilities = torch.tensor([[row[label] for label in labels] for row in scores])
+            torch.testing.assert_close(probabilities, torch.softmax(expected, -1), atol=1e-5, rtol=0)
+        else:
+            torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def hub_release(released_adapter, tmp_path_factory, make_record):
     """A merged folder as mergekit writes it (shared base + the adapter's LoRA), pushed to a loopback Hub;
@@ -210,11 +240,8 @@ def test_hub_release_task_subfolder_loads_from_the_hub_cache(released_adapter, h
     """By repository id, as after a download from the Hub: the files in the Hub cache's layout
     (``models--<owner>--<name>/snapshots/<commit>``), read offline through huggingface_hub."""
     cache = tmp_path / "hub"
-    commit = "0" * 40
-    snapshot = cache / "models--alice--m" / "snapshots" / commit
-    shutil.copytree(hub_release, snapshot)
-    (cache / "models--alice--m" / "refs").mkdir()
-    (cache / "models--alice--m" / "refs" / "main").write_text(commit)
+    write_hub_cache(cache, "alice/m", {p.relative_to(hub_release).as_posix(): p.read_bytes()
+                                       for p in hub_release.rglob("*") if p.is_file()})
     answer = load_without_hf_dpmerge("auto", "alice/m", "topics", HF_MODULES_CACHE=str(tmp_path / "modules"),
                                      HF_HUB_CACHE=str(cache))
     assert "error" not in answer, answer
