@@ -57,7 +57,7 @@ def assert_logits(answer: dict, root) -> None:
 @pytest.mark.parametrize("loader", ["auto", "peft_model"])
 def test_adapter_loads_by_path_from_another_directory(released_adapter, loader, tmp_path):
     """A folder holding a model and an adapter is, to transformers, a model with an embedded adapter: by path,
-    from a working directory that is not the adapter's (the repository root of the issue)."""
+    from a working directory that is not the adapter's (the repository root, where the runs folder is)."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     answer = load_without_hf_dpmerge(loader, released_adapter / ADAPTER, cwd=elsewhere,
