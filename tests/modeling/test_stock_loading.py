@@ -16,6 +16,7 @@ from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, make_adapter_stock_loadable
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.records.release_files import RELEASE_ALLOW_LIST
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from tests.utils.hub_helpers import serving_loopback_hub, write_hub_cache
 from tests.utils.stock_loading import (
     ADAPTER,
@@ -25,7 +26,7 @@ from tests.utils.stock_loading import (
     load_without_hf_dpmerge,
     release_task_adapter,
 )
-from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 
 pytestmark = pytest.mark.slow  # each check loads a release in a fresh interpreter
 
@@ -77,7 +78,8 @@ def test_adapter_loads_by_path_after_the_runs_folder_is_moved(released_adapter, 
     shutil.copytree(released_adapter / "runs", moved)
     adapter = moved / ADAPTER.relative_to("runs")
     for loader in ("auto", "pipeline"):
-        answer = load_without_hf_dpmerge(loader, adapter, cwd=tmp_path, HF_MODULES_CACHE=str(tmp_path / loader))
+        answer = load_without_hf_dpmerge(loader, adapter, cwd=tmp_path,
+                                         HF_MODULES_CACHE=str(tmp_path / f"modules-{loader}"))
         if loader == "auto":
             assert_logits(answer, released_adapter)
     assert "error" not in answer, answer
@@ -133,26 +135,36 @@ def test_adapter_takes_the_encoder_from_the_runs_shared_base(released_adapter, t
     assert_logits(answer, released_adapter)
 
 
-def test_a_pushed_adapter_names_its_base_by_hub_id_and_loads_from_the_hub_cache(loopback_hub, tmp_path):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_pushed_adapter_names_its_base_by_hub_id_and_loads_from_the_hub_cache(loopback_hub, tmp_path, pooling):
     """DPSAMTrainer.push_to_hub of an adapter whose base has no Hub id: the base goes up alongside (the
-    repository is its own stock base) and adapter_config.json names the repository; by repo id from a Hub cache,
-    stock peft, transformers and pipeline compute the trained model's logits."""
-    from tests.utils.training_helpers import make_trainer
+    repository is its own stock base; mean pooling through the remote code) and adapter_config.json names the
+    repository; by repo id from a Hub cache, stock peft, transformers and pipeline compute the trained model's
+    logits."""
+    from tests.utils.training_helpers import lora_classifier, make_trainer
 
-    trainer = make_trainer(tmp_path / "run", max_steps=1, hub_model_id="alice/topics-adapter")
+    if pooling == "mean":
+        tiny_bert().save_pretrained(tmp_path / "plain")
+        load_sequence_classifier(tmp_path / "plain", classifier_pooling="mean").save_pretrained(tmp_path / "base")
+        model = lora_sequence_classifier(tmp_path / "base", SPEC, r=4, alpha=8, target_modules=["query", "value"])
+    else:
+        model = lora_classifier()
+    trainer = make_trainer(tmp_path / "run", model=model, max_steps=1, hub_model_id="alice/topics-adapter")
     trainer.train()
     trainer.processing_class = tiny_tokenizer()  # pushed beside the model, as Trainer saves it
     trainer.push_to_hub(allow_seeded=True)
     files = loopback_hub.repos["alice/topics-adapter"].files
     assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "alice/topics-adapter"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert (REMOTE_CODE_FILE in files) == (pooling == "mean")
     write_hub_cache(tmp_path / "hub", "alice/topics-adapter", files)
     model = trainer.model.eval()
     with torch.no_grad():
         expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt").to(model.device)).logits.cpu()
     for loader in ("peft", "auto", "pipeline"):
         answer = load_without_hf_dpmerge(loader, "alice/topics-adapter", cwd=tmp_path,
-                                         HF_HUB_CACHE=str(tmp_path / "hub"), HF_MODULES_CACHE=str(tmp_path / loader))
+                                         HF_HUB_CACHE=str(tmp_path / "hub"),
+                                         HF_MODULES_CACHE=str(tmp_path / f"modules-{loader}"))
         assert "error" not in answer, (loader, answer)
         if loader == "pipeline":
             scores = [{item["label"]: item["score"] for item in row} for row in answer["pipeline"]]
