@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--base {base} has no config.json: give the base model the adapters trained from")
     groups = merge_groups(report, args.threshold)
     print(report.table())
-    print(f"\nmerge groups at cosine ≥ {args.threshold:g} (average linkage):")
+    print(f"\nmerge groups at cosine ≥ {args.threshold:g} (the noise-aware interval's lower end, average linkage):")
     with staged_directory(output) as staged:
         staged.mkdir()
         results = {**report.to_dict(), "threshold": args.threshold, "groups": groups, "method": args.method}

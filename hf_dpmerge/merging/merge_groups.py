@@ -1,9 +1,11 @@
 """Merge groups: adapters whose task vectors point the same way, found by hierarchical clustering.
 
-Average-linkage agglomerative clustering (scipy) on the distance 1 − ĉos(τᵢ, τⱼ), the noise-aware cosine of
-:mod:`hf_dpmerge.merging.task_similarity` (the plain cosine for non-private adapters), cut at 1 − ``threshold``:
-two clusters join while the mean cosine similarity between their members is at least ``threshold``. Each group
-of two or more adapters gets one mergekit config; an adapter alone in its group needs no merge (use it as it is).
+Average-linkage agglomerative clustering (scipy) on the distance 1 − c(τᵢ, τⱼ), c the lower end of the
+noise-aware cosine's interval of :mod:`hf_dpmerge.merging.task_similarity` (sampling and the noise model's ±20 %;
+the plain cosine for non-private adapters), cut at 1 − ``threshold``: two clusters join while the mean of c
+between their members is at least ``threshold``, so a pair whose interval straddles the threshold stays apart.
+Each group of two or more adapters gets one mergekit config; an adapter alone in its group needs no merge (use it
+as it is).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def merge_groups(report: SimilarityReport, threshold: float = DEFAULT_THRESHOLD)
 
     if not -1.0 <= threshold <= 1.0:
         raise ValueError(f"--threshold is a cosine similarity in [-1, 1], got {threshold}")
-    distance = np.clip(1.0 - report.grouping_cosine, 0.0, 2.0)  # noise-aware (task_similarity docstring)
+    distance = np.clip(1.0 - report.grouping_cosine, 0.0, 2.0)  # the interval's lower end (task_similarity)
     np.fill_diagonal(distance, 0.0)
     tree = linkage(squareform((distance + distance.T) / 2, checks=False), method="average")
     labels = fcluster(tree, t=1.0 - threshold, criterion="distance")

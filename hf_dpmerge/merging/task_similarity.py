@@ -21,9 +21,15 @@ record). Then E⟨τ̃_i, τ̃_j⟩ = ⟨τ_i, τ_j⟩ and E‖τ̃_i‖² = ‖
 
 estimates the cosine of the noise-free task vectors (undefined, NaN, when an adapter's energy is not above its
 predicted noise; grouping then uses the raw cosine, which independent noise can only shrink toward 0). Its 95 %
-interval is ±1.96·SE of the inner product over the same denominator, with Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j
-+ ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's mean noise variance v = N_layer/n. The sign-conflict rate is not
-corrected (it is reported raw).
+interval carries two errors. Sampling: ±1.96·SE of the inner product over the same denominator, with
+Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j + ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's mean noise variance v = N_layer/n.
+The noise model's own error: the re-runs put it within :data:`NOISE_MODEL_RELATIVE_ERROR` (±20 %) of the measured
+noise energy, so the interval is the union of the sampling intervals with both N's scaled by any f in
+[0.8, 1.2] (ĉos is monotone in f: the ends at f = 0.8 and 1.2 bound it; where f·N reaches an adapter's energy
+the denominator reaches 0 and that side of the interval runs to ±1). At a noise share N/‖τ̃‖² of 0.85 the
+denominator ‖τ̃‖² − f·N moves from 0.32 to 0 of ‖τ̃‖² over that range: the interval is wide, and grouping, which
+joins only where the whole interval clears the threshold (:attr:`SimilarityReport.grouping_cosine`), does not
+join on it. The sign-conflict rate is not corrected (it is reported raw).
 
 Only LoRA layers enter: task heads (peft ``modules_to_save``) differ per task and are never merged.
 The statistics are post-processing of released adapters and cost no privacy.
@@ -54,6 +60,10 @@ from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_
 
 BLOCK_ELEMENTS = 1 << 22
 """Largest block of ΔW entries (rows × d_in) materialised at once for the sign-conflict count."""
+NOISE_MODEL_RELATIVE_ERROR = 0.2
+"""How far the predicted noise energy may be from the measured one (relative): the noise model against 8
+noise-only re-runs, predicted/measured 0.88–1.09 per kind (benchmarks/reports/noise-reruns/NOISE_RERUNS.md,
+docs/design.md §6), rounded up to ±20 %."""
 ADAPTER_DIRS = (ENCODER_ADAPTER_DIR, ADAPTER_DIR)
 """A run folder's adapters, in order of preference: the LoRA-only export, then the adapter with its head."""
 
@@ -135,14 +145,15 @@ class SimilarityReport:
     sign_conflict: np.ndarray
     noise_energy: list[float]  # N_i = E‖τ̃_i − τ_i‖², 0 for an adapter without a DP record
     denoised_cosine: np.ndarray  # ĉos (module docstring); NaN where an adapter is indistinguishable from noise
-    denoised_interval: np.ndarray  # n×n×2: its 95 % interval
+    denoised_interval: np.ndarray  # n×n×2: its 95 % interval (sampling and the noise model's error), in [−1, 1]
 
     @property
     def grouping_cosine(self) -> np.ndarray:
-        """What adapters group by: the noise-aware cosine (clipped to [−1, 1]) where it is defined, else the raw one
-        (independent noise only shrinks the raw cosine toward 0, so it is the conservative estimate where the
-        predicted noise is not below an adapter's energy)."""
-        return np.where(np.isnan(self.denoised_cosine), self.cosine, np.clip(self.denoised_cosine, -1.0, 1.0))
+        """What adapters group by: the lower end of the noise-aware cosine's interval where it is defined (a pair
+        joins only when its whole interval clears the threshold), else the raw cosine (independent noise only
+        shrinks the raw cosine toward 0, so it is the conservative estimate where the predicted noise is not
+        below an adapter's energy)."""
+        return np.where(np.isnan(self.denoised_cosine), self.cosine, self.denoised_interval[..., 0])
 
     def off_diagonal(self, matrix: np.ndarray) -> np.ndarray:
         """The entries above the diagonal of an n×n statistic (one per pair)."""
@@ -158,6 +169,7 @@ class SimilarityReport:
             "noise_energy": self.noise_energy,
             "denoised_cosine": np.where(np.isnan(self.denoised_cosine), None, self.denoised_cosine).tolist(),
             "denoised_interval": np.where(np.isnan(self.denoised_interval), None, self.denoised_interval).tolist(),
+            "noise_model_relative_error": NOISE_MODEL_RELATIVE_ERROR,
             "sign_conflict_method": f"exact, every coordinate of the layers both adapters change, in blocks of "
                                     f"≤ {BLOCK_ELEMENTS} entries",
         }
@@ -177,7 +189,8 @@ class SimilarityReport:
         if any(self.noise_energy):
             lines.append("predicted noise share N/‖τ̃‖²: " + ", ".join(
                 f"{n} {e / v**2:.3f}" for n, e, v in zip(self.names, self.noise_energy, self.norms, strict=True)))
-            lines.append("noise-aware cosine [95 % interval] (what grouping uses):")
+            lines.append(f"noise-aware cosine [95 % interval, sampling and the noise model's "
+                         f"±{NOISE_MODEL_RELATIVE_ERROR:.0%}] (grouping uses the interval's lower end):")
             for i, j in zip(*np.triu_indices(len(self.names), k=1), strict=True):
                 low, high = self.denoised_interval[i, j]
                 value = self.denoised_cosine[i, j]
@@ -207,27 +220,44 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
     clean = [norm**2 - e if norm**2 > e else math.nan for norm, e in zip(norms, energy, strict=True)]  # ‖τ‖² est.
     cosine, conflict = np.eye(n), np.zeros((n, n))
     denoised, interval = np.full((n, n), math.nan), np.full((n, n, 2), math.nan)
+    factors = (1.0 - NOISE_MODEL_RELATIVE_ERROR, 1.0, 1.0 + NOISE_MODEL_RELATIVE_ERROR)  # the noise model's range
     for i in range(n):
         denoised[i, i] = interval[i, i] = 1.0 if not math.isnan(clean[i]) else math.nan
         for j in range(i + 1, n):
-            inner, variance, conflicts, compared = 0.0, 0.0, 0, 0
+            inner, variances, conflicts, compared = 0.0, [0.0] * len(factors), 0, 0
             for layer in vectors[i].factors.keys() & vectors[j].factors.keys():
                 first, second = vectors[i].factors[layer], vectors[j].factors[layer]
                 _check_shapes(layer, first, second)
                 inner += lora_inner_product(first, second)
                 count, total = lora_sign_conflicts(first, second)
                 conflicts, compared = conflicts + count, compared + total
-                noise_i, noise_j = noise[i].get(layer, 0.0), noise[j].get(layer, 0.0)
-                clean_i, clean_j = layer_sq_norms[i][layer] - noise_i, layer_sq_norms[j][layer] - noise_j
-                variance += (max(clean_i, 0.0) * noise_j + max(clean_j, 0.0) * noise_i + noise_i * noise_j) / total
+                for k, f in enumerate(factors):
+                    noise_i, noise_j = f * noise[i].get(layer, 0.0), f * noise[j].get(layer, 0.0)
+                    clean_i, clean_j = layer_sq_norms[i][layer] - noise_i, layer_sq_norms[j][layer] - noise_j
+                    variances[k] += (max(clean_i, 0.0) * noise_j + max(clean_j, 0.0) * noise_i
+                                     + noise_i * noise_j) / total
             cosine[i, j] = cosine[j, i] = inner / (norms[i] * norms[j])
             conflict[i, j] = conflict[j, i] = conflicts / compared if compared else math.nan
-            scale = math.sqrt(clean[i] * clean[j])  # NaN when either is noise-dominated
-            denoised[i, j] = denoised[j, i] = inner / scale
-            half = 1.96 * math.sqrt(variance)
-            interval[i, j] = interval[j, i] = ((inner - half) / scale, (inner + half) / scale)
+            denoised[i, j] = denoised[j, i] = inner / math.sqrt(clean[i] * clean[j])  # NaN: either noise-dominated
+            if not math.isnan(denoised[i, j]):
+                ends = [_divide(inner + sign * 1.96 * math.sqrt(variance),
+                                denoising_scale(norms[i], norms[j], energy[i], energy[j], f))
+                        for f, variance in zip(factors, variances, strict=True) for sign in (-1.0, 1.0)]
+                interval[i, j] = interval[j, i] = np.clip((min(ends), max(ends)), -1.0, 1.0)
     return SimilarityReport(names, [str(v.adapter_dir) for v in vectors], norms, cosine, conflict, energy, denoised,
                             interval)
+
+
+def denoising_scale(norm_i: float, norm_j: float, noise_i: float, noise_j: float, factor: float) -> float:
+    """√((‖τ̃_i‖² − f·N_i)(‖τ̃_j‖² − f·N_j)), ĉos's denominator at noise scaled by ``factor``; 0 where f·N reaches an
+    adapter's energy."""
+    clean_i, clean_j = norm_i**2 - factor * noise_i, norm_j**2 - factor * noise_j
+    return math.sqrt(clean_i * clean_j) if clean_i > 0 and clean_j > 0 else 0.0
+
+
+def _divide(numerator: float, scale: float) -> float:
+    """``numerator / scale``, ±∞ (0 for a zero numerator) at scale 0: the corrected cosine is unbounded there."""
+    return numerator / scale if scale > 0 else math.copysign(math.inf, numerator) if numerator else 0.0
 
 
 def layer_noise_energy(vector: TaskVector) -> dict[str, float]:

@@ -11,8 +11,8 @@ refuse it loudly rather than fall back to [CLS] pooling and compute another func
 
 A merged release stages its encoder once (docs/design.md §10): each ``<task>/`` folder holds the task's
 ``config.json`` with ``shared_encoder_weights`` (the encoder's weights file, relative to the task folder:
-``../model.safetensors``) and its head in ``head.safetensors``; a task adapter's ``base/`` folder takes its encoder
-from the runs' shared base the same way. ``from_pretrained`` reads both, from a local release or from the Hub
+``../model.safetensors``) and its head in ``head.safetensors``; a task adapter's folder, its own base, takes its
+encoder from the runs' shared base the same way. ``from_pretrained`` reads both, from a local release or from the Hub
 repository, and loads them as one state dict (then the peft adapter an Auto class was pointed at, which
 transformers itself loads only on top of a named checkpoint); any other checkpoint loads as usual.
 """

@@ -9,16 +9,18 @@ the training-time class; without it transformers refuses the unknown ``model_typ
 ``label2id`` carry the task's label names. A ``cls``-pooling model is a stock class already and keeps its
 ``model_type``.
 
-A task adapter (``runs/<task>/adapter/``) names its base for stock loaders in ``adapter/base/``: the task's
-release config (head shape, labels) and its head (the values the adapter releases anyway). For mean pooling the
-encoder is not copied: ``base/config.json`` takes it from the runs' shared base, ``shared_encoder_weights:
-"../../../base/model.safetensors"``, so every task's adapter holds a few hundred KiB and the encoder lives once
-in ``runs/base/``; a [CLS]-pooling base (stock classes, which cannot follow the pointer) is written whole.
-``adapter_config.json``'s ``base_model_name_or_path`` names ``base`` by its path relative to the adapter folder
-(the shared base has no Hub id, and a path of the training machine would not exist where the adapter is
-downloaded). ``AutoPeftModelForSequenceClassification`` and ``pipeline(model=".")`` run in the adapter folder
-load it, then the adapter. (A base inside the adapter folder itself would make transformers load the adapter
-twice.)
+A task adapter (``runs/<task>/adapter/``) is its own base for stock loaders: beside the adapter's files it holds
+the task's release config (head shape, labels) and its head (the values the adapter releases anyway). For mean
+pooling the encoder is not copied: ``config.json`` takes it from the runs' shared base, ``shared_encoder_weights:
+"../../base/model.safetensors"``, so every task's adapter holds a few hundred KiB and the encoder lives once in
+``runs/base/``; a [CLS]-pooling base (stock classes, which cannot follow the pointer) is written whole. A local
+folder holding both ``config.json`` and ``adapter_config.json`` is, to transformers, a model with an embedded
+adapter: ``AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)`` and
+``pipeline(model=path, trust_remote_code=True)`` load the folder's model and the adapter on top, from any working
+directory and wherever the runs folder is moved. ``adapter_config.json``'s ``base_model_name_or_path`` is ``"."``
+(no path of the training machine; the shared base has no Hub id): stock peft opens it relative to the working
+directory, so ``AutoPeftModelForSequenceClassification`` loads by path from inside the folder (``"."``), or by
+Hub id once the folder is a repository that names itself.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
+from hf_dpmerge.utils.io import apply_open_modes
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
@@ -48,6 +51,7 @@ AUTO_MAP = {
     "AutoConfig": f"{_MODULE}.{remote_code.MeanPoolingBertConfig.__name__}",
     "AutoModelForSequenceClassification": f"{_MODULE}.{remote_code.MeanPoolingBertForSequenceClassification.__name__}",
 }
+LEGACY_BASE_DIR = "base"  # where releases before the adapter folder was its own base kept it
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -77,6 +81,7 @@ def save_stock_classifier(model: PreTrainedModel, directory: str | os.PathLike, 
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if config.get("model_type") == REMOTE_MODEL_TYPE:
         shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
+    apply_open_modes(directory)  # save_pretrained's safetensors file is 0600
 
 
 def copy_tokenizer(source: str | os.PathLike, directory: str | os.PathLike) -> None:
@@ -160,6 +165,7 @@ def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
              if not k.startswith(remote_code.HEAD_PREFIX)}
     save_file(state, str(path), metadata={"format": "pt"})
+    apply_open_modes(path)  # safetensors writes 0600
 
 
 def write_task_head_folder(
@@ -186,25 +192,27 @@ def write_task_head_folder(
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
     copy_tokenizer(encoder_dir, directory)
+    apply_open_modes(directory)  # safetensors writes 0600
 
 
 def make_adapter_stock_loadable(
     adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, label_names: Sequence[str],
     shared_encoder: str | None = None,
 ) -> None:
-    """Write ``adapter_dir/base/`` for stock loaders and point ``base_model_name_or_path`` at it (relative).
-    ``shared_encoder``: ``base_dir``'s weights file as a path relative to ``adapter_dir/base/`` (the runs layout's
-    ``../../../base/model.safetensors``): a mean-pooling base then holds the task's config and head and takes its
+    """Make ``adapter_dir`` its own base for stock loaders and point ``base_model_name_or_path`` at it (``"."``).
+    ``shared_encoder``: ``base_dir``'s weights file as a path relative to ``adapter_dir`` (the runs layout's
+    ``../../base/model.safetensors``): a mean-pooling base then holds the task's config and head and takes its
     encoder from there; otherwise (or for a [CLS]-pooling base) it is ``base_dir``'s weights with the task's head,
-    whole. A ``base/`` left by an earlier release of this adapter is replaced."""
+    whole. The stock base of an earlier release of this adapter is replaced (and a ``base/`` folder, where releases
+    of earlier versions kept it, removed)."""
     adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
-    stock_base = adapter_dir / ADAPTER_BASE_DIR
-    if stock_base.is_dir():
-        shutil.rmtree(stock_base)
+    if (adapter_dir / LEGACY_BASE_DIR / "config.json").is_file():
+        shutil.rmtree(adapter_dir / LEGACY_BASE_DIR)
+    for name in (HEAD_WEIGHTS_FILE, SHARED_ENCODER_FILE, REMOTE_CODE_FILE):  # the other layout's files
+        (adapter_dir / name).unlink(missing_ok=True)
     if shared_encoder is not None and shares_encoder(base_dir):
-        write_task_head_folder(base_dir, task_head_state(adapter_dir), label_names, stock_base, shared_encoder)
+        write_task_head_folder(base_dir, task_head_state(adapter_dir), label_names, adapter_dir, shared_encoder)
     else:
-        save_stock_classifier(task_model(base_dir, adapter_dir, label_names), stock_base, label_names)
-        copy_tokenizer(base_dir, stock_base)
-    copy_tokenizer(base_dir, adapter_dir)
+        save_stock_classifier(task_model(base_dir, adapter_dir, label_names), adapter_dir, label_names)
+        copy_tokenizer(base_dir, adapter_dir)
     set_adapter_base(adapter_dir, ADAPTER_BASE_DIR)

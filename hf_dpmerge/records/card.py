@@ -57,13 +57,13 @@ def render_card(template: str, card_data: ModelCardData, statement: PrivacyState
 def adapter_card(record: PrivacyRecord, name: str, stock_base: bool = False) -> ModelCard:
     """The card of one released adapter: metadata (peft, the base's Hub id when there is one), what it is,
     the privacy statement of its ``record`` (federated ones with both levels) and, with ``stock_base``, how
-    stock peft loads it with the base shipped in ``base/``."""
+    stock transformers and peft load it with the base the folder holds beside it."""
     statement = PrivacyStatement.from_record(name, record)
     base = hub_model_id(record.extra.get("base_model_hub_id") or record.base_model)
     data = ModelCardData(library_name="peft", base_model=base, pipeline_tag=PIPELINE_TAG, tags=list(ADAPTER_TAGS))
     return render_card("adapter", data, statement, name=name, base_model=base, record_name=PRIVACY_RECORD_NAME,
                        federated=FEDERATED_KEY in record.extra,
-                       stock_base=ADAPTER_BASE_DIR if stock_base else None)
+                       stock_base=stock_base)
 
 
 def merged_adapter_card(method: str, lam: float, inputs: Sequence[tuple[str, float | str]], fingerprint: str,

@@ -32,10 +32,11 @@ RELEASE_ALLOW_LIST = (
     PRIVACY_RECORD_NAME, "README.md", NOISE_STATS_NAME,
     # the accounted merge-hyper-parameter selection of a merged model tuned by `hf-dpmerge tune`
     SELECTION_RECORD_NAME,
-    # the remote code of the mean-pooling head (hf_dpmerge.modeling.stock_release.REMOTE_CODE_FILE)
-    REMOTE_CODE_FILE,
-    # task models for stock loaders, one folder level down: an adapter's base/, a merged release's <task>/ (its head
-    # alone when the encoder is staged once at the root, hf_dpmerge.modeling.stock_release.HEAD_WEIGHTS_FILE)
+    # the remote code of the mean-pooling head (hf_dpmerge.modeling.stock_release.REMOTE_CODE_FILE), and the head
+    # of an adapter folder that is its own stock base, its encoder read from the runs' shared base (HEAD_WEIGHTS_FILE)
+    REMOTE_CODE_FILE, "head.safetensors",
+    # task models for stock loaders, one folder level down: a merged release's <task>/ (its head alone when the
+    # encoder is staged once at the root, hf_dpmerge.modeling.stock_release.HEAD_WEIGHTS_FILE)
     *(f"*/{name}" for name in (
         "model.safetensors", "head.safetensors", "config.json", REMOTE_CODE_FILE, "tokenizer.json",
         "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", PRIVACY_RECORD_NAME,

@@ -14,8 +14,8 @@ those that break the DP guarantee, and with ``--no_dp`` those DPSAMTrainer's ste
 ``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
 All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
 so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
-``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``; ``adapter/base/`` is its base for stock
-``AutoPeftModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)``), ``encoder_adapter/``
+``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``, and its base for stock loaders beside them:
+``AutoModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)`` by path), ``encoder_adapter/``
 (LoRA only: what is merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by
 the DP guarantee).
 

@@ -29,6 +29,7 @@ draws sample units (q = B_exp/N_units), each unit's summed gradient is clipped t
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -50,8 +51,10 @@ from transformers.utils import hf_api
 
 from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.lora import lora_factors, penalty_curvature
+from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
+from hf_dpmerge.modeling.stock_release import save_stock_classifier
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
@@ -635,15 +638,36 @@ class DPSAMTrainer(Trainer):
     def _card_name(self, target: str | os.PathLike) -> str:
         return (self.args.hub_model_id or Path(target).name).split("/")[-1]
 
-    def _write_release(self, directory: Path, name: str) -> None:
+    def _write_release(self, directory: Path, name: str, repo_id: str | None = None) -> None:
         """The release's files: peft's, the noise statistics, ``dp_privacy.json`` and the card (peft's blank one
-        replaced), the base named by Hub id or not at all."""
+        replaced), the base named by Hub id or not at all. For the Hub repository ``repo_id``, a base that its
+        public Hub id does not compute (none, or a mean-pooling head, which stock classes read from [CLS]) is
+        pushed alongside: the repository is its own stock base and names itself."""
         super().save_model(str(directory), _internal_call=True)
         write_noise_stats(self, directory)
         record = self.privacy_record()
         set_adapter_base(directory, record.base_model)
+        if repo_id is not None and self._base_goes_alongside(record):
+            self._write_stock_base(directory)
+            set_adapter_base(directory, repo_id)
         record.save(directory)
         write_adapter_card(directory, record, name)
+
+    def _base_goes_alongside(self, record: PrivacyRecord) -> bool:
+        """Whether a pushed sequence classifier's base must go up with it: it has no Hub id, or it pools by the
+        mean (the public base's stock class would read [CLS])."""
+        config = next(iter(self.model.peft_config.values()))
+        if str(config.task_type) != "SEQ_CLS":
+            return False
+        mean = getattr(self.model.get_base_model().config, CLASSIFIER_POOLING_KEY, None) == "mean"
+        return record.base_model is None or mean
+
+    def _write_stock_base(self, directory: Path) -> None:
+        """The trained model without its LoRA layers (the base's weights, the trained head) as a stock
+        classifier in ``directory``, beside the adapter (:func:`save_stock_classifier`)."""
+        base = copy.deepcopy(self.model).unload()
+        labels = [base.config.id2label[i] for i in range(base.config.num_labels)]
+        save_stock_classifier(base, directory, labels)
 
     def push_to_hub(
         self,
@@ -674,7 +698,8 @@ class DPSAMTrainer(Trainer):
             return None
         self._finish_current_push()
         with tempfile.TemporaryDirectory(prefix="hf_dpmerge-release-") as tmp:
-            release = release_adapter(Path(tmp) / "release", lambda directory: self._write_release(directory, name))
+            release = release_adapter(Path(tmp) / "release",
+                                      lambda directory: self._write_release(directory, name, self.hub_model_id))
             return hf_api().upload_folder(
                 repo_id=self.hub_model_id,
                 folder_path=release,

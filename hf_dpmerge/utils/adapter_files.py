@@ -46,16 +46,21 @@ def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
                                   "adapter") from None
 
 
-ADAPTER_BASE_DIR = "base"
-"""The folder inside a released task adapter that holds its base for stock loaders; ``adapter_config.json``'s
-``base_model_name_or_path`` names it by this path, relative to the adapter folder."""
+ADAPTER_BASE_DIR = "."
+"""Where a released task adapter holds its base for stock loaders: the adapter folder itself (its ``config.json``
+beside ``adapter_config.json``, which transformers loads as "a model with an embedded adapter" from any working
+directory); ``adapter_config.json``'s ``base_model_name_or_path`` names it by this path, relative to the adapter
+folder."""
 
 
 def set_adapter_base(directory: str | os.PathLike, reference: str | None) -> None:
     """Name the base in ``directory/adapter_config.json`` (``base_model_name_or_path``) by ``reference``: a Hub id,
     a path relative to the adapter folder (:data:`ADAPTER_BASE_DIR`) or None, never a path of the training
-    machine."""
+    machine. ``modules_to_save`` is listed once each (peft appends its ``classifier``/``score`` to the list it was
+    given, so a sequence classifier saves ``classifier`` twice)."""
     path = Path(directory) / ADAPTER_CONFIG_NAME
     config = json.loads(path.read_text())
     config["base_model_name_or_path"] = reference
+    if isinstance(config.get("modules_to_save"), list):
+        config["modules_to_save"] = list(dict.fromkeys(config["modules_to_save"]))
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -3,6 +3,7 @@ directory), and whether a model location can exist.
 
 - :func:`write_text_atomic` / :func:`write_bytes_atomic`: a file written beside its target, then renamed over it;
 - :func:`require_model_source`: a model location that can exist (a directory, or a Hub id while online);
+- :func:`apply_open_modes`: every file of a release gets the mode a plain ``open`` gives (0666 less the umask);
 - :func:`staged_directory`: a directory built beside its target, then renamed into place. A process killed
   mid-write leaves only a hidden ``.<name>.incomplete-*`` scratch directory beside the target, never a
   complete-looking ``<name>``.
@@ -39,7 +40,7 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
                 raise
             raise type(err)(err.errno, f"{err.strerror or os.strerror(err.errno)} while writing {target}") from err
         if staged.exists():
-            _release_modes(staged)
+            apply_open_modes(staged)
             previous = scratch / f"{target.name}.previous"
             if target.exists():
                 target.rename(previous)
@@ -60,9 +61,12 @@ def _umask() -> int:
     return mask
 
 
-def _release_modes(root: Path) -> None:
+def apply_open_modes(root: str | os.PathLike) -> None:
     """Give every file under ``root`` the mode ``open`` would (0666 less the umask) and every folder 0777 less
-    the umask: some writers (safetensors, mkstemp) leave 0600, which other readers of a release cannot open."""
+    the umask: some writers (safetensors, mkstemp) leave 0600, which other readers of a release cannot open. The
+    one rule for release files: :func:`staged_directory` applies it, and so does every writer that adds files to a
+    release in place."""
+    root = Path(root)
     mask = _umask()
     paths = [root, *root.rglob("*")] if root.is_dir() else [root]
     for path in paths:

@@ -177,6 +177,26 @@ def test_push_to_hub_uploads_the_release_only(trained, loopback_hub):
     assert json.loads(repo.files["dp_privacy.json"])["seeded"] is True
 
 
+def test_push_names_the_public_base_or_pushes_the_base_alongside(tmp_path, loopback_hub):
+    """A pushed adapter names its base by a Hub id: the public one it came from (a stock class computes it), else
+    its own repository, which then holds the base (config.json and weights) beside the adapter."""
+    trained = make_trainer(tmp_path, max_steps=1, hub_model_id="alice/dp-adapter")
+    trained.train()
+    trained.push_to_hub(allow_seeded=True)
+    files = loopback_hub.repos["alice/dp-adapter"].files
+    assert json.loads(files["adapter_config.json"])["base_model_name_or_path"] == "alice/dp-adapter"
+    assert {"config.json", "model.safetensors"} <= set(files)
+    config = trained.model.peft_config["default"]
+    config.base_model_name_or_path = "org/public-base"
+    try:
+        trained.push_to_hub(allow_seeded=True)
+    finally:
+        config.base_model_name_or_path = None
+    repo = loopback_hub.repos["alice/dp-adapter"]
+    assert json.loads(repo.files["adapter_config.json"])["base_model_name_or_path"] == "org/public-base"
+    assert not {"config.json", "model.safetensors"} & set(repo.commits[-1]["files"])
+
+
 def test_push_during_training_is_refused_under_dp():
     for strategy in ("checkpoint", "all_checkpoints", "every_save"):
         with pytest.raises(ValueError, match=f"hub_strategy='{strategy}'"):

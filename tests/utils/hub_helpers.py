@@ -22,12 +22,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,3 +235,17 @@ def serving_loopback_hub(token: str = LOOPBACK_TOKEN) -> Iterator[FakeHub]:
         patch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
         patch.setattr(transformers_hub, "_hf_api", None)
         yield server
+
+
+def write_hub_cache(cache: os.PathLike, repo_id: str, files: dict[str, bytes]) -> Path:
+    """``files`` (repository path → content) as a download leaves them in the huggingface_hub cache ``cache``
+    (``models--<owner>--<name>/snapshots/<commit>``, ``refs/main`` naming the commit); the snapshot folder."""
+    commit = "0" * 40
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    for name, content in files.items():
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_bytes(content)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -11,6 +11,8 @@ import textwrap
 from pathlib import Path
 
 _MARK = "@@stock-loading@@ "
+SPEC_LABELS = ("acq", "crude", "earn")
+SHARED_BASE, ADAPTER = Path("runs", "base"), Path("runs", "topics", "adapter")  # train_glue.py's runs layout
 TEXTS = ["the film was a delight from start to finish", "a dull and lifeless script", "oil prices fell"]
 
 _SCRIPT = textwrap.dedent(
@@ -19,7 +21,7 @@ _SCRIPT = textwrap.dedent(
     sys.modules["hf_dpmerge"] = None  # `import hf_dpmerge` raises ImportError from here on
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
-    from peft import AutoPeftModelForSequenceClassification
+    from peft import AutoPeftModelForSequenceClassification, PeftModel
 
     MARK = "@@stock-loading@@ "
     loader, path, subfolder, texts = sys.argv[1], sys.argv[2], sys.argv[3] or None, json.loads(sys.argv[4])
@@ -36,6 +38,8 @@ _SCRIPT = textwrap.dedent(
             sys.exit(0)
         cls = AutoPeftModelForSequenceClassification if loader == "peft" else AutoModelForSequenceClassification
         model = cls.from_pretrained(path, trust_remote_code=True, **where).eval()
+        if loader == "peft_model":  # the adapter applied to a base the caller loaded (here: the folder's own)
+            model = PeftModel.from_pretrained(model, path, **where).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, **where)
         with torch.no_grad():
             logits = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits
@@ -48,9 +52,8 @@ _SCRIPT = textwrap.dedent(
 
 def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", texts: list[str] = TEXTS,
                             cwd: str | Path | None = None, **env: str) -> dict:
-    """Run ``loader`` ('peft', 'auto', 'pipeline' or 'no_remote_code') on ``path`` in a fresh interpreter with
-    ``hf_dpmerge`` blocked, in ``cwd`` (a task adapter names its base relative to its folder: load ``"."`` from
-    there); its JSON answer (``error`` when loading raised)."""
+    """Run ``loader`` ('peft', 'auto', 'peft_model', 'pipeline' or 'no_remote_code') on ``path`` in a fresh
+    interpreter with ``hf_dpmerge`` blocked, in ``cwd``; its JSON answer (``error`` when loading raised)."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, loader, str(path), subfolder, json.dumps(texts)],
@@ -60,3 +63,34 @@ def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", 
     answers = [line.split(_MARK, 1)[1] for line in done.stdout.splitlines() if _MARK in line]
     assert answers, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(answers[-1])
+
+
+def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
+    """``root/runs/base`` (a mean-pooling shared base) and a 3-label adapter trained from it in
+    ``root/runs/topics/adapter``, released as train_glue.py releases it (:func:`release_adapter`, then the stock
+    base); ``shared_encoder=False``: the stock base written whole. Returns ``root``."""
+    import torch
+
+    from hf_dpmerge.data.tasks import TaskSpec
+    from hf_dpmerge.modeling import load_sequence_classifier
+    from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+    from hf_dpmerge.training.release import release_adapter
+    from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
+
+    root = Path(root)
+    spec = TaskSpec("topics", 3, SPEC_LABELS, ("text",), "accuracy", "packaged")
+    tiny_bert().save_pretrained(root / "plain")
+    base = load_sequence_classifier(root / "plain", classifier_pooling="mean")
+    base.save_pretrained(root / SHARED_BASE)
+    tiny_tokenizer().save_pretrained(root / SHARED_BASE)
+    model = lora_sequence_classifier(root / SHARED_BASE, spec, r=4, alpha=8, target_modules=["query", "value"])
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0, 0.5)
+    release_adapter(root / ADAPTER, lambda directory: model.save_pretrained(directory))
+    pointer = "../../base/model.safetensors" if shared_encoder else None  # as train_glue.py names the runs' base
+    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, spec.label_names, pointer)
+    return root

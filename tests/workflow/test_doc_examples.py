@@ -36,7 +36,8 @@ def python_blocks() -> list[tuple[str, str]]:
 
 
 def build_merged_hub(root: Path) -> None:
-    """``merged-hub/`` as ``hf-dpmerge push --dry-run`` stages it, for a tiny rotten_tomatoes adapter."""
+    """``runs/rotten_tomatoes/adapter/`` (a tiny adapter, its own stock base) and ``merged-hub/`` as
+    ``hf-dpmerge push --dry-run`` stages it."""
     from hf_dpmerge.hub.push import push_merged_model
     from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
 
@@ -61,7 +62,7 @@ def build_merged_hub(root: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "code"), python_blocks(), ids=[where for where, _ in python_blocks()])
 def test_documented_python_runs_as_written(where: str, code: str, tmp_path: Path) -> None:
-    if "merged-hub" in code:
+    if "merged-hub" in code or "runs/rotten_tomatoes/adapter" in code:
         torch.manual_seed(0)
         build_merged_hub(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -154,7 +154,7 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(tmp_pat
     assert "'eval_accuracy'" in capsys.readouterr().out  # evaluated on the validation split while training
     adapter = tmp_path / "runs" / "bbc_news" / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == "base"  # relative to the adapter: no path of this machine
+    assert config["base_model_name_or_path"] == "."  # the adapter folder itself: no path of this machine
     record = json.loads((adapter / "dp_privacy.json").read_text())
     assert record["base_model"] is None  # the local base has no Hub id (tests/workflow/test_release_paths.py)
 
@@ -165,8 +165,8 @@ def test_trained_adapter_loads_with_stock_classes_and_eval_strategy_runs(tmp_pat
     ).eval()
     with torch.no_grad():
         expected = model(**tiny_tokenizer()(TEXTS, padding=True, return_tensors="pt")).logits
-    for loader in ("peft", "auto"):
-        answer = load_without_hf_dpmerge(loader, ".", cwd=adapter, HF_MODULES_CACHE=str(tmp_path / "modules"))
+    for loader, path, cwd in (("peft", ".", adapter), ("auto", "runs/bbc_news/adapter", tmp_path)):  # by path
+        answer = load_without_hf_dpmerge(loader, path, cwd=cwd, HF_MODULES_CACHE=str(tmp_path / "modules"))
         assert "error" not in answer, answer
         torch.testing.assert_close(torch.tensor(answer["logits"]), expected, atol=1e-5, rtol=0)
         assert list(answer["id2label"].values()) == list(spec.label_names)
