@@ -10,6 +10,10 @@ is built before the timed steps and its build time reported), arms interleaved r
 affects them alike; ratios are taken within one run.
 
     python benchmarks/cached_prefix.py [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
+    python benchmarks/cached_prefix.py --cache_task 20newsgroups --cache_length 128 --layers 1
+
+The second form measures the one-time cost instead: the cache of a whole training split (float16), its build
+time and size, for each k of ``--layers``.
 """
 
 from __future__ import annotations
@@ -82,14 +86,51 @@ def measure(arm: dict, steps: int, batch: int) -> dict[str, float]:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def cache_cost(task: str, max_length: int, k: int) -> dict[str, float]:
+    """Build the float16 cache of ``task``'s whole training split for LoRA on the top k layers: seconds and GiB."""
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from hf_dpmerge import DPSAMConfig
+    from hf_dpmerge.data import default_model_path, load_task, tokenize_task
+    from hf_dpmerge.training.cached_prefix import CachedPrefixTrainer
+    from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+
+    splits, spec = load_task(task)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    rows = tokenize_task(splits, spec, tokenizer, max_length=max_length)["train"]
+    model = lora_sequence_classifier(default_model_path(), spec, r=8, alpha=16, target_modules=["query", "value"],
+                                     layers=f"top_{k}", freeze_a=True)
+    import tempfile
+
+    args = DPSAMConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=256, max_steps=1, report_to="none",
+                       use_cpu=True, noise_multiplier=1.0, per_device_eval_batch_size=128)
+    start = time.perf_counter()
+    trainer = CachedPrefixTrainer(model=model, args=args, train_dataset=rows, data_collator=DataCollatorWithPadding(
+        tokenizer))
+    seconds = time.perf_counter() - start
+    table = trainer.train_dataset
+    size = table.states.numel() * table.states.element_size() + table.offsets.numel() * 8
+    return {"rows": len(table), "tokens": int(table.offsets[-1]), "build_s": seconds, "gib": size / 2**30,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--layers", default="1,2,3", help="the k values compared (default: 1,2,3)")
+    parser.add_argument("--cache_task", help="measure the cache of this task's whole training split instead")
+    parser.add_argument("--cache_length", type=int, default=128, help="max_length of --cache_task (default: 128)")
     parser.add_argument("--_arm", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cache_task:
+        for k in (int(k) for k in args.layers.split(",")):
+            cost = cache_cost(args.cache_task, args.cache_length, k)
+            print(f"{args.cache_task} (max_length {args.cache_length}), k = {k}: {cost['rows']} rows, "
+                  f"{cost['tokens']} tokens, cache {cost['gib']:.2f} GiB (float16) built in {cost['build_s']:.0f} s, "
+                  f"peak RSS {cost['peak_rss_mb']:.0f} MB")
+        return
     table = arms([int(k) for k in args.layers.split(",")])
     if args._arm:
         print(json.dumps(measure(table[args._arm], args.steps, args.batch)))
