@@ -94,6 +94,7 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = {k: v.to(device) for k, v in collator([tokens[i] for i in rows]).items() if v is not None}
+            batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))  # unpadded rows
             states = boundary_inputs(model, boundary_module, batch).to("cpu", dtype)
             mask = batch["attention_mask"].bool().cpu()
             for j, row in enumerate(rows):

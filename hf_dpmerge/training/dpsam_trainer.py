@@ -196,8 +196,10 @@ class DPSAMTrainer(Trainer):
         sample_seed = noise_seed = None
         if args.dp_seed is not None:
             identity = main_process_value(self.accelerator, lambda: dataset_identity(train_dataset))
-            sample_seed = stream_seed(args.dp_seed, identity, SAMPLING_STREAM)
-            noise_seed = stream_seed(args.dp_seed, identity, NOISE_STREAM)
+            # a later phase of one accounted run draws streams of its own: the phases' noise must be independent
+            after = "".join(f"/after:{phase['name']}" for phase in self.earlier_phases)
+            sample_seed = stream_seed(args.dp_seed, identity, SAMPLING_STREAM + after)
+            noise_seed = stream_seed(args.dp_seed, identity, NOISE_STREAM + after)
         self.dp_state = DPState(
             sample_generator=seeded_generator(shared_seed(self.accelerator, sample_seed)),
             noise_generator=seeded_generator(noise_seed, self._params[0].device),

@@ -10,11 +10,14 @@ import torch
 from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 from safetensors.torch import load_file
+from transformers import DataCollatorWithPadding
 
+from hf_dpmerge import DPSAMTrainer
 from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.scripts import train as train_glue
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant
-from tests.utils.tiny_models import save_tiny_bert
+from tests.utils.tiny_models import save_tiny_bert, tiny_tokenizer
+from tests.utils.training_helpers import lora_classifier, text_dataset, trainer_config
 
 RUN = ["--max_train_samples", "64", "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
        "--physical_batch_size", "16", "--max_length", "16", "--max_steps", "3", "--accountant", "rdp",
@@ -77,3 +80,17 @@ def test_a_head_phase_that_spends_the_whole_budget_is_refused(tmp_path):
     with pytest.raises(ValueError, match="already spend ε = .* of --target_epsilon 1.*--head_phase_epsilon"):
         train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
                          str(tmp_path / "runs"), "--task", "bbc_news", *RUN, "--target_epsilon", "1"])
+
+
+
+def test_a_seeded_later_phase_draws_streams_of_its_own(tmp_path):
+    """With dp_seed, the phase after the head phase must not replay the head phase's Poisson draws and noise (the
+    composition of the phases needs independent noise)."""
+    phase = {"name": "head", "noise_multiplier": 1.0, "effective_noise_multiplier": 1.0, "sample_rate": 0.1,
+             "expected_batch_size": 20, "steps": 2}
+    trainers = [DPSAMTrainer(model=lora_classifier(), args=trainer_config(tmp_path / str(len(earlier))),
+                             train_dataset=text_dataset(), data_collator=DataCollatorWithPadding(tiny_tokenizer()),
+                             earlier_phases=earlier) for earlier in ([], [phase])]
+    first, later = (t.dp_state for t in trainers)
+    for stream, draw in (("sample_generator", torch.rand), ("noise_generator", torch.randn)):
+        assert not torch.equal(draw(8, generator=getattr(first, stream)), draw(8, generator=getattr(later, stream)))
