@@ -397,7 +397,7 @@ def _selected_merge(release, tmp_path, seeded) -> Path:
 def test_a_seeded_selection_is_refused_unless_allowed(release, cli, loopback_hub, tmp_path, capsys, seeded, reason):
     merged = _selected_merge(release, tmp_path, seeded)
     args = ["push", str(merged), "--runs", str(release.runs), "--tasks", "alpha,beta", "--repo_id", REPO]
-    assert cli(args) == 1
+    assert cli(args) == 2  # a user error: one line, exit status 2
     err = capsys.readouterr().err
     assert reason in err and "re-run hf-dpmerge tune/evolve without --seed" in err and "--allow-seeded" in err
     assert "Poisson" not in err  # the adapters are unseeded: only the selection is named

@@ -98,7 +98,7 @@ def test_evolve_keeps_the_last_choice_with_its_composed_guarantee(workdir, monke
     assert "ε = 8" in out
     assert record["seeded"] is True  # --seed 3: whoever knows it can redraw the subsamples and the noise
     push = ["push", "evolved", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]
-    assert main(push) == 1
+    assert main(push) == 2
     assert "selected with a fixed --seed" in capsys.readouterr().err and not (workdir / "evolved-hub").exists()
     assert main([*push, "--allow-seeded"]) == 0
     card = (workdir / "evolved-hub" / "README.md").read_text()

@@ -203,7 +203,7 @@ def test_a_seeded_tune_is_recorded_seeded_and_push_refuses_it(workdir, monkeypat
         composition="sequential", base_dir=workdir / "runs" / "base", validation_size=20, lora_merge_cache="cache",
         seed=5, log=lambda line: None)
     assert record.seeded is True and json.loads((workdir / "tuned_seeded" / "dp_selection.json").read_text())["seeded"]
-    assert main(["push", "tuned_seeded", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 1
+    assert main(["push", "tuned_seeded", "--runs", "runs", "--tasks", ",".join(TASKS), "--dry-run"]) == 2
     assert "selected with a fixed --seed" in capsys.readouterr().err
 
 
@@ -241,7 +241,7 @@ def test_a_user_level_adapter_gets_a_selection_per_unit(tmp_path, monkeypatch, c
                                                 "  lambda: 0.3\n  weight: 1.0\n"))
     common = ["--grid", "lambda=0.0,1.0", "--epsilon", "1", "--validation_size", "100", "--rows_per_unit", "2",
               "--lora-merge-cache", "cache"]
-    assert main(["tune", "ta.yaml", "bad", "--tasks", "bbc_by_author,rotten_tomatoes", *common]) == 1
+    assert main(["tune", "ta.yaml", "bad", "--tasks", "bbc_by_author,rotten_tomatoes", *common]) == 2
     err = capsys.readouterr().err
     assert "bbc_by_author: its adapter's guarantee is per unit:author" in err and "no column 'author'" in err
     assert "--tasks" in err and not Path("bad").exists()
@@ -270,5 +270,5 @@ def test_a_user_level_adapter_gets_a_selection_per_unit(tmp_path, monkeypatch, c
             "all rows sharing one value of `movie`, at most 2 of them scored)") in card
     older = {key: value for key, value in record.items() if key not in ("units", "rows_per_unit")}
     Path("tuned/dp_selection.json").write_text(json.dumps(older))  # a selection made per row, before units
-    assert main(["push", "tuned", "--runs", "runs", "--tasks", "bbc_news,rotten_tomatoes", "--dry-run"]) == 1
+    assert main(["push", "tuned", "--runs", "runs", "--tasks", "bbc_news,rotten_tomatoes", "--dry-run"]) == 2
     assert "made its selection per validation example" in capsys.readouterr().err
