@@ -124,11 +124,11 @@ def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
         return None, str(err)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = getattr(base, "classifier", None)
-    if head is None and base.get_output_embeddings() is None:
-        return None, f"{type(base).__name__} has neither a 'classifier' head nor an LM head"
-    if head is not None and stack.embeddings_name is None:
+    if stack.embeddings_name is None and (head is not None or hasattr(base, "score")):
         return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
                       "the cached states do not carry")
+    if head is None and base.get_output_embeddings() is None:
+        return None, f"{type(base).__name__} has neither a 'classifier' head nor an LM head"
     boundary = trainable_boundary(model, head if isinstance(head, nn.Module) else None)
     if boundary is None:
         return None, "a parameter below the layers (the embeddings) is trainable: no prefix is frozen"

@@ -8,7 +8,13 @@ import fnmatch
 
 import pytest
 import torch
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, DataCollatorWithPadding
+from peft import LoraConfig, get_peft_model
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+    LlamaForSequenceClassification,
+)
 
 from hf_dpmerge.data.instructions import IGNORE_INDEX, tokenize_instructions
 from hf_dpmerge.data.tasks import get_task_spec
@@ -22,7 +28,7 @@ from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
 from hf_dpmerge.training.lora_classifier import lora_layer_indices
 from tests.training.test_causal_lm_training import reviews
-from tests.utils.tiny_models import save_tiny_llama, tiny_tokenizer
+from tests.utils.tiny_models import save_tiny_llama, tiny_llama, tiny_tokenizer
 from tests.utils.training_helpers import (
     head_only_classifier,
     lora_classifier,
@@ -260,3 +266,12 @@ def test_a_cached_release_ships_its_noise_statistics_and_no_cached_state(tmp_pat
     assert "dp_noise_stats.safetensors" in released and "dp_privacy.json" in released
     assert all(any(fnmatch.fnmatch(name, allowed) for allowed in RELEASE_ALLOW_LIST) for name in released)
     assert not list(tmp_path.rglob("*.npy")) and not list(tmp_path.rglob("*cache*"))  # the states stay in memory
+
+
+def test_a_decoder_used_as_a_classifier_is_not_cached():
+    """Its head finds the last real token by input id, which cached states do not carry: refused, named."""
+    classifier = LlamaForSequenceClassification(tiny_llama().config)
+    model = get_peft_model(classifier, LoraConfig(r=2, target_modules=["q_proj"], layers_to_transform=[1],
+                                                  task_type="SEQ_CLS"))
+    boundary, why = prefix_boundary(model)
+    assert boundary is None and "a decoder's classifier reads the last token" in why
