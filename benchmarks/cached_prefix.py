@@ -9,8 +9,8 @@ default: LoRA on the top 3 layers, uncached). Each arm runs in a fresh subproces
 is built before the timed steps and its build time reported), arms interleaved round by round so machine load
 affects them alike; ratios are taken within one run.
 
-    python benchmarks/cached_prefix.py [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
-    python benchmarks/cached_prefix.py --cache_task 20newsgroups --cache_length 128 --layers 1
+    python -m benchmarks.cached_prefix [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
+    python -m benchmarks.cached_prefix --cache_task 20newsgroups --cache_length 128 --layers 1
 
 The second form measures the one-time cost instead: the cache of a whole training split (float16), its build
 time and size, for each k of ``--layers``.
@@ -25,7 +25,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from benchmarks.train_step import median_step_seconds
+
+REPO = Path(__file__).resolve().parent.parent  # the subprocesses import benchmarks from here
 PHYSICAL_BATCH = 64
 MAX_LENGTH = 64
 
@@ -73,21 +77,15 @@ def measure(arm: dict, steps: int, batch: int) -> dict[str, float]:
     else:
         inputs = collator([{k: rows[i][k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")
                             if k in rows.column_names} for i in range(batch)])
-    times = []
-    for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
-        start = time.perf_counter()
-        trainer.training_step(trainer.model, dict(inputs))
-        trainer.optimizer.step()
-        trainer.model.zero_grad()
-        if i:
-            times.append(time.perf_counter() - start)
-    step = statistics.median(times)
+    step = median_step_seconds(trainer, inputs, steps)
     return {"examples_per_s": batch / step, "step_s": step, "setup_s": build_s,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def cache_cost(task: str, max_length: int, k: int) -> dict[str, float]:
     """Build the float16 cache of ``task``'s whole training split for LoRA on the top k layers: seconds and GiB."""
+    import tempfile
+
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
     from hf_dpmerge import DPSAMConfig
@@ -100,8 +98,6 @@ def cache_cost(task: str, max_length: int, k: int) -> dict[str, float]:
     rows = tokenize_task(splits, spec, tokenizer, max_length=max_length)["train"]
     model = lora_sequence_classifier(default_model_path(), spec, r=8, alpha=16, target_modules=["query", "value"],
                                      layers=f"top_{k}", freeze_a=True)
-    import tempfile
-
     args = DPSAMConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=256, max_steps=1, report_to="none",
                        use_cpu=True, noise_multiplier=1.0, per_device_eval_batch_size=128)
     start = time.perf_counter()
@@ -139,9 +135,9 @@ def main() -> None:
     for round_index in range(args.rounds):
         for name in table:
             out = subprocess.run(
-                [sys.executable, __file__, "--_arm", name, "--steps", str(args.steps), "--batch", str(args.batch),
-                 "--layers", args.layers],
-                check=True, capture_output=True, text=True,
+                [sys.executable, "-m", "benchmarks.cached_prefix", "--_arm", name, "--steps", str(args.steps),
+                 "--batch", str(args.batch), "--layers", args.layers],
+                check=True, capture_output=True, text=True, cwd=REPO,
             ).stdout.strip().splitlines()[-1]
             results[name].append(json.loads(out))
             print(f"round {round_index + 1}/{args.rounds} {name}: {results[name][-1]}", file=sys.stderr, flush=True)

@@ -26,6 +26,20 @@ MODES = {
 }
 
 
+def median_step_seconds(trainer, inputs: dict, steps: int) -> float:
+    """The median wall time of ``steps`` optimizer steps on ``inputs`` (training step, optimizer step, zeroed
+    gradients), after one untimed step that warms up (and gives dp_sat its previous gradient)."""
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        trainer.training_step(trainer.model, inputs)
+        trainer.optimizer.step()
+        trainer.model.zero_grad()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def measure(mode: str, steps: int, batch: int, length: int) -> dict[str, float]:
     import tempfile
 
@@ -52,16 +66,8 @@ def measure(mode: str, steps: int, batch: int, length: int) -> dict[str, float]:
     inputs = {"input_ids": torch.randint(1000, vocab, (batch, length)),
               "attention_mask": torch.ones(batch, length, dtype=torch.long),
               "labels": torch.randint(0, 2, (batch,))}
-    times = []
-    for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
-        start = time.perf_counter()
-        trainer.training_step(trainer.model, inputs)
-        trainer.optimizer.step()
-        trainer.model.zero_grad()
-        if i:
-            times.append(time.perf_counter() - start)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb}
+    return {"step_s": median_step_seconds(trainer, inputs, steps), "peak_rss_mb": peak_rss_mb}
 
 
 def main() -> None:

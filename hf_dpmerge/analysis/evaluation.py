@@ -99,14 +99,16 @@ def evaluate_runs(
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(examples["labels"])
         scores = {}
-        models = [("floor", load_merged_with_head, base_dir, run.adapter_dir),  # base encoder + own head
-                  ("individual", load_individual_model, base_dir, run.adapter_dir),
-                  ("merged", load_merged_with_head, merged_dir, run.adapter_dir)]
-        if floor_runs is not None:
-            floor_run = private_head_run(Path(floor_runs), run)
-            models = [("own_head", *models[0][1:]), ("floor", load_individual_model, Path(floor_runs) / BASE_DIR,
-                                                      floor_run.adapter_dir), *models[1:]]
-        for kind, loader, directory, adapter_dir in models:
+        own_head = (load_merged_with_head, base_dir, run.adapter_dir)  # the base encoder with the adapter's head
+        if floor_runs is None:
+            floors = [("floor", *own_head)]
+        else:  # the private head: the head-only release on its own base
+            private_head = private_head_run(Path(floor_runs), run).adapter_dir
+            floors = [("own_head", *own_head), ("floor", load_individual_model, Path(floor_runs) / BASE_DIR,
+                                                private_head)]
+        for kind, loader, directory, adapter_dir in [*floors,
+                                                     ("individual", load_individual_model, base_dir, run.adapter_dir),
+                                                     ("merged", load_merged_with_head, merged_dir, run.adapter_dir)]:
             model = loader(directory, adapter_dir, spec).to(device)
             logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
             predictions = predictions_from_logits(spec, logits)

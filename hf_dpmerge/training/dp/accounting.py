@@ -39,6 +39,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, REPLACE_ONE
 
 ACCOUNTANTS = ("prv", "rdp")
+History = list[tuple[float, float, int]]  # (σ_eff, q, steps) of each stretch of steps, as opacus keeps it
 
 
 class PrivacyBudgetExhausted(RuntimeError):
@@ -113,24 +114,24 @@ def calibrate_after(prior_history: History, *, target_epsilon: float, target_del
         return history_epsilon(accountant, [*prior_history, (sigma, sample_rate, steps)], target_delta)
 
     low, high = 0.0, 1.0
-    while total(high) > target_epsilon:
+    at_high = total(high)  # each ε costs an accountant call (seconds with PRV): computed once per σ tried
+    while at_high > target_epsilon:
         low, high = high, 2 * high
         if high > 1e4:
             raise ValueError(f"no noise multiplier reaches ε = {target_epsilon:g} after the earlier phases")
-    while total(high) < target_epsilon - epsilon_tolerance and high - low > 1e-6:
+        at_high = total(high)
+    while at_high < target_epsilon - epsilon_tolerance and high - low > 1e-6:
         middle = (low + high) / 2
-        if total(middle) > target_epsilon:
+        at_middle = total(middle)
+        if at_middle > target_epsilon:
             low = middle
         else:
-            high = middle
+            high, at_high = middle, at_middle
     return high
 
 
 PLD_DISCRETIZATION = 1e-3  # privacy-loss grid (rounded pessimistically): ε within 1e-3 of a 1e-4 grid, 10× faster
 _PLD_RELATIONS = {ADD_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE, REPLACE_ONE: NeighboringRelation.REPLACE_ONE}
-
-
-History = list[tuple[float, float, int]]  # (σ_eff, q, steps) of each stretch of steps, as opacus keeps it
 
 
 def pld_history_epsilon(relation: str, history: History, delta: float) -> float:
@@ -195,7 +196,8 @@ class PrivacyAccountant:
         self._accountant.step(noise_multiplier=self.effective_noise_multiplier, sample_rate=self.sample_rate)
 
     def epsilon(self) -> float:
-        """ε spent so far at ``delta`` (0 before the first step); cached per step count (PRV calls cost seconds)."""
+        """ε spent so far at ``delta`` (the earlier phases' before the first step); cached per step count (PRV calls
+        cost seconds)."""
         steps = self.steps
         if self._epsilon_cache is None or self._epsilon_cache[0] != steps:
             self._epsilon_cache = (steps, history_epsilon(self.mechanism, [*self.prior_history, *self.history],
@@ -246,10 +248,10 @@ class PrivacyAccountant:
                            "batch) and training data",
             "effective_noise_multiplier": "σ is calibrated from --target_epsilon, --target_delta, --max_steps and "
                                           "--sam_mode (or set by --noise_multiplier): resume with the same values",
+            "prior_history": "the earlier phases (private LP-FT's head phase) must be the same: resume the same run",
         }
-        hints["prior_history"] = "the earlier phases (private LP-FT's head phase) must be the same: resume the same run"
-        state = {"prior_history": [], **state}
-        state["prior_history"] = [tuple(entry) for entry in state["prior_history"]]
+        # checkpoints written before earlier phases existed hold none
+        state = {**state, "prior_history": [tuple(entry) for entry in state.get("prior_history", [])]}
         for key, hint in hints.items():
             if state[key] != getattr(self, key):
                 raise ValueError(
