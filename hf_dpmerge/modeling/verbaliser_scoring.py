@@ -3,20 +3,28 @@
     score(x, k) = log p(r_k | prompt(x)) = Σ_j log p(r_{k,j} | prompt(x), r_{k,<j})
     prediction(x) = argmax_k score(x, k)
 
-(rank classification; docs/design.md §14). Every (example, label) sequence is scored once, right-padded in
-batches of similar length; padding never changes a score (causal attention, masked pad positions).
+(rank classification; docs/design.md §14). Each prompt runs once: a batch of prompts of similar length, left-padded
+(positions counted from each prompt's first real token, pad positions masked), keeps its key/value cache; the
+last prompt position gives every response's first token, and each label's remaining tokens run on that cache
+(cropped back to the prompt after each label). With K labels this costs one prompt pass, not K. Padding never
+changes a score (masked pad positions, positions of real tokens as in an unpadded pass).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import inspect
+
 import numpy as np
 import torch
 
-from hf_dpmerge.modeling.per_example_loss import per_example_loss
 
-IGNORE_INDEX = -100
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """The forward keyword taking a key/value cache: ``cache`` (transformers ≥ 5.25), else ``past_key_values``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
 
 
 @torch.inference_mode()
@@ -24,28 +32,36 @@ def verbaliser_scores(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                       responses: Sequence[Sequence[int]], *, pad_token_id: int = 0,
                       batch_size: int = 16) -> np.ndarray:
     """[n_examples, n_labels] log-likelihoods of each label's response after each prompt."""
-    device = next(model.parameters()).device
-    pairs = [(i, k) for i in range(len(prompts)) for k in range(len(responses))]
-    lengths = [len(prompts[i]) + len(responses[k]) for i, k in pairs]
-    order = np.argsort(lengths, kind="stable")
+    if any(len(response) == 0 for response in responses):
+        raise ValueError("every label needs a non-empty response to be scored")
+    device, cache_keyword = next(model.parameters()).device, _cache_keyword(model)
+    order = np.argsort([len(prompt) for prompt in prompts], kind="stable")
     scores = np.zeros((len(prompts), len(responses)), dtype=np.float64)
     for start in range(0, len(order), batch_size):
-        chosen = [pairs[j] for j in order[start:start + batch_size]]
-        width = max(lengths[j] for j in order[start:start + batch_size])
-        ids = torch.full((len(chosen), width), pad_token_id, dtype=torch.long)
-        labels = torch.full((len(chosen), width), IGNORE_INDEX, dtype=torch.long)
-        mask = torch.zeros((len(chosen), width), dtype=torch.long)
-        for row, (i, k) in enumerate(chosen):
-            sequence = [*prompts[i], *responses[k]]
-            ids[row, :len(sequence)] = torch.tensor(sequence)
-            labels[row, len(prompts[i]):len(sequence)] = torch.tensor(responses[k])
-            mask[row, :len(sequence)] = 1
-        ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-        counts = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
-        total = (-per_example_loss(logits, labels) * counts).cpu().numpy()  # mean → sum over response tokens
-        for row, (i, k) in enumerate(chosen):
-            scores[i, k] = total[row]
+        rows = order[start:start + batch_size]
+        width = max(len(prompts[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, i in enumerate(rows):
+            ids[row, width - len(prompts[i]):] = torch.as_tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        cache, next_position = getattr(out, cache_keyword), positions[:, -1:] + 1
+        for k, response in enumerate(responses):
+            response = torch.as_tensor(response, device=device)
+            total = first[:, response[0]]
+            if len(response) > 1:
+                rest = response[:-1].expand(len(rows), -1)
+                steps = torch.arange(len(rest[0]), device=device)
+                logits = model(input_ids=rest, attention_mask=torch.cat([mask, torch.ones_like(rest)], dim=1),
+                               position_ids=next_position + steps, use_cache=True, **{cache_keyword: cache}).logits
+                log_probs = torch.log_softmax(logits.float(), dim=-1)
+                total = total + log_probs.gather(2, response[1:].expand(len(rows), -1)[..., None]).sum(dim=(1, 2))
+                cache.crop(1 - len(response))  # back to the prompt (a negative crop removes tokens)
+            scores[rows, k] = total.cpu().numpy()
     return scores
 
 
