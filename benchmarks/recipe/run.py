@@ -43,22 +43,27 @@ def load_result(unit: Unit, units_dir: Path = UNITS_DIR) -> dict[str, Any] | Non
     return result if result["argv"] == train_arguments(unit, Path("<runs>")) else None
 
 
-def score(unit: Unit, runs_dir: Path, base_dir: Path) -> dict[str, float]:
-    """The unit's adapter scored on its split: test from the script's own eval_metrics.json, validation here."""
-    if unit.split == "test":
-        return json.loads((runs_dir / unit.task / "eval_metrics.json").read_text())["test"]
+def validation_metrics(task: str, runs_dir: Path, base_dir: Path) -> dict[str, float]:
+    """The metrics of ``runs_dir/<task>/adapter`` (loaded as a user loads it) on the task's validation split."""
     from hf_dpmerge.analysis.evaluation import predict_logits
     from hf_dpmerge.analysis.task_models import load_individual_model
     from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
     from hf_dpmerge.records.record import PrivacyRecord
 
-    record = PrivacyRecord.load(runs_dir / unit.task / "adapter")
-    splits, spec = load_task(unit.task)
+    record = PrivacyRecord.load(runs_dir / task / "adapter")
+    splits, spec = load_task(task)
     tokenizer = train_script.AutoTokenizer.from_pretrained(base_dir)
     data = tokenize_task(splits["validation"], spec, tokenizer, max_length=int(record.extra["max_length"]))
-    model = load_individual_model(base_dir, runs_dir / unit.task / "adapter", spec)
+    model = load_individual_model(base_dir, runs_dir / task / "adapter", spec)
     logits = predict_logits(model, data, tokenizer, batch_size=128)
     return compute_metrics(spec, predictions_from_logits(spec, logits), data["labels"])
+
+
+def score(unit: Unit, runs_dir: Path, base_dir: Path) -> dict[str, float]:
+    """The unit's adapter scored on its split: test from the script's own eval_metrics.json, validation here."""
+    if unit.split == "test":
+        return json.loads((runs_dir / unit.task / "eval_metrics.json").read_text())["test"]
+    return validation_metrics(unit.task, runs_dir, base_dir)
 
 
 def run_unit(unit: Unit, work_dir: Path, units_dir: Path = UNITS_DIR) -> dict[str, Any]:

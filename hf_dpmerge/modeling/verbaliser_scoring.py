@@ -12,9 +12,8 @@ changes a score (masked pad positions, positions of real tokens as in an unpadde
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import inspect
+from collections.abc import Sequence
 
 import numpy as np
 import torch

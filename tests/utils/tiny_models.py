@@ -89,11 +89,17 @@ def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer random Llama (grouped-query attention, untied embeddings) over the tiny causal tokenizer."""
+def tiny_llama(seed: int = 0, initializer_range: float = 0.02) -> LlamaForCausalLM:
+    """A 2-layer random Llama (grouped-query attention, untied embeddings) over the tiny causal tokenizer. At the
+    default ``initializer_range`` its logits stay near uniform (a 32-wide normed state times 0.02-scale weights) and
+    LoRA on the blocks cannot make an answer confident; 0.5 lets a trained adapter do so."""
     torch.manual_seed(seed)
+    tokenizer = tiny_causal_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tiny_causal_tokenizer()),
+        vocab_size=len(tokenizer),
+        bos_token_id=None,  # the tokenizer's special tokens, so that generation stops at its [EOS]
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=2,
@@ -101,13 +107,14 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
         num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=False,
+        initializer_range=initializer_range,
     )
     return LlamaForCausalLM(config)
 
 
-def save_tiny_llama(directory: Path, seed: int = 0) -> Path:
+def save_tiny_llama(directory: Path, seed: int = 0, initializer_range: float = 0.02) -> Path:
     """Save a tiny random Llama and its tokenizer, loadable with AutoModelForCausalLM / AutoTokenizer."""
-    tiny_llama(seed).save_pretrained(directory)
+    tiny_llama(seed, initializer_range).save_pretrained(directory)
     tiny_causal_tokenizer().save_pretrained(directory)
     return directory
 

@@ -1,0 +1,144 @@
+"""The headroom table: how much a non-private LoRA adapter beats the non-private linear head on each packaged task.
+
+A private adapter can only capture what a non-private one gains over the head; this measures that gain first.
+Per task and seed, non-private (``--dp false``, no SAM, no alignment), each arm trained by ``train_glue.py``'s own
+code and scored on the validation and the whole test split:
+
+- ``head`` — the floor's recipe (``--train_lora false``: ``HEAD_ONLY_RECIPE``, head on cached pooled features);
+- ``lora_top2`` — LoRA r = 8 on query/value of the top 2 of 6 layers, A and the head trained, on the cached prefix:
+  ``LORA_STEPS`` steps of 64 rows (AdamW, constant lr 1e-3, head 3e-3): the budget a DP run can afford here;
+- ``lora_all`` — the same on all six layers (no prefix to cache): the ceiling, not the budget.
+
+A task whose best adapter beats the head by ≥ 2 test points is a *headroom task*. Units are stored as JSON under
+``benchmarks/reports/headroom/units/`` (a killed run resumes); the report is rewritten from them.
+
+    python -m benchmarks.headroom                      # seed 0 on every task, then the report
+    python -m benchmarks.headroom --seeds 0,1,2 --tasks rotten_tomatoes,election_tweets
+    python -m benchmarks.headroom --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from hf_dpmerge.data.tasks import PACKAGED_TASKS
+from hf_dpmerge.scripts import train as train_script
+from hf_dpmerge.utils.io import write_text_atomic
+
+from .markdown import table as markdown_table
+from .recipe.run import NON_PRIVATE_FLAGS, validation_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+REPORT_DIR = REPO / "benchmarks" / "reports" / "headroom"
+LORA_STEPS = 600
+HEADROOM_POINTS = 2.0
+_LORA = ("--cache_prefix", "auto", "--lora_freeze_a", "false", "--head_warmup_steps", "0",
+         "--per_device_train_batch_size", "64", "--physical_batch_size", "64", "--max_steps", str(LORA_STEPS),
+         "--learning_rate", "1e-3", "--head_learning_rate", "3e-3", "--logging_steps", "100")
+ARMS: dict[str, tuple[str, ...]] = {
+    "head": ("--train_lora", "false"),
+    "lora_top2": ("--lora_layers", "top_2", *_LORA),
+    "lora_all": ("--lora_layers", "all", *_LORA),
+}
+
+
+def arguments(task: str, arm: str, seed: int, runs_dir: Path) -> list[str]:
+    return [*ARMS[arm], *NON_PRIVATE_FLAGS, "--task", task, "--seed", str(seed), "--runs_dir", str(runs_dir),
+            "--overwrite", "true", "--disable_tqdm", "true"]
+
+
+def run_unit(task: str, arm: str, seed: int, work_dir: Path, path: Path) -> dict:
+    """Train one arm on ``task`` with ``seed``, score it on validation and test, store the result at ``path``."""
+    from transformers import set_seed
+
+    runs_dir = work_dir / f"{task}-{arm}-seed{seed}"
+    script, config = train_script.parse_arguments(arguments(task, arm, seed, runs_dir))
+    script = script.with_pooling()
+    base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(work_dir)))
+    set_seed(seed)
+    start = time.perf_counter()
+    summary = train_script.train_task(task, script, config, base_dir)
+    seconds = time.perf_counter() - start
+    result = {"task": task, "arm": arm, "seed": seed, "argv": arguments(task, arm, seed, Path("<runs>")),
+              "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),
+              "train_seconds": seconds, "steps": summary["steps"]}
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    gc.collect()
+    return result
+
+
+def write_report(units: list[dict], path: Path) -> str:
+    """HEADROOM.md: per task, each arm's mean validation / test accuracy over its seeds, and the headroom."""
+    by_cell: dict[tuple[str, str], list[dict]] = {}
+    for unit in units:
+        by_cell.setdefault((unit["task"], unit["arm"]), []).append(unit)
+
+    def mean(task: str, arm: str, split: str) -> float | None:
+        cell = by_cell.get((task, arm), [])
+        return statistics.mean(u[split]["accuracy"] for u in cell) * 100 if cell else None
+
+    def cell(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f}"
+
+    rows, headroom_tasks = [], []
+    for task in PACKAGED_TASKS:
+        if (task, "head") not in by_cell:
+            continue
+        head = mean(task, "head", "test")
+        best = max((mean(task, arm, "test") or -1, arm) for arm in ("lora_top2", "lora_all"))
+        gain = best[0] - head if best[0] >= 0 else None
+        if gain is not None and gain >= HEADROOM_POINTS:
+            headroom_tasks.append(task)
+        seeds = sorted({u["seed"] for a in ARMS for u in by_cell.get((task, a), [])})
+        minutes = [u["train_seconds"] / 60 for a in ARMS for u in by_cell.get((task, a), [])]
+        rows.append([task, ",".join(map(str, seeds)),
+                     *(f"{cell(mean(task, arm, 'validation'))} / {cell(mean(task, arm, 'test'))}" for arm in ARMS),
+                     cell(gain), f"{max(minutes):.1f}"])
+    table = markdown_table(["task", "seeds", "head (val / test)", "LoRA top 2 (val / test)",
+                            "LoRA all 6 (val / test)", "headroom (test points)", "longest unit (min)"], rows)
+    text = (f"# Headroom: non-private LoRA vs the non-private head\n\nGenerated by `python -m benchmarks.headroom"
+            f" --report-only` from {len(units)} stored units ({__doc__.split(chr(10))[0]}).\n\nAccuracy in %, mean over"
+            " the seeds listed; validation = the task's validation split (10 % of train, seeded), test = the whole"
+            " test split. Headroom = best LoRA arm − head on test.\n\n"
+            f"{table}\n\nHeadroom tasks (≥ {HEADROOM_POINTS:g} points): "
+            f"{', '.join(headroom_tasks) if headroom_tasks else 'none'}.\n\n"
+            + "\n".join(f"- `{arm}`: `{' '.join(flags)}`" for arm, flags in ARMS.items()) + "\n")
+    write_text_atomic(path, text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.headroom", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS))
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "headroom")
+    parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.report_only:
+        for seed in map(int, args.seeds.split(",")):
+            for task in args.tasks.split(","):
+                for arm in args.arms.split(","):
+                    path = args.units_dir / f"{task}-{arm}-seed{seed}.json"
+                    if path.exists():
+                        continue
+                    print(f"[headroom] {path.stem}", file=sys.stderr, flush=True)
+                    run_unit(task, arm, seed, args.work_dir.resolve(), path)
+    units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
+    print(write_report(units, REPORT_DIR / "HEADROOM.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
