@@ -55,22 +55,23 @@ def arguments(task: str, arm: str, seed: int, runs_dir: Path) -> list[str]:
             "--overwrite", "true", "--disable_tqdm", "true"]
 
 
-def run_unit(task: str, arm: str, seed: int, work_dir: Path, path: Path) -> dict:
-    """Train one arm on ``task`` with ``seed``, score it on validation and test, store the result at ``path``."""
+def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, **about: object) -> dict:
+    """Train ``task`` with train_glue.py's ``argv`` (its ``--runs_dir`` under ``work_dir``; the adapter is deleted
+    afterwards), score it on the validation and the whole test split, store the result (and ``about``) at ``path``."""
     from transformers import set_seed
 
-    runs_dir = work_dir / f"{task}-{arm}-seed{seed}"
-    script, config = train_script.parse_arguments(arguments(task, arm, seed, runs_dir))
+    runs_dir = Path(argv[argv.index("--runs_dir") + 1])
+    script, config = train_script.parse_arguments(argv)
     script = script.with_pooling()
     base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(work_dir)))
     set_seed(seed)
     start = time.perf_counter()
     summary = train_script.train_task(task, script, config, base_dir)
     seconds = time.perf_counter() - start
-    result = {"task": task, "arm": arm, "seed": seed, "argv": arguments(task, arm, seed, Path("<runs>")),
+    result = {"task": task, "seed": seed, **about, "argv": [("<runs>" if a == str(runs_dir) else a) for a in argv],
               "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),
-              "train_seconds": seconds, "steps": summary["steps"]}
-    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
+              "train_seconds": seconds, "steps": summary["steps"], "epsilon": summary["epsilon"]}
+    write_text_atomic(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
     shutil.rmtree(runs_dir, ignore_errors=True)
     gc.collect()
     return result
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                     if path.exists():
                         continue
                     print(f"[headroom] {path.stem}", file=sys.stderr, flush=True)
-                    run_unit(task, arm, seed, args.work_dir.resolve(), path)
+                    runs_dir = args.work_dir.resolve() / path.stem
+                    run_unit(task, arguments(task, arm, seed, runs_dir), seed, args.work_dir.resolve(), path, arm=arm)
     units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
     print(write_report(units, REPORT_DIR / "HEADROOM.md"))
     return 0

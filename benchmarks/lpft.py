@@ -1,0 +1,153 @@
+"""Private LP-FT on a cached prefix against the private head, at the same ε (issue: private adapters worth releasing).
+
+Protocol (recipes chosen without the evaluated tasks' test data):
+
+1. **select** — the private head (``--train_lora false``, ``HEAD_ONLY_RECIPE``) and every candidate of
+   :data:`CANDIDATES` train on the two *select* tasks (:data:`SELECT_TASKS`: rotten_tomatoes, the headroom task of
+   ``benchmarks/reports/headroom/HEADROOM.md``, and bbc_news, a topic task) at ε = 8, seed 0, and are scored on
+   those tasks' validation splits. The chosen candidate has the highest mean validation gain over the head.
+2. **report** — the head and the chosen candidate on every packaged task at ε = 8 (seeds given by ``--seeds``),
+   scored on the whole test split; the two select tasks are marked (the others are held out).
+
+Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
+(``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
+at the phase-1 model) on the top k layers from the cached prefix, head and B trained, both phases composed to ε = 8.
+Units are stored as JSON under ``benchmarks/reports/lpft/units/``; the report is rewritten from them.
+
+    python -m benchmarks.lpft --stage select
+    python -m benchmarks.lpft --stage report --seeds 0,1,2
+    python -m benchmarks.lpft --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from hf_dpmerge.data.tasks import PACKAGED_TASKS
+from hf_dpmerge.utils.io import write_text_atomic
+
+from .headroom import run_unit
+from .markdown import table as markdown_table
+
+REPO = Path(__file__).resolve().parent.parent
+REPORT_DIR = REPO / "benchmarks" / "reports" / "lpft"
+SELECT_TASKS = ("rotten_tomatoes", "bbc_news")
+EPSILON = 8.0
+HEAD = "private_head"
+
+
+def _lpft(k: int, batch: int, steps: int, lr: str, head_epsilon: float) -> tuple[str, ...]:
+    return ("--head_phase_epsilon", f"{head_epsilon:g}", "--lora_freeze_a", "true", "--head_warmup_steps", "0",
+            "--cache_prefix", "true", "--lora_layers", f"top_{k}", "--per_device_train_batch_size", str(batch),
+            "--physical_batch_size", "256", "--max_steps", str(steps), "--learning_rate", lr,
+            "--head_learning_rate", "1e-3", "--logging_steps", "25")
+
+
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    HEAD: ("--train_lora", "false"),
+    "k2_b1024_t75_lr3e-3_head6": _lpft(2, 1024, 75, "3e-3", 6),  # the scratch pilot's recipe
+    "k1_b1024_t75_lr3e-3_head6": _lpft(1, 1024, 75, "3e-3", 6),
+    "k2_b2048_t75_lr3e-3_head6": _lpft(2, 2048, 75, "3e-3", 6),
+    "k2_b1024_t75_lr3e-3_head4": _lpft(2, 1024, 75, "3e-3", 4),
+    "k2_b1024_t150_lr2e-3_head6": _lpft(2, 1024, 150, "2e-3", 6),
+}
+
+
+def arguments(task: str, candidate: str, seed: int, runs_dir: Path) -> list[str]:
+    return [*CANDIDATES[candidate], "--target_epsilon", f"{EPSILON:g}", "--task", task, "--seed", str(seed),
+            "--runs_dir", str(runs_dir), "--overwrite", "true", "--disable_tqdm", "true"]
+
+
+def unit_name(task: str, candidate: str, seed: int) -> str:
+    """A unit is one training run, whichever stage first asked for it (select units of seed 0 are reported too)."""
+    return f"{task}-{candidate}-seed{seed}"
+
+
+def load_units(units_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
+
+
+def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
+    """The candidate with the highest mean validation gain over the head on the select tasks (None until every
+    select unit is stored), and each candidate's mean gain in points."""
+    score = {(u["task"], u["candidate"]): u["validation"]["accuracy"] for u in units
+             if u["task"] in SELECT_TASKS and u["seed"] == 0}
+    gains = {}
+    for candidate in CANDIDATES:
+        if candidate != HEAD and all((t, c) in score for t in SELECT_TASKS for c in (candidate, HEAD)):
+            gains[candidate] = statistics.mean(100 * (score[(t, candidate)] - score[(t, HEAD)]) for t in SELECT_TASKS)
+    complete = len(gains) == len(CANDIDATES) - 1
+    return (max(gains, key=gains.get) if complete else None), gains
+
+
+def write_report(units: list[dict], path: Path) -> str:
+    chosen, gains = chosen_candidate(units)
+    select = {(u["task"], u["candidate"]): u for u in units if u["task"] in SELECT_TASKS and u["seed"] == 0}
+    rows = [[c, *(f"{100 * select[(t, c)]['validation']['accuracy']:.1f}" if (t, c) in select else "—"
+                  for t in SELECT_TASKS), "—" if c == HEAD else (f"{gains[c]:+.2f}" if c in gains else "—"),
+             f"{max((select[(t, c)]['train_seconds'] for t in SELECT_TASKS if (t, c) in select), default=0) / 60:.1f}"]
+            for c in CANDIDATES]
+    text = ["# Private LP-FT vs the private head at ε = 8", "",
+            f"Generated by `python -m benchmarks.lpft --report-only` from {len(units)} stored units.", "",
+            "## Select (validation accuracy %, seed 0)", "",
+            markdown_table(["candidate", *SELECT_TASKS, "mean gain over head (points)", "longest unit (min)"], rows),
+            "", f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
+    if chosen:
+        by = {(u["task"], u["candidate"], u["seed"]): u for u in units}
+        rows = []
+        for task in PACKAGED_TASKS:
+            seeds = sorted(s for (t, c, s) in by if t == task and c == chosen and (t, HEAD, s) in by)
+            if not seeds:
+                continue
+            head = [100 * by[(task, HEAD, s)]["test"]["accuracy"] for s in seeds]
+            lpft = [100 * by[(task, chosen, s)]["test"]["accuracy"] for s in seeds]
+            gain = [a - b for a, b in zip(lpft, head)]
+            rows.append([task + (" (select)" if task in SELECT_TASKS else ""), ",".join(map(str, seeds)),
+                         f"{statistics.mean(head):.1f}", f"{statistics.mean(lpft):.1f}",
+                         " ".join(f"{g:+.1f}" for g in gain)])
+        text += ["## Report (test accuracy %, whole test split)", "",
+                 markdown_table(["task", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed"], rows),
+                 ""]
+    text += ["## Candidates", "", *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
+    write_text_atomic(path, "\n".join(text))
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lpft", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=("select", "report"), default="select")
+    parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS), help="report stage: the tasks, in order")
+    parser.add_argument("--seeds", default="0", help="report stage: the seeds")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "lpft")
+    parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    work_dir = args.work_dir.resolve()
+    if not args.report_only:
+        if args.stage == "select":
+            plan = [(task, c, 0) for c in CANDIDATES for task in SELECT_TASKS]
+        else:
+            chosen, _ = chosen_candidate(load_units(args.units_dir))
+            if chosen is None:
+                parser.error("the select stage is incomplete: run --stage select first")
+            plan = [(task, c, seed) for seed in map(int, args.seeds.split(",")) for task in args.tasks.split(",")
+                    for c in (HEAD, chosen)]
+        for task, candidate, seed in plan:
+            name = unit_name(task, candidate, seed)
+            path = args.units_dir / f"{name}.json"
+            if path.exists():
+                continue
+            print(f"[lpft] {name}", file=sys.stderr, flush=True)
+            run_unit(task, arguments(task, candidate, seed, work_dir / name), seed, work_dir, path,
+                     candidate=candidate)
+    print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
