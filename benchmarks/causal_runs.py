@@ -6,8 +6,10 @@ Units, in this order (each skipped when its output exists, so a killed run resum
 1. ``<out>/runs_causal/<task>/`` — ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with ``RECIPE``;
 2. ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp false``, no SAM, no alignment);
 3. per merge method ``m`` of ``--merges``: ``<out>/merged_<m>/`` — ``mergekit-yaml`` of
-   ``merge_configs/causal_<m>.yaml`` over the tasks' DP adapters (λ = 1, stated fixed), then
-   ``<out>/eval_<m>/results.json`` — ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged);
+   ``merge_configs/causal_<m>.yaml`` over the tasks' DP adapters (λ = 1, stated fixed), then its evaluation:
+   ``<out>/eval_<m>/results.json`` — ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged) for the first
+   method, ``<out>/eval_<m>/merged.json`` — the merged LM alone, scored the same way, for the others (the floor and
+   the adapters do not change with the merge);
 4. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
 
 Each adapter's ``eval_metrics.json`` holds its score on the whole test split. The report (``--report``) prints
@@ -76,11 +78,40 @@ class Units:
             (self.out / f"merge_{method}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             self.timed(f"merge_{method}", ["mergekit-yaml", f"merge_{method}.yaml", merged.name,
                                            "--lora-merge-cache", "runs_causal/lora_cache"])
-        if not (evaluation / "results.json").exists():
-            sizes = ["--max_eval_samples", max_eval_samples] if max_eval_samples else []
+        sizes = ["--max_eval_samples", max_eval_samples] if max_eval_samples else []
+        if not any((self.out / f"eval_{m}" / "results.json").exists() for m in self.merges_done()):
             self.timed(f"evaluate_{method}", ["hf-dpmerge", "evaluate", "--runs", "runs_causal", "--merged",
                                               merged.name, "--tasks", ",".join(self.tasks), "--output",
                                               evaluation.name, *sizes])
+        elif not (evaluation / "results.json").exists() and not (evaluation / "merged.json").exists():
+            self.timed(f"evaluate_{method}", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(self.out),
+                                              "--tasks", ",".join(self.tasks), "--score_merged", merged.name,
+                                              *sizes])
+
+    def merges_done(self) -> list[str]:
+        return [p.name.removeprefix("eval_") for p in self.out.glob("eval_*") if p.is_dir()]
+
+
+def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples: str | None) -> None:
+    """``<out>/eval_<m>/merged.json``: the merged LM ``<out>/<merged_name>`` scored on each task's test split as
+    ``hf-dpmerge evaluate`` scores it (its tokenizer and ``max_length`` from the task's DP record)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.analysis.causal_evaluation import task_score
+    from hf_dpmerge.data.load import load_task
+    from hf_dpmerge.records.record import PrivacyRecord
+
+    model = AutoModelForCausalLM.from_pretrained(out / merged_name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "runs_causal" / "base")
+    scores = {}
+    for task in tasks:
+        record = PrivacyRecord.load(out / "runs_causal" / task / "adapter")
+        splits, spec = load_task(task, max_eval_samples=int(max_eval_samples) if max_eval_samples else None)
+        scores[task] = task_score(model, tokenizer, spec, splits["test"], int(record.extra["max_length"]))
+    target = out / ("eval_" + merged_name.removeprefix("merged_")) / "merged.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(scores, indent=2) + "\n")
 
 
 def report(units: Units, merges: list[str], second: str) -> None:
@@ -91,13 +122,16 @@ def report(units: Units, merges: list[str], second: str) -> None:
 
     evaluations = {m: json.loads((units.out / f"eval_{m}" / "results.json").read_text())
                    for m in merges if (units.out / f"eval_{m}" / "results.json").exists()}
+    merged_only = {m: json.loads((units.out / f"eval_{m}" / "merged.json").read_text())
+                   for m in merges if (units.out / f"eval_{m}" / "merged.json").exists()}
     print("| task | zero-shot | DP adapter | non-private adapter | " + " | ".join(f"merged ({m})" for m in merges)
           + f" | DP adapter at ε = {second} |")
     print("|---" * (5 + len(merges)) + "|")
     for task in units.tasks:
         rows = {m: e["tasks"].get(task) for m, e in evaluations.items()}
         floor = next((r["floor"] for r in rows.values() if r), None)
-        merged = [f"{rows[m]['merged']:.4f}" if rows.get(m) else "—" for m in merges]
+        merged = [f"{rows[m]['merged']:.4f}" if rows.get(m) else
+                  f"{merged_only[m][task]:.4f}" if task in merged_only.get(m, {}) else "—" for m in merges]
         print(f"| {task} | {'—' if floor is None else f'{floor:.4f}'} | {test_score('runs_causal', task)} | "
               f"{test_score('runs_nonprivate', task)} | {' | '.join(merged)} | "
               f"{test_score(f'runs_eps{second}', task)} |")
@@ -114,6 +148,7 @@ def main() -> None:
     parser.add_argument("--second_epsilon", default="4")
     parser.add_argument("--second_epsilon_task", default="election_tweets")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--score_merged", help="(a unit) score this merged LM under --out on each task's test split")
     parser.add_argument("--max_train_samples", help="train on a seeded stratified subset of this size (default: all)")
     parser.add_argument("--max_eval_samples", help="score a seeded stratified subset of the test split of this size")
     args = parser.parse_args()
@@ -122,6 +157,9 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     units, merges = Units(out, args.tasks.split(","), sizes), args.merges.split(",")
+    if args.score_merged:
+        score_merged(out, args.score_merged, units.tasks, args.max_eval_samples)
+        return
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         units.train("runs_causal", units.tasks, ["--target_epsilon", args.epsilon])
