@@ -3,14 +3,14 @@ the whole training split on the cached prefix, their merges and the evaluation (
 
 Units, in this order (each skipped when its output exists, so a killed run resumes where it stopped):
 
-1. ``<out>/runs_causal/<task>/`` — ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with ``RECIPE``;
-2. ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp false``, no SAM, no alignment);
-3. per merge method ``m`` of ``--merges``: ``<out>/merged_<m>/`` — ``mergekit-yaml`` of
+1. per task: ``<out>/runs_causal/<task>/`` — ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with ``RECIPE``;
+   then ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp false``, no SAM, no alignment);
+2. per merge method ``m`` of ``--merges``: ``<out>/merged_<m>/`` — ``mergekit-yaml`` of
    ``merge_configs/causal_<m>.yaml`` over the tasks' DP adapters (λ = 1, stated fixed), then its evaluation:
    ``<out>/eval_<m>/results.json`` — ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged) for the first
    method, ``<out>/eval_<m>/merged.json`` — the merged LM alone, scored the same way, for the others (the floor and
    the adapters do not change with the merge);
-4. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
+3. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
 
 Each adapter's ``eval_metrics.json`` holds its score on the whole test split. The report (``--report``) prints
 the tables from the stored units and the wall-clock time of each unit.
@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--second_epsilon", default="4")
     parser.add_argument("--second_epsilon_task", default="election_tweets")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--nonprivate_tasks", help="the tasks that get a non-private adapter (default: all)")
+    parser.add_argument("--merge_eval_samples", help="score the merges on a seeded stratified test subset of this size")
     parser.add_argument("--score_merged", help="(a unit) score this merged LM under --out on each task's test split")
     parser.add_argument("--max_train_samples", help="train on a seeded stratified subset of this size (default: all)")
     parser.add_argument("--max_eval_samples", help="score a seeded stratified subset of the test split of this size")
@@ -162,10 +164,12 @@ def main() -> None:
         return
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        units.train("runs_causal", units.tasks, ["--target_epsilon", args.epsilon])
-        units.train("runs_nonprivate", units.tasks, NON_PRIVATE)
+        nonprivate = args.nonprivate_tasks.split(",") if args.nonprivate_tasks else units.tasks
+        for task in units.tasks:  # each task's DP adapter, then its non-private one
+            units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
+            units.train("runs_nonprivate", [task] if task in nonprivate else [], NON_PRIVATE)
         for method in merges:
-            units.merge_and_evaluate(method, args.max_eval_samples)
+            units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples)
         units.train(f"runs_eps{args.second_epsilon}", [args.second_epsilon_task],
                     ["--target_epsilon", args.second_epsilon])
     report(units, merges, args.second_epsilon)
