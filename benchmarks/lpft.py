@@ -7,7 +7,8 @@ Protocol (recipes chosen without the evaluated tasks' test data):
    ``benchmarks/reports/headroom/HEADROOM.md``, and bbc_news, a topic task) at ε = 8, seed 0, and are scored on
    those tasks' validation splits. The chosen candidate has the highest mean validation gain over the head.
 2. **report** — the head and the chosen candidate on every packaged task at ε = 8 (seeds given by ``--seeds``),
-   scored on the whole test split; the two select tasks are marked (the others are held out).
+   scored on the whole test split; the two select tasks are marked (the others are held out). Per task with ≥ 2
+   seeds: the paired t-test over seeds (the seed is the unit: each retrains both), Holm-corrected over those tasks.
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
@@ -27,11 +28,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from scipy import stats
+
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 from hf_dpmerge.utils.io import write_text_atomic
 
 from .headroom import run_unit
 from .markdown import table as markdown_table
+from .quality.significance import ALPHA, holm
 
 REPO = Path(__file__).resolve().parent.parent
 REPORT_DIR = REPO / "benchmarks" / "reports" / "lpft"
@@ -53,7 +57,6 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "k1_b1024_t75_lr3e-3_head6": _lpft(1, 1024, 75, "3e-3", 6),
     "k2_b2048_t75_lr3e-3_head6": _lpft(2, 2048, 75, "3e-3", 6),
     "k2_b1024_t75_lr3e-3_head4": _lpft(2, 1024, 75, "3e-3", 4),
-    "k2_b1024_t150_lr2e-3_head6": _lpft(2, 1024, 150, "2e-3", 6),
 }
 
 
@@ -98,7 +101,7 @@ def write_report(units: list[dict], path: Path) -> str:
             "", f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
     if chosen:
         by = {(u["task"], u["candidate"], u["seed"]): u for u in units}
-        rows = []
+        rows, p_values = [], []
         for task in PACKAGED_TASKS:
             seeds = sorted(s for (t, c, s) in by if t == task and c == chosen and (t, HEAD, s) in by)
             if not seeds:
@@ -106,12 +109,19 @@ def write_report(units: list[dict], path: Path) -> str:
             head = [100 * by[(task, HEAD, s)]["test"]["accuracy"] for s in seeds]
             lpft = [100 * by[(task, chosen, s)]["test"]["accuracy"] for s in seeds]
             gain = [a - b for a, b in zip(lpft, head)]
+            p = float(stats.ttest_rel(lpft, head).pvalue) if len(seeds) > 1 and len(set(gain)) > 1 else None
+            p_values.append(p)
             rows.append([task + (" (select)" if task in SELECT_TASKS else ""), ",".join(map(str, seeds)),
                          f"{statistics.mean(head):.1f}", f"{statistics.mean(lpft):.1f}",
-                         " ".join(f"{g:+.1f}" for g in gain)])
+                         " ".join(f"{g:+.1f}" for g in gain), f"{statistics.mean(gain):+.2f}"])
+        tested = [i for i, p in enumerate(p_values) if p is not None]
+        adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
+        for i, row in enumerate(rows):
+            row += ["—", "—"] if i not in adjusted else [f"{p_values[i]:.3g}", f"{adjusted[i]:.3g}"
+                                                         + (" *" if adjusted[i] < ALPHA else "")]
         text += ["## Report (test accuracy %, whole test split)", "",
-                 markdown_table(["task", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed"], rows),
-                 ""]
+                 markdown_table(["task", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed",
+                                 "mean gain", "p (paired t, seeds)", f"Holm-adjusted p (* < {ALPHA})"], rows), ""]
     text += ["## Candidates", "", *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
     write_text_atomic(path, "\n".join(text))
     return "\n".join(text)
