@@ -61,8 +61,11 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 
 
 def arguments(task: str, candidate: str, seed: int, runs_dir: Path) -> list[str]:
+    """The unit's train_glue.py flags; every unit of a task shares its frozen prefixes (``--prefix_cache_dir``
+    beside the runs: the pooled features of the head phase, the states below the LoRA layers)."""
     return [*CANDIDATES[candidate], "--target_epsilon", f"{EPSILON:g}", "--task", task, "--seed", str(seed),
-            "--runs_dir", str(runs_dir), "--overwrite", "true", "--disable_tqdm", "true"]
+            "--runs_dir", str(runs_dir), "--prefix_cache_dir", str(runs_dir.parent / "prefix_cache"),
+            "--overwrite", "true", "--disable_tqdm", "true"]
 
 
 def unit_name(task: str, candidate: str, seed: int) -> str:

@@ -71,7 +71,8 @@ def train_client(setup: FederatedSetup, client: int, global_state: dict, server_
             disable_tqdm=True,
         )
         trainer = dp_trainer(model, config, train_dataset=shard, data_collator=DataCollatorWithPadding(tokenizer),
-                             cache_prefix=setup.cache_prefix, cache_dtype=setup.cache_dtype)
+                             cache_prefix=setup.cache_prefix, cache_dtype=setup.cache_dtype,
+                             prefix_cache_dir=setup.prefix_cache_dir)
         result = trainer.train()
         record = trainer.privacy_record()
     record.task = setup.task

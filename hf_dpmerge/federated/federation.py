@@ -46,6 +46,7 @@ class FederatedSetup:
     lora_layers: str = "top_half"
     cache_prefix: str = "auto"
     cache_dtype: str = "float16"
+    prefix_cache_dir: str | None = None  # a client's frozen prefix is the same every round: cached once on disk
     classifier_pooling: str | None = None
     max_length: int = 64
     max_train_samples: int | None = None

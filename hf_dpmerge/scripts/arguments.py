@@ -81,9 +81,18 @@ class LoraArguments:
                   "choices": ("float16", "bfloat16", "float32")},
     )
 
+    prefix_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Keep the cached prefix on disk in this directory and reuse it in later runs on the same "
+                  "tokenised data, base, boundary and --cache_dtype (a DP and a non-private run, another ε, a "
+                  "recipe search). It holds activations of the private training data: keep it where that data "
+                  "is, never inside a release (docs/design.md §16)."},
+    )
+
     def trainer_options(self) -> dict:
         """The keyword arguments of ``dp_trainer`` these flags set."""
-        return {"cache_prefix": self.cache_prefix, "cache_dtype": self.cache_dtype}
+        return {"cache_prefix": self.cache_prefix, "cache_dtype": self.cache_dtype,
+                "prefix_cache_dir": self.prefix_cache_dir}
 
     def lora_options(self) -> dict:
         """The keyword arguments of ``lora_sequence_classifier`` these flags set."""

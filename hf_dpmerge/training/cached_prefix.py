@@ -18,6 +18,9 @@ width): the loss is the same, a 49k-vocabulary head on every prompt token is not
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -115,6 +118,20 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
     return PrefixRows(states, offsets, labels, token_level)
 
 
+def prefix_cache_key(model: nn.Module, boundary: int, dataset: datasets.Dataset, dtype: str) -> str:
+    """What determines a dataset's cached states: the model class, b, the storage dtype, the tokenised dataset
+    (its ``datasets`` fingerprint: the data and every transform that made it) and the bottom's weights (every
+    parameter and buffer outside layers[b:] and the head, bytes hashed)."""
+    stack, base = layer_stack(model), model.get_base_model() if hasattr(model, "get_base_model") else model
+    top = {id(t) for layer in list(stack.layers)[boundary:] for t in [*layer.parameters(), *layer.buffers()]}
+    digest = hashlib.sha256(f"{type(base).__name__}|{boundary}|{dtype}|{dataset._fingerprint}".encode())
+    for name, tensor in sorted([*stack.backbone.named_parameters(), *stack.backbone.named_buffers()]):
+        if id(tensor) not in top:
+            digest.update(name.encode())
+            digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
 def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
     """(b, why not) for a peft model: b when a prefix can be cached (BERT-family classifiers, Llama-family causal
     LMs, a frozen bottom), else None and the reason."""
@@ -146,13 +163,14 @@ class CachedPrefixTrainer(DPSAMTrainer):
     datasets are cached the same way. ``cache_dtype`` stores the states (computed in float32)."""
 
     def __init__(self, model: nn.Module, args: Any, train_dataset: Any = None, *, cache_dtype: str = "float16",
-                 **kwargs: Any):
+                 prefix_cache_dir: str | os.PathLike | None = None, **kwargs: Any):
         if cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"--cache_dtype must be one of {sorted(CACHE_DTYPES)}, got {cache_dtype!r}")
         boundary, why = prefix_boundary(model)
         if boundary is None:
             raise ValueError(f"no cached prefix: {why}; train with --cache_prefix false")
         self.boundary, self.cache_dtype = boundary, cache_dtype
+        self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
         self.num_layers = len(layer_stack(model).layers)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.causal = getattr(base, "classifier", None) is None
@@ -169,11 +187,26 @@ class CachedPrefixTrainer(DPSAMTrainer):
         return self.num_layers - self.boundary
 
     def cached(self, dataset: datasets.Dataset) -> PrefixRows:
-        """``dataset`` (tokenised) as :class:`PrefixRows` of this model's boundary states."""
+        """``dataset`` (tokenised) as :class:`PrefixRows` of this model's boundary states; with a
+        ``prefix_cache_dir``, read from there when an earlier run stored them under :func:`prefix_cache_key`,
+        else built and stored there (written whole, then renamed: a killed run leaves no partial file)."""
         model = self.accelerator.unwrap_model(self.model)
+        path = None
+        if self.prefix_cache_dir is not None:
+            key = prefix_cache_key(model, self.boundary, dataset, self.cache_dtype)
+            path = self.prefix_cache_dir / f"prefix-{key}.pt"
+            if path.is_file():
+                return PrefixRows(**torch.load(path, weights_only=True))
         module = task_head(model) if self.top_layers == 0 else layer_stack(model).layers[self.boundary]
-        return build_prefix_rows(model, module, dataset, self.token_collator, self.args.per_device_eval_batch_size,
+        rows = build_prefix_rows(model, module, dataset, self.token_collator, self.args.per_device_eval_batch_size,
                                  CACHE_DTYPES[self.cache_dtype])
+        if path is not None and self.accelerator.is_local_main_process:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            torch.save({"states": rows.states, "offsets": rows.offsets, "labels": rows.labels,
+                        "token_labels": rows.token_labels}, partial)
+            os.replace(partial, path)
+        return rows
 
     def _rows(self, dataset: Any) -> Any:
         return self.cached(dataset) if isinstance(dataset, datasets.Dataset) else dataset
@@ -256,7 +289,7 @@ class CachedPrefixTrainer(DPSAMTrainer):
 
 
 def dp_trainer(model: nn.Module, args: Any, *, cache_prefix: str = "auto", cache_dtype: str = "float16",
-               **kwargs: Any) -> DPSAMTrainer:
+               prefix_cache_dir: str | os.PathLike | None = None, **kwargs: Any) -> DPSAMTrainer:
     """The trainer of a run: :class:`CachedPrefixTrainer` with ``cache_prefix='true'`` (refused when no prefix is
     frozen) or ``'auto'`` when one is, else :class:`DPSAMTrainer` (``kwargs``: theirs)."""
     if cache_prefix not in CACHE_PREFIX_CHOICES:
@@ -266,4 +299,5 @@ def dp_trainer(model: nn.Module, args: Any, *, cache_prefix: str = "auto", cache
         raise ValueError(f"--cache_prefix true: {why}; pass --cache_prefix auto or false")
     if boundary is None:
         return DPSAMTrainer(model=model, args=args, **kwargs)
-    return CachedPrefixTrainer(model=model, args=args, cache_dtype=cache_dtype, **kwargs)
+    return CachedPrefixTrainer(model=model, args=args, cache_dtype=cache_dtype, prefix_cache_dir=prefix_cache_dir,
+                               **kwargs)

@@ -275,3 +275,33 @@ def test_a_decoder_used_as_a_classifier_is_not_cached():
                                                   task_type="SEQ_CLS"))
     boundary, why = prefix_boundary(model)
     assert boundary is None and "a decoder's classifier reads the last token" in why
+
+
+def test_a_prefix_cache_dir_is_reused_by_a_later_run_and_keyed_by_the_bottom(tmp_path, monkeypatch):
+    """The second run on the same data and base reads the stored states (no bottom pass) and ends at the weights
+    of a run that built them; a changed bottom weight misses the stored file and builds its own."""
+    import hf_dpmerge.training.cached_prefix as cached_prefix
+
+    builds = []
+    build = cached_prefix.build_prefix_rows
+    monkeypatch.setattr(cached_prefix, "build_prefix_rows", lambda *a, **k: builds.append(1) or build(*a, **k))
+    store, dataset, collator = tmp_path / "prefix", text_dataset(), DataCollatorWithPadding(tiny_tokenizer())
+
+    def run(name, model):
+        trainer = silenced(lambda **s: CachedPrefixTrainer(
+            model=model, args=trainer_config(tmp_path / name, **s), train_dataset=dataset, data_collator=collator,
+            cache_dtype="float32", prefix_cache_dir=store), {"max_steps": 3, "noise_multiplier": 1.0})
+        return trainer, trained_weights(trainer)
+
+    first, first_weights = run("first", top_layer_classifier())
+    second, second_weights = run("second", top_layer_classifier())
+    assert len(builds) == 1 and len(list(store.glob("prefix-*.pt"))) == 1 and not list(store.glob("*.partial"))
+    torch.testing.assert_close(second.train_dataset.states, first.train_dataset.states, atol=0, rtol=0)
+    for want, got in zip(first_weights, second_weights):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+    changed = top_layer_classifier()
+    with torch.no_grad():
+        changed.get_base_model().bert.encoder.layer[0].output.dense.weight.add_(0.1)
+    run("changed", changed)
+    assert len(builds) == 2 and len(list(store.glob("prefix-*.pt"))) == 2
