@@ -68,7 +68,8 @@ def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, 
     start = time.perf_counter()
     summary = train_script.train_task(task, script, config, base_dir)
     seconds = time.perf_counter() - start
-    result = {"task": task, "seed": seed, **about, "argv": [("<runs>" if a == str(runs_dir) else a) for a in argv],
+    named = [("<runs>" if a == str(runs_dir) else a.replace(str(work_dir), "<work>")) for a in argv]
+    result = {"task": task, "seed": seed, **about, "argv": named,
               "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),
               "train_seconds": seconds, "steps": summary["steps"], "epsilon": summary["epsilon"]}
     write_text_atomic(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
