@@ -1,0 +1,76 @@
+"""The LP-FT search and the headroom table: units parse as the training script runs them, the choice uses the
+select tasks' validation splits only, and the report's tests treat seeds as the unit (Holm over tasks)."""
+
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from benchmarks import headroom, lpft
+from benchmarks.quality.significance import holm
+from hf_dpmerge.scripts import train as train_script
+
+
+@pytest.mark.parametrize("candidate", list(lpft.CANDIDATES))
+def test_every_candidate_parses_as_a_private_run_at_the_target_epsilon(candidate):
+    script, config = train_script.parse_arguments(lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x")))
+    assert config.dp and config.target_epsilon == lpft.EPSILON and script.prefix_cache_dir == "/r/prefix_cache"
+    if candidate == lpft.HEAD:
+        assert not script.train_lora and script.head_phase_epsilon is None
+    else:  # LP-FT: a head phase at a smaller ε, then FFA-LoRA on the top layers of the cached prefix
+        assert script.train_lora and 0 < script.head_phase_epsilon < lpft.EPSILON and script.lora_freeze_a
+        assert script.lora_layers.startswith("top_") and script.cache_prefix == "true"
+
+
+def unit(task, candidate, seed, validation, test):
+    return {"task": task, "candidate": candidate, "seed": seed, "validation": {"accuracy": validation},
+            "test": {"accuracy": test}, "train_seconds": 60.0}
+
+
+def select_units(gains: dict[str, float]) -> list[dict]:
+    units = [unit(t, lpft.HEAD, 0, 0.80, 0.80) for t in lpft.SELECT_TASKS]
+    return units + [unit(t, c, 0, 0.80 + g, 0.0) for c, g in gains.items() for t in lpft.SELECT_TASKS]
+
+
+def test_the_choice_waits_for_every_select_unit_and_takes_the_best_mean_validation_gain():
+    candidates = [c for c in lpft.CANDIDATES if c != lpft.HEAD]
+    gains = {c: 0.01 * i for i, c in enumerate(candidates)}
+    units = select_units(gains)
+    assert lpft.chosen_candidate(units[:-1])[0] is None
+    chosen, mean_gains = lpft.chosen_candidate(units)
+    assert chosen == candidates[-1] and mean_gains[chosen] == pytest.approx(100 * gains[chosen])
+    held_out = [unit("reuters_r8", candidates[0], 0, 0.99, 0.99), unit("reuters_r8", lpft.HEAD, 0, 0.5, 0.5)]
+    assert lpft.chosen_candidate(units + held_out)[0] == chosen  # a held-out task never chooses
+
+
+def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
+    candidates = [c for c in lpft.CANDIDATES if c != lpft.HEAD]
+    units = select_units({c: 0.01 for c in candidates[:-1]} | {candidates[-1]: 0.02})
+    chosen = candidates[-1]
+    head = {"rotten_tomatoes": [0.80, 0.81, 0.79], "election_tweets": [0.88, 0.89, 0.90]}
+    ours = {"rotten_tomatoes": [0.83, 0.83, 0.82], "election_tweets": [0.885, 0.90, 0.89]}
+    units = [u for u in units if not (u["task"] == "rotten_tomatoes" and u["seed"] == 0 and u["candidate"] in
+                                      (lpft.HEAD, chosen))]
+    for task in head:
+        for seed in range(3):
+            units += [unit(task, lpft.HEAD, seed, 0.8, head[task][seed]),
+                      unit(task, chosen, seed, 0.82, ours[task][seed])]
+    text = lpft.write_report(units, tmp_path / "LPFT.md")
+    p = [stats.ttest_rel([100 * x for x in ours[t]], [100 * x for x in head[t]]).pvalue
+         for t in ("rotten_tomatoes", "election_tweets")]
+    adjusted = holm(p)
+    rotten = next(line for line in text.splitlines() if line.startswith("| rotten_tomatoes (select)"))
+    election = next(line for line in text.splitlines() if line.startswith("| election_tweets |"))
+    assert f"{p[0]:.3g}" in rotten and f"{adjusted[0]:.3g}" in rotten
+    assert f"{p[1]:.3g}" in election and f"{adjusted[1]:.3g}" in election
+    assert "+3.0 +2.0 +3.0 | +2.67" in rotten  # the paired per-seed gains and their mean
+
+
+def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_points(tmp_path, monkeypatch):
+    monkeypatch.setattr(headroom, "REPORT_DIR", tmp_path)
+    units = [{"task": t, "arm": arm, "seed": 0, "validation": {"accuracy": v}, "test": {"accuracy": v},
+              "train_seconds": 60.0}
+             for t, scores in {"rotten_tomatoes": (0.77, 0.81, 0.80), "bbc_news": (0.95, 0.96, 0.965)}.items()
+             for arm, v in zip(headroom.ARMS, scores)]
+    text = headroom.write_report(units, tmp_path / "HEADROOM.md")
+    assert "Headroom tasks (≥ 2 points): rotten_tomatoes." in text
