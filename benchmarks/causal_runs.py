@@ -10,7 +10,9 @@ Units, in this order (each skipped when its output exists, so a killed run resum
    ``<out>/eval_<m>/results.json`` — ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged) for the first
    method, ``<out>/eval_<m>/merged.json`` — the merged LM alone, scored the same way, for the others (the floor and
    the adapters do not change with the merge);
-3. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
+3. ``<out>/generation.json`` — the first merge through stock ``pipeline("text-generation")``: on a stratified
+   test subset per task, how often its greedy answer is the verbaliser that scoring ranks first, and the gold one;
+4. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
 
 Each adapter's ``eval_metrics.json`` holds its score on the whole test split. The report (``--report``) prints
 the tables from the stored units and the wall-clock time of each unit.
@@ -38,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "64", "--physical_batch_size", "16",
           "--max_steps", "200", "--learning_rate", "3e-3", "--cache_prefix", "true",
           "--prefix_cache_dir", "prefix_cache"]  # under --out: a task's DP and non-private runs share one prefix
+GENERATION_SAMPLES = 200
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
 
 
@@ -115,6 +118,44 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
     target.write_text(json.dumps(scores, indent=2) + "\n")
 
 
+def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int) -> None:
+    """``<out>/generation.json``: per task, on ``samples`` stratified test examples asked as chat messages
+    (:func:`~hf_dpmerge.data.instructions.instruction_messages`), the share where the merged LM's greedy stock
+    generation is the verbaliser its verbaliser scoring ranks first, and the share where it is the gold one."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    from hf_dpmerge.data.instructions import instruction_messages, verbaliser_choices
+    from hf_dpmerge.data.load import load_task
+    from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
+    from hf_dpmerge.records.record import PrivacyRecord
+
+    tokenizer = AutoTokenizer.from_pretrained(out / merged_name)
+    model = AutoModelForCausalLM.from_pretrained(out / merged_name, dtype=torch.float32).eval()
+    generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    result = {}
+    for task in tasks:
+        record = PrivacyRecord.load(out / "runs_causal" / task / "adapter")
+        splits, spec = load_task(task, max_eval_samples=samples)
+        test = splits["test"]
+        prompts, responses = verbaliser_choices(test, spec, tokenizer, int(record.extra["max_length"]))
+        verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
+        ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
+        chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
+        outputs = generate(chats, max_new_tokens=max(map(len, responses)), do_sample=False, return_full_text=False)
+        answers = [o[0]["generated_text"].strip() for o in outputs]
+        result[task] = {"n": len(answers),
+                        "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in
+                                                                     zip(answers, ranked)])),
+                        "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in
+                                                             zip(answers, test["label"])])),
+                        "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
+                        "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in
+                                     list(zip(answers, test["label"]))[:5]]}
+    (out / "generation.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
 def report(units: Units, merges: list[str], second: str) -> None:
     """Per task: zero-shot floor, DP and non-private adapters, each merge; then every unit's time."""
     def test_score(runs: str, task: str) -> str:
@@ -136,6 +177,11 @@ def report(units: Units, merges: list[str], second: str) -> None:
         print(f"| {task} | {'—' if floor is None else f'{floor:.4f}'} | {test_score('runs_causal', task)} | "
               f"{test_score('runs_nonprivate', task)} | {' | '.join(merged)} | "
               f"{test_score(f'runs_eps{second}', task)} |")
+    if (units.out / "generation.json").exists():
+        for task, row in json.loads((units.out / "generation.json").read_text()).items():
+            print(f"stock generation, {task} (n = {row['n']}): the ranked-first verbaliser "
+                  f"{row['generation_is_ranked_first']:.3f}, the gold one {row['generation_is_gold']:.3f}, "
+                  f"a verbaliser {row['generation_is_a_verbaliser']:.3f}")
     print(json.dumps(units.times, indent=2))
 
 
@@ -151,6 +197,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--nonprivate_tasks", help="the tasks that get a non-private adapter (default: all)")
     parser.add_argument("--merge_eval_samples", help="score the merges on a seeded stratified test subset of this size")
+    parser.add_argument("--score_generation", help="(a unit) stock generation of this merged LM under --out")
     parser.add_argument("--score_merged", help="(a unit) score this merged LM under --out on each task's test split")
     parser.add_argument("--max_train_samples", help="train on a seeded stratified subset of this size (default: all)")
     parser.add_argument("--max_eval_samples", help="score a seeded stratified subset of the test split of this size")
@@ -163,6 +210,9 @@ def main() -> None:
     if args.score_merged:
         score_merged(out, args.score_merged, units.tasks, args.max_eval_samples)
         return
+    if args.score_generation:
+        score_generation(out, args.score_generation, units.tasks, GENERATION_SAMPLES)
+        return
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         nonprivate = args.nonprivate_tasks.split(",") if args.nonprivate_tasks else units.tasks
@@ -171,6 +221,9 @@ def main() -> None:
             units.train("runs_nonprivate", [task] if task in nonprivate else [], NON_PRIVATE)
         for method in merges:
             units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples)
+        if not (out / "generation.json").exists():
+            units.timed("generation", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(out), "--tasks",
+                                       args.tasks, "--score_generation", f"merged_{merges[0]}"])
         units.train(f"runs_eps{args.second_epsilon}", [args.second_epsilon_task],
                     ["--target_epsilon", args.second_epsilon])
     report(units, merges, args.second_epsilon)

@@ -68,9 +68,19 @@ def instruction_format(spec: TaskSpec) -> InstructionFormat:
     return InstructionFormat(fields, f"Which label fits: {_listed(words)}?", words)
 
 
+def _content(fmt: InstructionFormat, texts: Sequence[str]) -> str:
+    return "\n".join(f"{name}: {text}" for name, text in zip(fmt.fields, texts)) + f"\n{fmt.question}"
+
+
+def instruction_messages(spec: TaskSpec, texts: Sequence[str]) -> list[dict[str, str]]:
+    """The question about ``texts`` (one per text field, uncut) as chat messages, the way a user of a stock
+    ``pipeline("text-generation")`` asks it: the prompt training renders, before its text is cut to fit."""
+    return [{"role": "user", "content": _content(instruction_format(spec), texts)}]
+
+
 def _prompt_parts(tokenizer: PreTrainedTokenizerBase, fmt: InstructionFormat) -> list[str]:
     """The rendered prompt cut at each text: ``[before, between…, after]`` (one more part than fields)."""
-    content = "\n".join(f"{name}: {_TEXT_SLOT}" for name in fmt.fields) + f"\n{fmt.question}"
+    content = _content(fmt, [_TEXT_SLOT] * len(fmt.fields))
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                  add_generation_prompt=True)
