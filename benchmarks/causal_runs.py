@@ -4,15 +4,17 @@ the whole training split on the cached prefix, their merges and the evaluation (
 Units, in this order (each skipped when its output exists, so a killed run resumes where it stopped):
 
 1. per task: ``<out>/runs_causal/<task>/`` — ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with ``RECIPE``;
-   then ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp false``, no SAM, no alignment);
-2. per merge method ``m`` of ``--merges``: ``<out>/merged_<m>/`` — ``mergekit-yaml`` of
+2. the first merge method's merge and evaluation (below), then ``<out>/generation.json`` — that merge through stock
+   ``pipeline("text-generation")``: on a stratified test subset per task, how often its greedy answer is the
+   verbaliser that scoring ranks first, and the gold one;
+3. per task of ``--nonprivate_tasks``: ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp
+   false``, no SAM, no alignment), sharing the DP run's cached prefix (``--prefix_cache_dir``);
+4. the other merge methods. Per merge method ``m`` of ``--merges``: ``<out>/merged_<m>/`` — ``mergekit-yaml`` of
    ``merge_configs/causal_<m>.yaml`` over the tasks' DP adapters (λ = 1, stated fixed), then its evaluation:
    ``<out>/eval_<m>/results.json`` — ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged) for the first
    method, ``<out>/eval_<m>/merged.json`` — the merged LM alone, scored the same way, for the others (the floor and
    the adapters do not change with the merge);
-3. ``<out>/generation.json`` — the first merge through stock ``pipeline("text-generation")``: on a stratified
-   test subset per task, how often its greedy answer is the verbaliser that scoring ranks first, and the gold one;
-4. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
+5. ``<out>/runs_eps<e>/<task>/`` — one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
 
 Each adapter's ``eval_metrics.json`` holds its score on the whole test split. The report (``--report``) prints
 the tables from the stored units and the wall-clock time of each unit.
@@ -216,14 +218,15 @@ def main() -> None:
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         nonprivate = args.nonprivate_tasks.split(",") if args.nonprivate_tasks else units.tasks
-        for task in units.tasks:  # each task's DP adapter, then its non-private one
+        for task in units.tasks:
             units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
-            units.train("runs_nonprivate", [task] if task in nonprivate else [], NON_PRIVATE)
-        for method in merges:
-            units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples)
+        units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples)
         if not (out / "generation.json").exists():
             units.timed("generation", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(out), "--tasks",
                                        args.tasks, "--score_generation", f"merged_{merges[0]}"])
+        units.train("runs_nonprivate", nonprivate, NON_PRIVATE)
+        for method in merges[1:]:
+            units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples)
         units.train(f"runs_eps{args.second_epsilon}", [args.second_epsilon_task],
                     ["--target_epsilon", args.second_epsilon])
     report(units, merges, args.second_epsilon)
