@@ -171,6 +171,8 @@ class CachedPrefixTrainer(DPSAMTrainer):
             raise ValueError(f"no cached prefix: {why}; train with --cache_prefix false")
         self.boundary, self.cache_dtype = boundary, cache_dtype
         self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
+        if self.prefix_cache_dir is not None and self.prefix_cache_dir.exists() and not self.prefix_cache_dir.is_dir():
+            raise ValueError(f"--prefix_cache_dir {prefix_cache_dir}: exists and is not a directory")
         self.num_layers = len(layer_stack(model).layers)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.causal = getattr(base, "classifier", None) is None

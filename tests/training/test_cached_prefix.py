@@ -305,3 +305,11 @@ def test_a_prefix_cache_dir_is_reused_by_a_later_run_and_keyed_by_the_bottom(tmp
         changed.get_base_model().bert.encoder.layer[0].output.dense.weight.add_(0.1)
     run("changed", changed)
     assert len(builds) == 2 and len(list(store.glob("prefix-*.pt"))) == 2
+
+
+def test_a_prefix_cache_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="--prefix_cache_dir .*: exists and is not a directory"):
+        CachedPrefixTrainer(model=top_layer_classifier(), args=trainer_config(tmp_path / "run"),
+                            train_dataset=text_dataset(), data_collator=DataCollatorWithPadding(tiny_tokenizer()),
+                            prefix_cache_dir=tmp_path / "file")
