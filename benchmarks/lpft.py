@@ -12,7 +12,8 @@ Protocol (recipes chosen without the evaluated tasks' test data):
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
-at the phase-1 model) on the top k layers from the cached prefix, head and B trained, both phases composed to ε = 8.
+at the phase-1 model) on the top k layers from the cached prefix, head and B trained, both phases composed to ε = 8;
+phase 2 takes the package's DP-SAT step and alignment penalty unless the candidate's name ends in ``_dpsgd``.
 Units are stored as JSON under ``benchmarks/reports/lpft/units/``; the report is rewritten from them.
 
     python -m benchmarks.lpft --stage select
@@ -44,17 +45,18 @@ EPSILON = 8.0
 HEAD = "private_head"
 
 
-def _lpft(k: int, batch: int, steps: int, lr: str, head_epsilon: float) -> tuple[str, ...]:
+def _lpft(k: int, batch: int, steps: int, lr: str, head_epsilon: float, sam: bool = True) -> tuple[str, ...]:
+    plain = () if sam else ("--sam_mode", "none", "--align_lambda", "0")
     return ("--head_phase_epsilon", f"{head_epsilon:g}", "--lora_freeze_a", "true", "--head_warmup_steps", "0",
             "--cache_prefix", "true", "--lora_layers", f"top_{k}", "--per_device_train_batch_size", str(batch),
             "--physical_batch_size", "256", "--max_steps", str(steps), "--learning_rate", lr,
-            "--head_learning_rate", "1e-3", "--logging_steps", "25")
+            "--head_learning_rate", "1e-3", "--logging_steps", "25", *plain)
 
 
 CANDIDATES: dict[str, tuple[str, ...]] = {
     HEAD: ("--train_lora", "false"),
     "k2_b1024_t75_lr3e-3_head6": _lpft(2, 1024, 75, "3e-3", 6),  # the scratch pilot's recipe
-    "k1_b1024_t75_lr3e-3_head6": _lpft(1, 1024, 75, "3e-3", 6),
+    "k2_b1024_t75_lr3e-3_head6_dpsgd": _lpft(2, 1024, 75, "3e-3", 6, sam=False),  # no DP-SAT, no alignment
     "k2_b1024_t75_lr3e-3_head4": _lpft(2, 1024, 75, "3e-3", 4),
 }
 
