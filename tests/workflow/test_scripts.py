@@ -16,8 +16,8 @@ TRAIN_FLAGS = {
     "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
     "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5, "cache_prefix": "false",
-    "cache_dtype": "float32", "head_phase_epsilon": 2.0, "head_phase_steps": 7, "head_phase_batch_size": 9,
-    "head_phase_learning_rate": 0.5,
+    "cache_dtype": "float32", "prefix_cache_dir": "prefixes", "head_phase_epsilon": 2.0, "head_phase_steps": 7,
+    "head_phase_batch_size": 9, "head_phase_learning_rate": 0.5,
 }
 
 
