@@ -57,7 +57,6 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     HEAD: ("--train_lora", "false"),
     "k2_b1024_t75_lr3e-3_head6": _lpft(2, 1024, 75, "3e-3", 6),  # the scratch pilot's recipe
     "k2_b1024_t75_lr3e-3_head6_dpsgd": _lpft(2, 1024, 75, "3e-3", 6, sam=False),  # no DP-SAT, no alignment
-    "k2_b1024_t75_lr3e-3_head4": _lpft(2, 1024, 75, "3e-3", 4),
 }
 
 
