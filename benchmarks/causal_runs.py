@@ -90,7 +90,7 @@ class Units:
                                               merged.name, "--tasks", ",".join(self.tasks), "--output",
                                               evaluation.name, *sizes])
         elif not (evaluation / "results.json").exists() and not (evaluation / "merged.json").exists():
-            self.timed(f"evaluate_{method}", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(self.out),
+            self.timed(f"evaluate_{method}", [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out),
                                               "--tasks", ",".join(self.tasks), "--score_merged", merged.name,
                                               *sizes])
 
@@ -222,7 +222,7 @@ def main() -> None:
             units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
         units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples)
         if not (out / "generation.json").exists():
-            units.timed("generation", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(out), "--tasks",
+            units.timed("generation", [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--tasks",
                                        args.tasks, "--score_generation", f"merged_{merges[0]}"])
         units.train("runs_nonprivate", nonprivate, NON_PRIVATE)
         for method in merges[1:]:
