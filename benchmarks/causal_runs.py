@@ -75,7 +75,7 @@ class Units:
             self.timed(f"{runs}/{task}", [sys.executable, str(REPO / "examples/train_causal_lm.py"), "--task", task,
                                           "--runs_dir", runs, *RECIPE, *extra, *self.sizes])
 
-    def merge_and_evaluate(self, method: str, max_eval_samples: str | None) -> None:
+    def merge_and_evaluate(self, method: str, max_eval_samples: str | None, first: bool) -> None:
         merged, evaluation = self.out / f"merged_{method}", self.out / f"eval_{method}"
         if not (merged / "config.json").exists():
             shutil.rmtree(merged, ignore_errors=True)
@@ -85,17 +85,14 @@ class Units:
             self.timed(f"merge_{method}", ["mergekit-yaml", f"merge_{method}.yaml", merged.name,
                                            "--lora-merge-cache", "runs_causal/lora_cache"])
         sizes = ["--max_eval_samples", max_eval_samples] if max_eval_samples else []
-        if not any((self.out / f"eval_{m}" / "results.json").exists() for m in self.merges_done()):
+        if first and not (evaluation / "results.json").exists():
             self.timed(f"evaluate_{method}", ["hf-dpmerge", "evaluate", "--runs", "runs_causal", "--merged",
                                               merged.name, "--tasks", ",".join(self.tasks), "--output",
                                               evaluation.name, *sizes])
-        elif not (evaluation / "results.json").exists() and not (evaluation / "merged.json").exists():
+        elif not first and not (evaluation / "merged.json").exists():
             self.timed(f"evaluate_{method}", [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out),
                                               "--tasks", ",".join(self.tasks), "--score_merged", merged.name,
                                               *sizes])
-
-    def merges_done(self) -> list[str]:
-        return [p.name.removeprefix("eval_") for p in self.out.glob("eval_*") if p.is_dir()]
 
 
 def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples: str | None) -> None:
@@ -220,13 +217,13 @@ def main() -> None:
         nonprivate = args.nonprivate_tasks.split(",") if args.nonprivate_tasks else units.tasks
         for task in units.tasks:
             units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
-        units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples)
+        units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples, first=True)
         if not (out / "generation.json").exists():
             units.timed("generation", [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--tasks",
                                        args.tasks, "--score_generation", f"merged_{merges[0]}"])
         units.train("runs_nonprivate", nonprivate, NON_PRIVATE)
         for method in merges[1:]:
-            units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples)
+            units.merge_and_evaluate(method, args.merge_eval_samples or args.max_eval_samples, first=False)
         units.train(f"runs_eps{args.second_epsilon}", [args.second_epsilon_task],
                     ["--target_epsilon", args.second_epsilon])
     report(units, merges, args.second_epsilon)

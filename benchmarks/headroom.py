@@ -20,21 +20,18 @@ A task whose best adapter beats the head by ≥ 2 test points is a *headroom tas
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
-from hf_dpmerge.scripts import train as train_script
 from hf_dpmerge.utils.io import write_text_atomic
 
 from .markdown import table as markdown_table
-from .recipe.run import NON_PRIVATE_FLAGS, validation_metrics
+from .recipe.run import NON_PRIVATE_FLAGS, train_in_process, validation_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 REPORT_DIR = REPO / "benchmarks" / "reports" / "headroom"
@@ -58,16 +55,8 @@ def arguments(task: str, arm: str, seed: int, runs_dir: Path) -> list[str]:
 def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, **about: object) -> dict:
     """Train ``task`` with train_glue.py's ``argv`` (its ``--runs_dir`` under ``work_dir``; the adapter is deleted
     afterwards), score it on the validation and the whole test split, store the result (and ``about``) at ``path``."""
-    from transformers import set_seed
-
     runs_dir = Path(argv[argv.index("--runs_dir") + 1])
-    script, config = train_script.parse_arguments(argv)
-    script = script.with_pooling()
-    base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(work_dir)))
-    set_seed(seed)
-    start = time.perf_counter()
-    summary = train_script.train_task(task, script, config, base_dir)
-    seconds = time.perf_counter() - start
+    summary, seconds, base_dir = train_in_process(task, argv, seed, work_dir)
     named = [("<runs>" if a == str(runs_dir) else a.replace(str(work_dir), "<work>")) for a in argv]
     result = {"task": task, "seed": seed, **about, "argv": named,
               "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),

@@ -66,19 +66,24 @@ def score(unit: Unit, runs_dir: Path, base_dir: Path) -> dict[str, float]:
     return validation_metrics(unit.task, runs_dir, base_dir)
 
 
-def run_unit(unit: Unit, work_dir: Path, units_dir: Path = UNITS_DIR) -> dict[str, Any]:
-    """Train ``unit`` under ``work_dir`` (its adapter is deleted afterwards), score it and store the result."""
+def train_in_process(task: str, argv: list[str], seed: int, work_dir: Path) -> tuple[dict[str, Any], float, Path]:
+    """Train ``task`` with train_glue.py's ``argv`` in this process, from one base shared under ``work_dir``:
+    (the script's summary, training seconds, the base directory)."""
     from transformers import set_seed
 
-    runs_dir = work_dir / unit.name.replace("/", "-")
-    argv = train_arguments(unit, runs_dir)
     script, config = train_script.parse_arguments(argv)
     script = script.with_pooling()
     base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(work_dir)))
-    set_seed(unit.seed)
+    set_seed(seed)
     start = time.perf_counter()
-    summary = train_script.train_task(unit.task, script, config, base_dir)
-    seconds = time.perf_counter() - start
+    summary = train_script.train_task(task, script, config, base_dir)
+    return summary, time.perf_counter() - start, base_dir
+
+
+def run_unit(unit: Unit, work_dir: Path, units_dir: Path = UNITS_DIR) -> dict[str, Any]:
+    """Train ``unit`` under ``work_dir`` (its adapter is deleted afterwards), score it and store the result."""
+    runs_dir = work_dir / unit.name.replace("/", "-")
+    summary, seconds, base_dir = train_in_process(unit.task, train_arguments(unit, runs_dir), unit.seed, work_dir)
     metrics = score(unit, runs_dir, base_dir)
     result = {
         "unit": dataclasses.asdict(unit), "argv": train_arguments(unit, Path("<runs>")), "split": unit.split,
