@@ -23,7 +23,7 @@ BASE_FLAGS: tuple[str, ...] = (
     "--learning_rate", "2e-3", "--head_learning_rate", "2e-2", "--lr_scheduler_type", "constant",
     "--weight_decay", "0.0", "--per_sample_max_grad_norm", "1.0", "--logging_steps", "5", "--save_strategy", "no",
     "--report_to", "none", "--lora_freeze_a", "false", "--head_warmup_steps", "0", "--sam_mode", "dp_sat",
-    "--sam_rho", "0.05", "--align_lambda", "0.05",
+    "--sam_rho", "0.05", "--align_lambda", "0.05", "--lora_layers", "top_half", "--head_phase_share", "0",
 )
 """The packaged recipe this benchmark started from (``DP_RECIPE`` then), stated in full in every unit's command
 line: a later change of ``DP_RECIPE`` (the benchmark's output) does not change what a stored unit means."""

@@ -3,7 +3,6 @@ report tasks' test accuracy per recipe and ε, seed-level paired tests with Holm
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,8 +30,6 @@ Results = dict[str, dict[str, Any]]  # unit name -> stored result
 TARGET_GAP = {8.0: 2.0, 4.0: 1.0}  # points the default recipe must beat the floor by, task-averaged
 TARGET_RATIO = 0.95  # of the non-private LoRA adapters' task-averaged accuracy, at ε = 8
 TARGET_SECONDS = 300.0  # one default adapter on the 2-core machine
-FLOOR_GAP_EVIDENCE = Path(__file__).resolve().parents[2] / "hf_dpmerge" / "merging" / "data" / "recipe_floor_gap.json"
-"""What ``hf-dpmerge recommend``'s head-only check reads: :func:`floor_gaps`, rewritten with the report."""
 README = Path(__file__).resolve().parents[2] / "README.md"
 README_TABLE_MARKERS = ("<!-- recipe-table: copied from benchmarks/reports/recipe/RECIPES.md by its report; a test "
                         "keeps them equal -->", "<!-- /recipe-table -->")
@@ -211,35 +208,11 @@ def targets(results: Results, chosen: str) -> list[str]:
     return lines
 
 
-def floor_gaps(results: Results) -> dict[str, Any]:
-    """Per private ε with stored seeds of both: the chosen recipe's DP adapters against the floor, task-averaged
-    test accuracy in points (mean over the seeds both have), the difference per seed and a two-sided paired t-test
-    (seeds are the unit; None with fewer than 2 seeds)."""
-    chosen, _ = choose_recipe(results)
-    rows = []
-    for epsilon in (1.0, 4.0, 8.0):
-        ours = seed_averages(results, chosen, epsilon) if chosen else {}
-        floor = seed_averages(results, FLOOR, epsilon)
-        seeds = sorted(set(ours) & set(floor))
-        if not seeds:
-            continue
-        diffs = [100 * (ours[s] - floor[s]) for s in seeds]
-        p_value = (float(stats.ttest_rel([ours[s] for s in seeds], [floor[s] for s in seeds]).pvalue)
-                   if len(seeds) >= 2 and np.std(diffs) > 0 else None)
-        rows.append({"epsilon": epsilon, "adapters": round(float(np.mean([100 * ours[s] for s in seeds])), 2),
-                     "floor": round(float(np.mean([100 * floor[s] for s in seeds])), 2),
-                     "difference": round(float(np.mean(diffs)), 2), "seeds": seeds, "p": p_value})
-    return {"report": "benchmarks/reports/recipe/RECIPES.md", "recipe": chosen, "tasks": list(REPORT_TASKS),
-            "split": "test", "rows": rows}
-
-
-def write_report(results: Results, path: Path, log: Callable[[str], None] = print,
-                 evidence: Path = FLOOR_GAP_EVIDENCE, readme: Path = README) -> Path:
-    """Write the report to ``path``, the floor gaps ``recommend`` reads to ``evidence`` and the level table into
-    ``readme``."""
+def write_report(results: Results, path: Path, log: Callable[[str], None] = print, readme: Path = README) -> Path:
+    """Write the report to ``path`` and the level table into ``readme`` (the gap ``hf-dpmerge recommend`` reads
+    is the LP-FT benchmark's since LP-FT became the default: ``benchmarks/lpft.py``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(results))
-    evidence.write_text(json.dumps(floor_gaps(results), indent=1) + "\n")
     readme.write_text(with_readme_table(readme.read_text(), results))
-    log(f"wrote {path}, {evidence} and the table in {readme}")
+    log(f"wrote {path} and the table in {readme}")
     return path

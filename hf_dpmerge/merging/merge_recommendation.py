@@ -14,8 +14,8 @@ Measured on the adapters (post-processing of released weights and records, no pr
 ``benchmarks/quality/stress_report.py`` as ``recommend_evidence.json``), the interference each ranking was
 measured at, and BENCHMARKS.md's figures. The merge is the one measured at the adapters' privacy level (the
 nearest measured ε) and at an interference at least theirs; where that setting's choice was the floor (the base
-encoder with each task's head), or where the recipe benchmark's private head was at least as accurate as the
-default recipe's DP adapters (``data/recipe_floor_gap.json``, :data:`RECIPE_FLOOR_GAP`), the head-only comparison
+encoder with each task's head), or where the private head was at least as accurate as the default recipe's DP
+adapters in the LP-FT benchmark (``data/recipe_floor_gap.json``, :data:`RECIPE_FLOOR_GAP`), the head-only comparison
 comes first. Every threshold has a tolerance
 (:func:`above`, :func:`below`): a measurement within :data:`TOLERANCE` of it does not cross it. Outside the
 measured range a rule says so instead of extrapolating.
@@ -48,8 +48,8 @@ BENCHMARK_MAX_SIGN_CONFLICT = EVIDENCE["interference"]["private"]["max_sign_conf
 """Largest sign-conflict rate between the same adapters: unrelated vectors' ≈ 0.5."""
 RECIPE_FLOOR_GAP: dict[str, Any] = json.loads(
     resources.files("hf_dpmerge.merging").joinpath("data", "recipe_floor_gap.json").read_text(encoding="utf-8"))
-"""The recipe benchmark's measured gap between the default recipe's DP adapters and a private head on the frozen
-encoder, per ε (written by ``benchmarks/recipe/report.py`` with RECIPES.md)."""
+"""The measured gap between the default recipe's DP adapters and a private head on the frozen encoder, per measured
+ε (written by ``benchmarks/lpft.py`` with LPFT.md)."""
 MEASURED_EPSILONS = sorted({e for e in [*EVIDENCE["quality"]["epsilons"],
                                         *(row["epsilon"] for row in EVIDENCE["settings"])] if e is not None})
 NOISE_TO_SIGNAL_FLOOR = 0.05
@@ -188,7 +188,7 @@ def floor_won(m: Measurements) -> list[dict[str, Any]]:
 
 
 def recipe_floor_gap(m: Measurements) -> dict[str, Any] | None:
-    """The recipe benchmark's row at the measured ε nearest (log scale) to ``m``'s largest private ε, or None."""
+    """The floor-gap row at the measured ε nearest (log scale) to ``m``'s largest private ε, or None."""
     rows = RECIPE_FLOOR_GAP["rows"]
     if not m.any_private or math.isinf(m.max_epsilon) or not rows:
         return None
@@ -196,8 +196,8 @@ def recipe_floor_gap(m: Measurements) -> dict[str, Any] | None:
 
 
 def floor_not_beaten(m: Measurements) -> bool:
-    """The head-only check applies: the stress benchmark's floor beat every merge at ``m``'s ε, or the recipe
-    benchmark's private head was at least as accurate as the default recipe's DP adapters there."""
+    """The head-only check applies: the stress benchmark's floor beat every merge at ``m``'s ε, or the private head
+    was at least as accurate as the default recipe's DP adapters there (:func:`recipe_floor_gap`)."""
     row = recipe_floor_gap(m)
     return bool(floor_won(m)) or (row is not None and row["difference"] <= 0)
 

@@ -61,13 +61,14 @@ from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, recipe_value
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, LPFT_RECIPE, recipe_value
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
-DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE]
+# LoRA adapters: private LP-FT (LPFT_RECIPE) on top of the FFA-LoRA recipe.
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE, *LPFT_RECIPE]
 # --train_lora false: no LoRA factors to freeze or warm up before (LORA_RECIPE undone), then the head-only recipe
 HEAD_ONLY_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", "--lora_freeze_a", "false",
                       "--head_warmup_steps", "0", *HEAD_ONLY_RECIPE]
@@ -154,6 +155,10 @@ class TrainArguments:
         "help": "Private LP-FT (docs/design.md §15.6): first train the head alone on cached pooled features (the "
                 "floor's recipe) at this ε, then LoRA and the head from there (B = 0: the same model at the start); "
                 "both phases compose in one accountant to --target_epsilon, stated in dp_privacy.json."})
+    head_phase_share: float = field(default=0.0, metadata={
+        "help": "Private LP-FT with ε₁ = this share of --target_epsilon (0 < share < 1; 0: no head phase), under DP "
+                "for LoRA adapters; --head_phase_epsilon, when given, sets ε₁ instead. Ignored with --no_dp and "
+                "--train_lora false, where there is no head phase."})
     head_phase_steps: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps")), metadata={
         "help": "Steps of the LP-FT head phase."})
     head_phase_batch_size: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--per_device_train_batch_size")),
@@ -195,17 +200,38 @@ def shared_base(script: ScriptArguments) -> Path:
     return base_dir
 
 
+def head_phase_epsilon(script: ScriptArguments, config: DPSAMConfig) -> float | None:
+    """ε₁ of private LP-FT's head phase: ``--head_phase_epsilon``, else ``--head_phase_share`` × ``--target_epsilon``
+    under DP for LoRA adapters; None without a head phase."""
+    if not 0 <= script.head_phase_share < 1:
+        raise ValueError(f"--head_phase_share must be in [0, 1) (0: no head phase), got {script.head_phase_share}")
+    if script.head_phase_epsilon is not None:
+        if not (script.train_lora and config.dp):
+            raise ValueError("--head_phase_epsilon trains a head, then LoRA, under DP: it needs --train_lora true "
+                             "and DP")
+        return script.head_phase_epsilon
+    if script.head_phase_share == 0 or not (script.train_lora and config.dp):
+        return None
+    if config.target_epsilon is None or config.noise_multiplier is not None:
+        raise ValueError(f"--head_phase_share {script.head_phase_share:g} is a share of --target_epsilon, which "
+                         f"{'is not set' if config.target_epsilon is None else '--noise_multiplier overrides'}: "
+                         "pass --head_phase_epsilon (ε₁ of the head phase), or --head_phase_share 0 (none)")
+    return script.head_phase_share * config.target_epsilon
+
+
 def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spec, model, train, collator,
                out: Path) -> list[dict]:
-    """Private LP-FT's first phase (``--head_phase_epsilon``): the head alone on cached pooled features at that ε,
+    """Private LP-FT's first phase (:func:`head_phase_epsilon`): the head alone on cached pooled features at ε₁,
     copied into ``model``'s head; returns the phase for the accountant of the second ([] without LP-FT)."""
-    if script.head_phase_epsilon is None:
+    epsilon = head_phase_epsilon(script, config)
+    if epsilon is None:
         return []
-    if not (script.train_lora and config.dp):
-        raise ValueError("--head_phase_epsilon trains a head, then LoRA, under DP: it needs --train_lora true and DP")
+    if script.head_phase_batch_size > len(train):
+        raise ValueError(f"--head_phase_batch_size {script.head_phase_batch_size} exceeds the {len(train)} training "
+                         "examples: pass a smaller --head_phase_batch_size, or --head_phase_share 0 (no head phase)")
     head_model = lora_sequence_classifier(base_dir.resolve(), spec, train_lora=False, **script.lora_options())
     head_config = dataclasses.replace(
-        config, output_dir=str(out / "checkpoints-head"), target_epsilon=script.head_phase_epsilon,
+        config, output_dir=str(out / "checkpoints-head"), target_epsilon=epsilon,
         noise_multiplier=None, epsilon_budget=None, max_steps=script.head_phase_steps,
         per_device_train_batch_size=script.head_phase_batch_size, physical_batch_size=script.head_phase_batch_size,
         learning_rate=script.head_phase_learning_rate, head_learning_rate=script.head_phase_learning_rate,

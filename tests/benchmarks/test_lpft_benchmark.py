@@ -1,6 +1,7 @@
 """The LP-FT search and the headroom table: units parse as the training script runs them, the choice uses the
 select tasks' validation splits only, and the report's tests treat seeds as the unit (Holm over tasks)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
         for seed in range(3):
             units += [unit(task, lpft.HEAD, seed, 0.8, head[task][seed]),
                       unit(task, chosen, seed, 0.82, ours[task][seed])]
-    text = lpft.write_report(units, tmp_path / "LPFT.md")
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=tmp_path / "gap.json")
     p = [stats.ttest_rel([100 * x for x in ours[t]], [100 * x for x in head[t]]).pvalue
          for t in ("rotten_tomatoes", "election_tweets")]
     adjusted = holm(p)
@@ -64,6 +65,26 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
     assert f"{p[0]:.3g}" in rotten and f"{adjusted[0]:.3g}" in rotten
     assert f"{p[1]:.3g}" in election and f"{adjusted[1]:.3g}" in election
     assert "+3.0 +2.0 +3.0 | +2.67" in rotten  # the paired per-seed gains and their mean
+    # recommend's gap: the task average over the tasks of seed 0, on the seeds that hold all of them
+    gap = json.loads((tmp_path / "gap.json").read_text())
+    assert gap["recipe"] == chosen and gap["tasks"] == ["rotten_tomatoes", "election_tweets", "bbc_news"]
+    assert gap["rows"][0]["seeds"] == [0] and gap["rows"][0]["p"] is None  # bbc_news has seed 0 only
+    head["bbc_news"], ours["bbc_news"] = [0.80, 0.95, 0.94], [0.0, 0.96, 0.955]  # seed 0: its select units
+    units += [unit("bbc_news", c, seed, 0.8, scores[seed]) for seed in (1, 2)
+              for c, scores in ((lpft.HEAD, head["bbc_news"]), (chosen, ours["bbc_news"]))]
+    gap = lpft.floor_gap(units)
+    ours_avg = [100 * sum(ours[t][s] for t in ours) / 3 for s in range(3)]
+    head_avg = [100 * sum(head[t][s] for t in head) / 3 for s in range(3)]
+    row = gap["rows"][0]
+    assert row["seeds"] == [0, 1, 2] and row["epsilon"] == lpft.EPSILON
+    assert row["difference"] == pytest.approx(sum(ours_avg) / 3 - sum(head_avg) / 3, abs=0.01)
+    assert row["p"] == pytest.approx(stats.ttest_rel(ours_avg, head_avg).pvalue)
+
+
+def test_recommend_reads_the_gap_of_the_stored_units():
+    """What ``hf-dpmerge recommend`` reads is what the committed units give (rerun --report-only after adding)."""
+    stored = json.loads(lpft.FLOOR_GAP_EVIDENCE.read_text())
+    assert stored == json.loads(json.dumps(lpft.floor_gap(lpft.load_units(lpft.REPORT_DIR / "units"))))
 
 
 def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_points(tmp_path, monkeypatch):

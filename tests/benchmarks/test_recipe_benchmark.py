@@ -13,11 +13,9 @@ from scipy import stats
 from benchmarks.recipe import grid
 from benchmarks.recipe.__main__ import stored
 from benchmarks.recipe.report import (
-    FLOOR_GAP_EVIDENCE,
     README,
     README_TABLE_MARKERS,
     choose_recipe,
-    floor_gaps,
     holm,
     level_table,
     paired_comparisons,
@@ -116,25 +114,6 @@ def test_stored_results_resume_only_with_the_same_command_line(tmp_path: Path) -
     path.write_text(json.dumps(stale))
     assert load_result(unit, tmp_path) is None and stored(tmp_path) == {}
     assert not list(itertools.islice(tmp_path.rglob("*.tmp"), 1))
-
-
-def test_floor_gaps_are_the_seed_level_differences_and_the_packaged_file_matches_the_stored_units() -> None:
-    results = {u.name: _result(u, 0.72 if u.recipe == grid.PACKAGED else 0.7) for u in grid.select_units()}
-    chosen, _ = choose_recipe(results)
-    floor = {0: 0.80, 1: 0.82, 2: 0.79}
-    gain = {0: -0.02, 1: -0.01, 2: -0.03}  # the private head wins
-    for unit in grid.report_units(chosen):
-        if unit.epsilon == 8.0 or (unit.epsilon == 1.0 and unit.recipe != chosen):
-            results[unit.name] = _result(unit, floor[unit.seed] + (gain[unit.seed] if unit.recipe == chosen else 0))
-    gaps = floor_gaps(results)
-    assert gaps["recipe"] == chosen and [row["epsilon"] for row in gaps["rows"]] == [8.0]  # ε = 1 lacks `chosen`
-    row = gaps["rows"][0]
-    assert row["seeds"] == [0, 1, 2] and row["difference"] == pytest.approx(-2.0)
-    assert row["floor"] == pytest.approx(80.33, abs=0.01) and row["adapters"] == pytest.approx(78.33, abs=0.01)
-    direct = stats.ttest_rel([floor[s] + gain[s] for s in range(3)], [floor[s] for s in range(3)]).pvalue
-    assert row["p"] == pytest.approx(direct)
-    # what recommend reads is what the committed units give (rerun --report-only after adding units)
-    assert json.loads(FLOOR_GAP_EVIDENCE.read_text()) == json.loads(json.dumps(floor_gaps(stored(UNITS_DIR))))
 
 
 def test_the_readme_shows_the_level_table_of_the_stored_units() -> None:

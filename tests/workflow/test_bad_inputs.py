@@ -191,13 +191,15 @@ def test_lora_target_modules_that_match_nothing_are_refused(tmp_path: Path) -> N
 def test_train_glue_privacy_unit_column_keeps_the_films_or_names_a_missing_column(tmp_path: Path) -> None:
     base = save_tiny_bert(tmp_path / "tiny")
     common = ["--model_name_or_path", str(base), "--max_train_samples", "120", "--max_eval_samples", "20",
-              "--max_steps", "1", "--per_device_train_batch_size", "4", "--max_length", "16", "--use_cpu"]
+              "--max_steps", "1", "--per_device_train_batch_size", "4", "--max_length", "16", "--use_cpu",
+              "--head_phase_steps", "1", "--head_phase_batch_size", "4"]  # LP-FT, the default: both phases per film
     with pytest.raises(ValueError, match="--privacy_unit_column author: task rotten_tomatoes has no such column"):
         train_script.main([*common, "--runs_dir", str(tmp_path / "bad"), "--privacy_unit_column", "author"])
     train_script.main([*common, "--runs_dir", str(tmp_path / "runs"), "--privacy_unit_column", "movie"])
     record = json.loads((tmp_path / "runs" / "rotten_tomatoes" / "adapter" / "dp_privacy.json").read_text())
     assert record["privacy_unit"] == "unit:movie" and record["num_samples"] == 120
     assert 4 <= record["num_units"] < 120 and record["sample_rate"] == pytest.approx(4 / record["num_units"])
+    assert [phase["sample_rate"] for phase in record["extra"]["phases"]] == [pytest.approx(4 / record["num_units"])] * 2
 
 
 # ---------------------------------------------------------------------------------------- merging

@@ -8,15 +8,16 @@ import pytest
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
-from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, parse_arguments
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE
+from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, head_phase_epsilon, parse_arguments
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LPFT_RECIPE, recipe_value
 
 TRAIN_FLAGS = {
     "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
     "dataset_path": "glue-copy", "max_length": 32, "max_train_samples": 100, "max_eval_samples": 50, "lora_r": 4,
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
     "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5, "cache_prefix": "false",
-    "cache_dtype": "float32", "prefix_cache_dir": "prefixes", "head_phase_epsilon": 2.0, "head_phase_steps": 7,
+    "cache_dtype": "float32", "prefix_cache_dir": "prefixes", "head_phase_epsilon": 2.0, "head_phase_share": 0.5,
+    "head_phase_steps": 7,
     "head_phase_batch_size": 9, "head_phase_learning_rate": 0.5,
 }
 
@@ -27,20 +28,39 @@ def test_every_training_flag_parses_into_the_script_arguments() -> None:
     assert {name: getattr(script, name) for name in TRAIN_FLAGS} == TRAIN_FLAGS
     # the recipe comes first: the head-only one with --train_lora false, else the LoRA one
     assert config.max_steps == int(HEAD_ONLY_RECIPE[HEAD_ONLY_RECIPE.index("--max_steps") + 1])
-    assert parse_arguments([])[1].max_steps == int(DP_RECIPE[DP_RECIPE.index("--max_steps") + 1])
+    assert parse_arguments([])[1].max_steps == int(recipe_value(LPFT_RECIPE, "--max_steps"))
     assert parse_arguments(["--max_steps", "7"])[1].max_steps == 7  # and any flag overrides it
 
 
-def test_lora_adapters_default_to_the_measured_recipe_and_the_head_only_floor_does_not_take_it() -> None:
-    """LORA_RECIPE (FFA-LoRA, the first quarter of the steps on the head) is the LoRA default; --train_lora false
-    (no LoRA factors to freeze or warm up for) runs HEAD_ONLY_RECIPE without it; any flag overrides both."""
+def test_lora_adapters_default_to_private_lp_ft_and_the_head_only_floor_does_not_take_it() -> None:
+    """LPFT_RECIPE (phase 1 the private head at 0.75 ε, phase 2 FFA-LoRA on the top two layers, plain DP-SGD) is
+    the LoRA default; --train_lora false runs HEAD_ONLY_RECIPE without a head phase; any flag overrides both."""
     script, config = parse_arguments([])
-    assert script.lora_freeze_a is True and config.head_warmup_steps == 0.25
-    assert config.head_warmup_step_count(config.max_steps) == 10
+    assert script.lora_freeze_a is True and script.lora_layers == "top_2"
+    assert (config.max_steps, config.per_device_train_batch_size, config.sam_mode, config.align_lambda) == (
+        75, 1024, "none", 0.0)
+    assert head_phase_epsilon(script, config) == 0.75 * config.target_epsilon == 6.0
+    assert head_phase_epsilon(*parse_arguments(["--target_epsilon", "4"])) == 3.0
+    assert head_phase_epsilon(*parse_arguments(["--head_phase_epsilon", "5"])) == 5.0  # an explicit ε₁ wins
+    assert head_phase_epsilon(*parse_arguments(["--head_phase_share", "0"])) is None
+    assert head_phase_epsilon(*parse_arguments(["--no_dp"])) is None  # no ε to share: one non-private phase
     script, config = parse_arguments(["--train_lora", "false"])
     assert script.lora_freeze_a is False and config.head_warmup_steps == 0
+    assert config.max_steps == int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps"))
+    assert head_phase_epsilon(script, config) is None  # the floor is the head itself
     script, config = parse_arguments(["--lora_freeze_a", "false", "--head_warmup_steps", "3"])
     assert script.lora_freeze_a is False and config.head_warmup_step_count(config.max_steps) == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--head_phase_share", "1"], "--head_phase_share must be in \\[0, 1\\)"),
+    (["--head_phase_share", "-0.1"], "--head_phase_share must be in"),
+    (["--target_epsilon", "8", "--head_phase_epsilon", "2", "--no_dp"], "it needs --train_lora true and DP"),
+    (["--noise_multiplier", "1.5"], "--noise_multiplier overrides: pass --head_phase_epsilon"),
+])
+def test_a_bad_head_phase_is_refused_naming_the_flag(argv, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        head_phase_epsilon(*parse_arguments(argv))
 
 
 def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() -> None:
@@ -48,7 +68,7 @@ def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() ->
 
     help_text = " ".join(argument_parser().format_help().split("options:", 1)[1].split())
     for flag in ("per_device_train_batch_size", "learning_rate", "max_steps", "save_strategy"):
-        value = DP_RECIPE[DP_RECIPE.index(f"--{flag}") + 1]
+        value = recipe_value([*DP_RECIPE, *LPFT_RECIPE], f"--{flag}")  # LPFT_RECIPE's last word
         shown = re.search(rf"--{flag} .*?\(default: ([^)]*)\)", help_text).group(1)
         assert shown == value or float(shown) == float(value), (flag, shown, value)
     assert not [name for name in REFUSED_FLAGS if f"--{name} " in help_text]

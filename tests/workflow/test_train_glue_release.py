@@ -21,7 +21,7 @@ from tests.utils.tiny_models import save_tiny_bert, tiny_tokenizer
 
 TINY_RUN = ["--max_steps", "2", "--max_train_samples", "64", "--max_eval_samples", "32",
             "--per_device_train_batch_size", "16", "--physical_batch_size", "16", "--max_length", "16",
-            "--target_epsilon", "8", "--logging_steps", "1"]
+            "--target_epsilon", "8", "--logging_steps", "1", "--head_phase_steps", "2", "--head_phase_batch_size", "16"]
 
 
 # (argv, the flag the error must name): flags meaningless for the script, whatever --dp says
@@ -104,10 +104,13 @@ def test_honoured_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
     built = {}
 
     def recording_train(self, resume_from_checkpoint=None, **kwargs):
+        if self.args.output_dir.endswith("checkpoints-head"):  # LP-FT's head phase (the default) trains as usual
+            return stock_train(self, resume_from_checkpoint, **kwargs)
         self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps)
         built["trainer"] = self
         raise _StopBeforeTraining
 
+    stock_train = DPSAMTrainer.train
     monkeypatch.setattr(DPSAMTrainer, "train", recording_train)  # the cached trainer's train ends in it too
     flags = ["--learning_rate", "3e-3", "--head_learning_rate", "3e-2", "--weight_decay", "0.01",
              "--adam_beta2", "0.98", "--optim", "adamw_torch", "--lr_scheduler_type", "linear", "--warmup_steps", "1",
@@ -129,6 +132,16 @@ def test_honoured_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:
     assert trainer.lr_scheduler.get_last_lr()[0] == 0.0  # linear warm-up from 0
     assert (trainer.num_samples, len(trainer.eval_dataset)) == (64, 32)  # --max_train/eval_samples; the
     # validation split is evaluated for --eval_on_start
+
+
+def test_a_head_phase_larger_than_the_data_is_refused(tmp_path: Path) -> None:
+    """The default LoRA recipe is private LP-FT; its head phase's Poisson batch cannot exceed the data (64 rows
+    here): refused naming the flag, before any release is written."""
+    base = save_tiny_bert(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="--head_phase_batch_size 1024 exceeds the 64 training examples"):
+        train_glue.main(["--model_name_or_path", str(base), "--runs_dir", str(tmp_path / "runs"), "--task",
+                         "bbc_news", *TINY_RUN, "--head_phase_batch_size", "1024"])
+    assert not (tmp_path / "runs" / "bbc_news" / "adapter").exists()
 
 
 def test_a_checkpoint_path_needs_a_single_task(tmp_path: Path) -> None:
@@ -259,9 +272,12 @@ def test_frozen_shared_a_reaches_the_model_and_the_record(tmp_path: Path, monkey
     built = {}
 
     def recording_train(self, resume_from_checkpoint=None, **kwargs):
+        if self.args.output_dir.endswith("checkpoints-head"):  # LP-FT's head phase (the default) trains as usual
+            return stock_train(self, resume_from_checkpoint, **kwargs)
         built["trainer"] = self
         raise _StopBeforeTraining
 
+    stock_train = DPSAMTrainer.train
     monkeypatch.setattr(DPSAMTrainer, "train", recording_train)
     with pytest.raises(_StopBeforeTraining):
         train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",

@@ -16,7 +16,8 @@ from tests.utils.tiny_models import save_tiny_bert
 REPO = Path(__file__).resolve().parents[2]
 TASKS = "rotten_tomatoes,bbc_news"
 TINY_TRAINING = ["--max_train_samples", "96", "--max_eval_samples", "32", "--per_device_train_batch_size", "16",
-                 "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--accountant", "rdp"]
+                 "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--accountant", "rdp",
+                 "--head_phase_steps", "3", "--head_phase_batch_size", "16"]  # LP-FT's head phase (the default)
 
 
 def trim_merge_config(path: Path) -> None:
