@@ -52,15 +52,23 @@ def arguments(task: str, arm: str, seed: int, runs_dir: Path) -> list[str]:
             "--overwrite", "true", "--disable_tqdm", "true"]
 
 
-def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, **about: object) -> dict:
-    """Train ``task`` with train_glue.py's ``argv`` (its ``--runs_dir`` under ``work_dir``; the adapter is deleted
-    afterwards), score it on the validation and the whole test split, store the result (and ``about``) at ``path``."""
+def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, keep: Path | None = None,
+             **about: object) -> dict:
+    """Train ``task`` with train_glue.py's ``argv`` (its ``--runs_dir`` under ``work_dir``; deleted afterwards,
+    except the released folders, moved to ``keep/<path's stem>/<task>/`` when ``keep`` is given), score it on the
+    validation and the whole test split, store the result (and ``about``) at ``path``."""
     runs_dir = Path(argv[argv.index("--runs_dir") + 1])
     summary, seconds, base_dir = train_in_process(task, argv, seed, work_dir)
     named = [("<runs>" if a == str(runs_dir) else a.replace(str(work_dir), "<work>")) for a in argv]
     result = {"task": task, "seed": seed, **about, "argv": named,
               "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),
               "train_seconds": seconds, "steps": summary["steps"], "epsilon": summary["epsilon"]}
+    if keep is not None:  # before the unit counts as done: a kept unit always has its adapter
+        kept = keep / path.stem / task
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        for name in ("adapter", "encoder_adapter", "eval_metrics.json"):
+            shutil.move(runs_dir / task / name, kept / name)
     write_text_atomic(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
     shutil.rmtree(runs_dir, ignore_errors=True)
     gc.collect()

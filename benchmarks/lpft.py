@@ -163,9 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=("select", "report"), default="select")
     parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS), help="report stage: the tasks, in order")
     parser.add_argument("--seeds", default="0", help="report stage: the seeds")
+    parser.add_argument("--candidates", help="report stage: these candidates (comma-separated) instead of the "
+                                             "private head and the chosen one")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "lpft")
     parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--keep-adapters", type=Path, metavar="DIR",
+                        help="keep each LP-FT unit's released adapter in DIR/<unit>/<task>/ (what "
+                             "benchmarks/lpft_merge.py merges); the head's units keep none")
     args = parser.parse_args(argv)
     work_dir = args.work_dir.resolve()
     if not args.report_only:
@@ -175,15 +180,19 @@ def main(argv: list[str] | None = None) -> int:
             chosen, _ = chosen_candidate(load_units(args.units_dir))
             if chosen is None:
                 parser.error("the select stage is incomplete: run --stage select first")
+            candidates = args.candidates.split(",") if args.candidates else [HEAD, chosen]
+            if unknown := sorted(set(candidates) - set(CANDIDATES)):
+                parser.error(f"--candidates: unknown {unknown}; the candidates are {sorted(CANDIDATES)}")
             plan = [(task, c, seed) for seed in map(int, args.seeds.split(",")) for task in args.tasks.split(",")
-                    for c in (HEAD, chosen)]
+                    for c in candidates]
         for task, candidate, seed in plan:
             name = unit_name(task, candidate, seed)
             path = args.units_dir / f"{name}.json"
             if path.exists():
                 continue
             print(f"[lpft] {name}", file=sys.stderr, flush=True)
-            run_unit(task, arguments(task, candidate, seed, work_dir / name), seed, work_dir, path,
+            keep = None if args.keep_adapters is None or candidate == HEAD else args.keep_adapters.resolve()
+            run_unit(task, arguments(task, candidate, seed, work_dir / name), seed, work_dir, path, keep=keep,
                      candidate=candidate)
     print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md"))
     return 0

@@ -58,8 +58,9 @@ def train_arguments(ctx: Context, cell: Cell) -> list[str]:
 
 
 def parse_train_arguments(argv: list[str]) -> tuple[train_script.ScriptArguments, Any]:
-    """``argv`` parsed as the training script parses its command line (``argv`` already starts with DP_RECIPE)."""
-    return train_script.parse_arguments(argv)
+    """``argv`` parsed as the training script parses its command line (``argv`` already starts with DP_RECIPE),
+    after the one-phase LoRA defaults this benchmark's cells were defined on (not the LP-FT default since)."""
+    return train_script.parse_arguments(argv, defaults=train_script.ONE_PHASE_DEFAULTS)
 
 
 def arguments_set_by(flags: list[str]) -> set[str]:

@@ -67,8 +67,10 @@ from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
-# LoRA adapters: private LP-FT (LPFT_RECIPE) on top of the FFA-LoRA recipe.
-DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE, *LPFT_RECIPE]
+# ONE_PHASE_DEFAULTS: the one-phase FFA-LoRA recipe, the default until LP-FT (what earlier benchmark units ran with)
+ONE_PHASE_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE]
+# LoRA adapters: private LP-FT (LPFT_RECIPE) on top of it
+DP_DEFAULTS = [*ONE_PHASE_DEFAULTS, *LPFT_RECIPE]
 # --train_lora false: no LoRA factors to freeze or warm up before (LORA_RECIPE undone), then the head-only recipe
 HEAD_ONLY_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", "--lora_freeze_a", "false",
                       "--head_warmup_steps", "0", *HEAD_ONLY_RECIPE]
@@ -89,12 +91,13 @@ REFUSED_FLAGS = {
 
 
 def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS) -> list[str]:
-    """The defaults put before ``argv``: for the classifier script's DP recipe, the head-only recipe with
-    ``--train_lora false``; else ``defaults`` as given (another script's recipe)."""
-    if defaults is not DP_DEFAULTS:
+    """The defaults put before ``argv``: for the classifier script's recipes (:data:`DP_DEFAULTS`,
+    :data:`ONE_PHASE_DEFAULTS`), the head-only recipe with ``--train_lora false``; else ``defaults`` as given
+    (another script's recipe)."""
+    if defaults is not DP_DEFAULTS and defaults is not ONE_PHASE_DEFAULTS:
         return defaults
-    train_lora = parser.parse_known_args([*DP_DEFAULTS, *argv])[0].train_lora
-    return DP_DEFAULTS if train_lora else HEAD_ONLY_DEFAULTS
+    train_lora = parser.parse_known_args([*defaults, *argv])[0].train_lora
+    return defaults if train_lora else HEAD_ONLY_DEFAULTS
 
 
 def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,

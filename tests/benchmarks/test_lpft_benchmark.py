@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from benchmarks import headroom, lpft
+from benchmarks import headroom, lpft, lpft_merge
 from benchmarks.quality.significance import holm
 from hf_dpmerge.scripts import train as train_script
 
@@ -95,3 +95,38 @@ def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_po
              for arm, v in zip(headroom.ARMS, scores)]
     text = headroom.write_report(units, tmp_path / "HEADROOM.md")
     assert "Headroom tasks (≥ 2 points): rotten_tomatoes." in text
+
+
+def merge_unit(trainer, seed, method, individual, merged):
+    tasks = list(lpft_merge.TASKS)
+    return {"trainer": trainer, "seed": seed, "method": method, "tasks": tasks,
+            "evaluation": {"tasks": {t: {"individual": individual[i], "merged": merged[i]}
+                                     for i, t in enumerate(tasks)}}}
+
+
+def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the_private_head(tmp_path):
+    """DP-Merging − DP-SGD in task-averaged merged accuracy, paired over seeds, Holm over methods; gain retained is
+    (merged − head) / (individual − head) on the averaged scores, the head being the same seed's private head."""
+    merged = {("dp_sgd", 1): (0.80, 0.88), ("dp_sgd", 2): (0.79, 0.87), ("dp_sgd", 3): (0.81, 0.88),
+              ("dp_merging", 1): (0.81, 0.89), ("dp_merging", 2): (0.81, 0.88), ("dp_merging", 3): (0.82, 0.90)}
+    units = [merge_unit(tr, s, m, (0.82, 0.90), merged[(tr, s)]) for (tr, s) in merged for m in lpft_merge.METHODS]
+    heads = {(t, s): h for s in (1, 2, 3) for t, h in zip(lpft_merge.TASKS, (78.0, 88.0))}
+    text = lpft_merge.write_report(units, heads, tmp_path / "LPFT_MERGE.md")
+    score = {k: 100 * sum(v) / 2 for k, v in merged.items()}
+    p = stats.ttest_rel([score[("dp_merging", s)] for s in (1, 2, 3)], [score[("dp_sgd", s)] for s in (1, 2, 3)])
+    adjusted = holm([p.pvalue] * len(lpft_merge.METHODS))
+    row = next(line for line in text.splitlines() if line.startswith("| ties | 1,2,3 |"))
+    assert "+1.00 +1.50 +1.50 | +1.33" in row and f"{p.pvalue:.3g}" in row and f"{adjusted[0]:.3g}" in row
+    sgd = next(line for line in text.splitlines() if line.startswith("| ties | dp_sgd |"))
+    individual, head = 86.0, 83.0
+    merged_sgd = sum(score[("dp_sgd", s)] for s in (1, 2, 3)) / 3
+    assert f"| {head:.1f} | {individual:.1f} | {merged_sgd:.1f} |" in sgd
+    assert f"{100 * (merged_sgd - head) / (individual - head):.0f} %" in sgd
+
+
+def test_a_seed_merges_only_when_both_trainers_kept_every_task(tmp_path):
+    for trainer in lpft_merge.TRAINERS:
+        for task in lpft_merge.TASKS:
+            (lpft_merge.kept_adapter(tmp_path, task, trainer, 1) / "encoder_adapter").mkdir(parents=True)
+    (lpft_merge.kept_adapter(tmp_path, "rotten_tomatoes", "dp_sgd", 2) / "encoder_adapter").mkdir(parents=True)
+    assert lpft_merge.complete_seeds(tmp_path, list(lpft_merge.TASKS)) == [1]

@@ -47,6 +47,20 @@ def test_the_non_private_floor_trains_without_dp_and_each_private_floor_at_its_e
     assert all(not script.train_lora for script, _ in parsed.values())
 
 
+def test_cells_keep_the_one_phase_lora_recipe_they_were_defined_on(tmp_path):
+    """The LP-FT default of train_glue.py (a head phase, LoRA on the top 2 layers, no SAM or alignment) does not
+    reach the benchmark's cells: DP-Merging keeps DP-SAT and DPSAMConfig's λ, DP-SGD neither, both one phase."""
+    from hf_dpmerge.scripts.train import head_phase_epsilon
+
+    ctx = Context(GRIDS["cpu"], tmp_path, Store(tmp_path), None, False, print)
+    parsed = {t: parse_train_arguments(train_arguments(ctx, Cell(t, 8.0, 0))) for t in ("dp_sgd", "dp_merging")}
+    for script, config in parsed.values():
+        assert head_phase_epsilon(script, config) is None and script.lora_layers == "top_half"
+        assert (config.max_steps, config.head_warmup_steps, script.lora_freeze_a) == (30, 0.25, True)
+    assert (parsed["dp_merging"][1].sam_mode, parsed["dp_merging"][1].align_lambda) == ("dp_sat", 0.05)
+    assert (parsed["dp_sgd"][1].sam_mode, parsed["dp_sgd"][1].align_lambda) == ("none", 0.0)
+
+
 def test_train_flags_change_the_recipe_and_the_stored_settings_and_refuse_cell_flags(tmp_path):
     """--train-flags: appended after the grid's flags (they win), every unit's settings change (so it reruns);
     flags the benchmark sets per cell, unknown flags and bad values are refused."""
