@@ -61,16 +61,23 @@ from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, LPFT_RECIPE, recipe_value
+from hf_dpmerge.training.recipe import (
+    DP_RECIPE,
+    HEAD_ONLY_RECIPE,
+    LORA_RECIPE,
+    LPFT_RECIPE,
+    ONE_PHASE_RECIPE,
+    recipe_value,
+)
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
-# ONE_PHASE_DEFAULTS: the one-phase FFA-LoRA recipe, the default until LP-FT (what earlier benchmark units ran with)
-ONE_PHASE_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE]
-# LoRA adapters: private LP-FT (LPFT_RECIPE) on top of it
-DP_DEFAULTS = [*ONE_PHASE_DEFAULTS, *LPFT_RECIPE]
+# LoRA adapters: private LP-FT (LPFT_RECIPE) on top of the one-phase FFA-LoRA recipe (LORA_RECIPE)
+DP_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE, *LPFT_RECIPE]
+# --lora_recipe one_phase: LPFT_RECIPE undone, the LoRA default until LP-FT (what earlier measurements ran)
+ONE_PHASE_DEFAULTS = [*DP_DEFAULTS, *ONE_PHASE_RECIPE]
 # --train_lora false: no LoRA factors to freeze or warm up before (LORA_RECIPE undone), then the head-only recipe
 HEAD_ONLY_DEFAULTS = [*DP_RECIPE, "--per_device_eval_batch_size", "128", "--lora_freeze_a", "false",
                       "--head_warmup_steps", "0", *HEAD_ONLY_RECIPE]
@@ -92,12 +99,14 @@ REFUSED_FLAGS = {
 
 def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS) -> list[str]:
     """The defaults put before ``argv``: for the classifier script's recipes (:data:`DP_DEFAULTS`,
-    :data:`ONE_PHASE_DEFAULTS`), the head-only recipe with ``--train_lora false``; else ``defaults`` as given
-    (another script's recipe)."""
+    :data:`ONE_PHASE_DEFAULTS`), the head-only recipe with ``--train_lora false`` and the one-phase one with
+    ``--lora_recipe one_phase``; else ``defaults`` as given (another script's recipe)."""
     if defaults is not DP_DEFAULTS and defaults is not ONE_PHASE_DEFAULTS:
         return defaults
-    train_lora = parser.parse_known_args([*defaults, *argv])[0].train_lora
-    return defaults if train_lora else HEAD_ONLY_DEFAULTS
+    given = parser.parse_known_args([*defaults, *argv])[0]
+    if not given.train_lora:
+        return HEAD_ONLY_DEFAULTS
+    return ONE_PHASE_DEFAULTS if given.lora_recipe == "one_phase" else defaults
 
 
 def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,
@@ -158,6 +167,10 @@ class TrainArguments:
         "help": "Private LP-FT (docs/design.md §15.6): first train the head alone on cached pooled features (the "
                 "floor's recipe) at this ε, then LoRA and the head from there (B = 0: the same model at the start); "
                 "both phases compose in one accountant to --target_epsilon, stated in dp_privacy.json."})
+    lora_recipe: str = field(default="lp_ft", metadata={
+        "help": "The LoRA defaults put before the other flags: 'lp_ft' (private LP-FT, LPFT_RECIPE) or 'one_phase' "
+                "(the one-phase FFA-LoRA recipe before it, ONE_PHASE_RECIPE); any flag given overrides either.",
+        "choices": ("lp_ft", "one_phase")})
     head_phase_share: float = field(default=0.0, metadata={
         "help": "Private LP-FT with ε₁ = this share of --target_epsilon (0 < share < 1; 0: no head phase), under DP "
                 "for LoRA adapters; --head_phase_epsilon, when given, sets ε₁ instead. Ignored with --no_dp and "

@@ -20,6 +20,9 @@ over the private head on rotten_tomatoes and bbc_news at ε = 8 (seed 0) against
 alignment in phase 2 (+0.6 / −1.2 points against +0.3 / −1.7); the other packaged tasks are its held-out report.
 Phase 2 starts at the phase-1 model (B = 0), so the adapter starts where the private head ends.
 
+``ONE_PHASE_RECIPE`` undoes ``LPFT_RECIPE`` (``--lora_recipe one_phase``): the one-phase FFA-LoRA recipe above, the
+LoRA default until LP-FT, which earlier measurements (and ``hf-dpmerge audit``) ran.
+
 ``HEAD_ONLY_RECIPE`` (on top of ``DP_RECIPE``) is the head-only floor's (``--train_lora false``: the head trains on
 cached features, docs/design.md §15.1, so steps are cheap): Poisson batches of expected size 1024, 1000 steps,
 constant AdamW 3·10⁻³, no SAM, no alignment. Chosen on rotten_tomatoes' validation split at ε = 8 (dp_seed 0)
@@ -61,6 +64,20 @@ LPFT_RECIPE: list[str] = [  # on top of DP_RECIPE and LORA_RECIPE: train_glue.py
     "--sam_mode", "none",
     "--align_lambda", "0",
     "--logging_steps", "25",
+]
+
+ONE_PHASE_RECIPE: list[str] = [  # after LPFT_RECIPE: its flags back at DP_RECIPE's, LORA_RECIPE's and DPSAMConfig's
+    "--head_phase_share", "0",
+    "--lora_layers", "top_half",
+    "--per_device_train_batch_size", "256",
+    "--physical_batch_size", "64",
+    "--max_steps", "40",
+    "--learning_rate", "2e-3",
+    "--head_learning_rate", "2e-2",
+    "--head_warmup_steps", "0.25",
+    "--sam_mode", "dp_sat",
+    "--align_lambda", "0.05",
+    "--logging_steps", "5",
 ]
 
 HEAD_ONLY_RECIPE: list[str] = [  # on top of DP_RECIPE (later flags win): the head-only floor, --train_lora false

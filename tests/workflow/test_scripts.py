@@ -9,7 +9,7 @@ import pytest
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
 from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, head_phase_epsilon, parse_arguments
-from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LPFT_RECIPE, recipe_value
+from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, LPFT_RECIPE, recipe_value
 
 TRAIN_FLAGS = {
     "task": "bbc_news", "tasks": "bbc_news,rotten_tomatoes", "model_name_or_path": "some/model", "runs_dir": "out",
@@ -17,6 +17,7 @@ TRAIN_FLAGS = {
     "lora_alpha": 8, "lora_target_modules": "query", "lora_layers": "all", "base_seed": 3, "classifier_pooling": "cls",
     "overwrite": True, "train_lora": False, "lora_freeze_a": True, "lora_a_seed": 5, "cache_prefix": "false",
     "cache_dtype": "float32", "prefix_cache_dir": "prefixes", "head_phase_epsilon": 2.0, "head_phase_share": 0.5,
+    "lora_recipe": "one_phase",
     "head_phase_steps": 7,
     "head_phase_batch_size": 9, "head_phase_learning_rate": 0.5,
 }
@@ -50,6 +51,21 @@ def test_lora_adapters_default_to_private_lp_ft_and_the_head_only_floor_does_not
     assert head_phase_epsilon(script, config) is None  # the floor is the head itself
     script, config = parse_arguments(["--lora_freeze_a", "false", "--head_warmup_steps", "3"])
     assert script.lora_freeze_a is False and config.head_warmup_step_count(config.max_steps) == 3
+
+
+def test_the_one_phase_recipe_is_the_lora_default_before_lp_ft() -> None:
+    """--lora_recipe one_phase parses exactly as the script parsed no flag before LP-FT became the default (DP_RECIPE
+    then LORA_RECIPE, every other flag at its dataclass default); the head-only floor ignores it."""
+    before = [*DP_RECIPE, "--per_device_eval_batch_size", "128", *LORA_RECIPE]
+    old_script, old_config = parse_arguments([], defaults=before)
+    script, config = parse_arguments(["--lora_recipe", "one_phase"])
+    assert dataclasses.replace(script, lora_recipe="lp_ft") == old_script
+    assert {k: v for k, v in config.to_dict().items() if k != "logging_dir"} == {
+        k: v for k, v in old_config.to_dict().items() if k != "logging_dir"}
+    assert head_phase_epsilon(script, config) is None and script.lora_layers == "top_half"
+    assert parse_arguments(["--lora_recipe", "one_phase", "--max_steps", "7"])[1].max_steps == 7
+    head_only = parse_arguments(["--lora_recipe", "one_phase", "--train_lora", "false"])[1]
+    assert head_only.max_steps == int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps"))
 
 
 @pytest.mark.parametrize("argv, message", [
