@@ -154,18 +154,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, default=lpft.REPO / "runs" / "lpft" / "base",
                         help="the shared base the LP-FT units trained on (benchmarks.lpft's <work-dir>/base)")
     parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the merge methods")
     parser.add_argument("--work-dir", type=Path, default=lpft.REPO / "runs" / "lpft-merge")
     parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
+    parser.add_argument("--report", type=Path, default=REPORT_DIR / "LPFT_MERGE.md")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    tasks = args.tasks.split(",")
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    if unknown := sorted(set(methods) - set(METHODS)):
+        parser.error(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
     if not args.report_only:
         seeds = complete_seeds(args.kept, tasks)
         if not seeds:
             parser.error(f"--kept {args.kept}: no seed has both trainers' adapters on {', '.join(tasks)}")
         for seed in seeds:
             for trainer in TRAINERS:
-                for method in METHODS:
+                for method in methods:
                     path = args.units_dir / f"{unit_name(trainer, seed, method)}.json"
                     if not path.exists():
                         print(f"[lpft_merge] {path.stem}", file=sys.stderr, flush=True)
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
     heads = {(u["task"], u["seed"]): 100 * u["test"]["accuracy"] for u in lpft.load_units(lpft.REPORT_DIR / "units")
              if u["candidate"] == lpft.HEAD}
-    print(write_report(units, heads, REPORT_DIR / "LPFT_MERGE.md"))
+    print(write_report(units, heads, args.report))
     return 0
 
 

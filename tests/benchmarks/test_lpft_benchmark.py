@@ -130,3 +130,35 @@ def test_a_seed_merges_only_when_both_trainers_kept_every_task(tmp_path):
             (lpft_merge.kept_adapter(tmp_path, task, trainer, 1) / "encoder_adapter").mkdir(parents=True)
     (lpft_merge.kept_adapter(tmp_path, "rotten_tomatoes", "dp_sgd", 2) / "encoder_adapter").mkdir(parents=True)
     assert lpft_merge.complete_seeds(tmp_path, list(lpft_merge.TASKS)) == [1]
+
+
+@pytest.mark.slow
+def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path):
+    """Two tiny LP-FT adapters (the default recipe, shortened) kept as both trainers' units of one seed: each
+    method merges them and scores them on the whole test splits, and identical adapters under both trainer names
+    give identical scores (the comparison measures the adapters and nothing else)."""
+    import shutil
+
+    from hf_dpmerge.scripts import train as train_glue
+    from tests.utils.tiny_models import save_tiny_bert
+
+    base_model = save_tiny_bert(tmp_path / "tiny")
+    tasks = list(lpft_merge.TASKS)
+    train_glue.main(["--model_name_or_path", str(base_model), "--runs_dir", str(tmp_path / "runs"), "--tasks",
+                     ",".join(tasks), "--max_train_samples", "64", "--per_device_train_batch_size", "16",
+                     "--physical_batch_size", "16", "--max_steps", "2", "--head_phase_steps", "2",
+                     "--head_phase_batch_size", "16", "--max_length", "16", "--lora_layers", "top_1"])
+    for trainer in lpft_merge.TRAINERS:
+        for task in tasks:
+            shutil.copytree(tmp_path / "runs" / task, lpft_merge.kept_adapter(tmp_path / "kept", task, trainer, 0),
+                            ignore=shutil.ignore_patterns("checkpoints*"))
+    lpft_merge.main(["--kept", str(tmp_path / "kept"), "--base", str(tmp_path / "runs" / "base"), "--work-dir",
+                     str(tmp_path / "work"), "--units-dir", str(tmp_path / "units"), "--report",
+                     str(tmp_path / "LPFT_MERGE.md"), "--methods", "ties,dp_aware"])
+    units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
+    assert len(units) == len(lpft_merge.TRAINERS) * 2
+    for method in ("ties", "dp_aware"):
+        sgd, dpm = (units[lpft_merge.unit_name(t, 0, method)]["evaluation"]["tasks"] for t in lpft_merge.TRAINERS)
+        assert sgd == dpm
+        assert all(sgd[t]["num_examples"] > 500 for t in tasks)  # whole test splits
+    assert "| ties | 0 | +0.00 | +0.00 | — | — |" in (tmp_path / "LPFT_MERGE.md").read_text()
