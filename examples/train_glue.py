@@ -1,4 +1,5 @@
-"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks.
+"""Train private LoRA adapters on text-classification tasks (by default private LP-FT: the private head, then
+DP-SGD LoRA on the top layers from it; ``--lora_recipe one_phase``: DP-SGD + DP-SAT + drift alignment in one phase).
 
     accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
@@ -8,7 +9,8 @@ Every ScriptArguments / DPSAMConfig / TrainingArguments field is a flag (``--tar
 ``--no-dp``, ``--lora_r``…); the tuned DP recipe (hf_dpmerge/training/recipe.py) comes first, so any flag overrides
 it. Per task it writes ``<runs_dir>/<task>/{adapter,encoder_adapter}/`` and ``eval_metrics.json`` from one shared
 base under ``<runs_dir>/base``; the workflow is :mod:`hf_dpmerge.scripts.train`.
-``--privacy_unit_column movie`` (rotten_tomatoes) makes each film, not each row, the privacy unit.
+``--privacy_unit_column movie`` (rotten_tomatoes) makes each film, not each row, the privacy unit (with
+``--lora_recipe one_phase``: LP-FT's head phase draws 1024 units, more than the 378 films).
 """
 
 from hf_dpmerge.scripts.train import main

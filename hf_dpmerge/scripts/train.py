@@ -1,5 +1,6 @@
-"""Train private LoRA adapters (DP-SGD + DP-SAT + drift alignment) on text-classification tasks: the workflow
-behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :func:`main`).
+"""Train private LoRA adapters on text-classification tasks (by default private LP-FT: the private head, then
+DP-SGD LoRA on the top layers from it; ``--lora_recipe one_phase``: DP-SGD + DP-SAT + drift alignment in one
+phase): the workflow behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :func:`main`).
 
     accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
@@ -20,7 +21,8 @@ so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir
 the DP guarantee).
 
 User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes each film (all its snippets) the
-privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw. The other
+privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw (and
+``--head_phase_batch_size`` the head phase's, or ``--lora_recipe one_phase``: 378 films). The other
 packaged tasks have no natural unit column (election_tweets' author is its label).
 
 Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process
