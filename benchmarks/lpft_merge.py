@@ -85,7 +85,8 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, 
     result = {"trainer": trainer, "candidate": TRAINERS[trainer], "seed": seed, "method": method, "tasks": tasks,
               "merge_parameters": config.get("parameters"), "evaluation": evaluation.to_dict(),
               "seconds": time.perf_counter() - start}
-    write_text_atomic(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
+    text = json.dumps(result, indent=1, allow_nan=True).replace(str(work_dir), "<work>")  # no path of this machine
+    write_text_atomic(path, text + "\n")
     shutil.rmtree(merged, ignore_errors=True)
     return result
 

@@ -157,6 +157,7 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
                      str(tmp_path / "LPFT_MERGE.md"), "--methods", "ties,dp_aware"])
     units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
     assert len(units) == len(lpft_merge.TRAINERS) * 2
+    assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
     for method in ("ties", "dp_aware"):
         sgd, dpm = (units[lpft_merge.unit_name(t, 0, method)]["evaluation"]["tasks"] for t in lpft_merge.TRAINERS)
         assert sgd == dpm
