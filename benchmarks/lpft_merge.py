@@ -95,6 +95,11 @@ def unit_name(trainer: str, seed: int, method: str) -> str:
     return f"{trainer}-seed{seed}-{method}"
 
 
+def task_average(unit: dict, score: str) -> float:
+    """A merge unit's ``score`` ('individual' or 'merged') averaged over its tasks, in %."""
+    return 100 * statistics.mean(unit["evaluation"]["tasks"][t][score] for t in unit["tasks"])
+
+
 def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: Path) -> str:
     """LPFT_MERGE.md from the stored merge units and the private heads' test accuracy (task, seed) → %."""
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
@@ -109,11 +114,9 @@ def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: P
             cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
             if not cells:
                 continue
-            tasks = cells[0]["tasks"]
-            individual = [100 * statistics.mean(c["evaluation"]["tasks"][t]["individual"] for t in tasks)
-                          for c in cells]
-            merged = [100 * statistics.mean(c["evaluation"]["tasks"][t]["merged"] for t in tasks) for c in cells]
-            head = [statistics.mean(heads.get((t, c["seed"]), float("nan")) for t in tasks) for c in cells]
+            individual = [task_average(c, "individual") for c in cells]
+            merged = [task_average(c, "merged") for c in cells]
+            head = [statistics.mean(heads.get((t, c["seed"]), float("nan")) for t in c["tasks"]) for c in cells]
             ind, mer, hd = statistics.mean(individual), statistics.mean(merged), statistics.mean(head)
             gain = (mer - hd) / (ind - hd) if ind > hd else float("nan")
             rows.append([method, trainer, ",".join(str(c["seed"]) for c in cells), f"{hd:.1f}", f"{ind:.1f}",
@@ -121,9 +124,7 @@ def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: P
                          "below head" if gain != gain else f"{100 * gain:.0f} %"])
         paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
         if paired:
-            score = {(tr, s): 100 * statistics.mean(by[(tr, s, method)]["evaluation"]["tasks"][t]["merged"]
-                                                    for t in by[(tr, s, method)]["tasks"])
-                     for tr in TRAINERS for s in paired}
+            score = {(tr, s): task_average(by[(tr, s, method)], "merged") for tr in TRAINERS for s in paired}
             diffs = [score[("dp_merging", s)] - score[("dp_sgd", s)] for s in paired]
             p = (float(stats.ttest_rel([score[("dp_merging", s)] for s in paired],
                                        [score[("dp_sgd", s)] for s in paired]).pvalue)
