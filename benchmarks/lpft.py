@@ -6,9 +6,10 @@ Protocol (recipes chosen without the evaluated tasks' test data):
    :data:`CANDIDATES` train on the two *select* tasks (:data:`SELECT_TASKS`: rotten_tomatoes, the headroom task of
    ``benchmarks/reports/headroom/HEADROOM.md``, and bbc_news, a topic task) at ε = 8, seed 0, and are scored on
    those tasks' validation splits. The chosen candidate has the highest mean validation gain over the head.
-2. **report** — the head and the chosen candidate on every packaged task at ε = 8 (seeds given by ``--seeds``),
-   scored on the whole test split; the two select tasks are marked (the others are held out). Per task with ≥ 2
-   seeds: the paired t-test over seeds (the seed is the unit: each retrains both), Holm-corrected over those tasks.
+2. **report** — the head and the chosen candidate on every packaged task at ``--epsilon`` (default 8; the
+   candidates' ε₁ keep their share of it) and the seeds of ``--seeds``, scored on the whole test split; the two
+   select tasks are marked (the others are held out). Per (task, ε) with ≥ 2 seeds: the paired t-test over seeds
+   (the seed is the unit: each retrains both), Holm-corrected over every tested row.
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
@@ -18,6 +19,7 @@ Units are stored as JSON under ``benchmarks/reports/lpft/units/``; the report is
 
     python -m benchmarks.lpft --stage select
     python -m benchmarks.lpft --stage report --seeds 0,1,2
+    python -m benchmarks.lpft --stage report --seeds 0,1,2 --epsilon 4 --tasks rotten_tomatoes
     python -m benchmarks.lpft --report-only
 """
 
@@ -63,17 +65,27 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 }
 
 
-def arguments(task: str, candidate: str, seed: int, runs_dir: Path) -> list[str]:
+def arguments(task: str, candidate: str, seed: int, runs_dir: Path, epsilon: float = EPSILON) -> list[str]:
     """The unit's train_glue.py flags; every unit of a task shares its frozen prefixes (``--prefix_cache_dir``
-    beside the runs: the pooled features of the head phase, the states below the LoRA layers)."""
-    return [*CANDIDATES[candidate], "--target_epsilon", f"{EPSILON:g}", "--task", task, "--seed", str(seed),
+    beside the runs: the pooled features of the head phase, the states below the LoRA layers). A candidate's ε₁
+    is stated at ε = 8 and scales with the target ε (the head phase keeps its share of the budget)."""
+    flags = list(CANDIDATES[candidate])
+    if "--head_phase_epsilon" in flags:
+        at = flags.index("--head_phase_epsilon") + 1
+        flags[at] = f"{float(flags[at]) * epsilon / EPSILON:g}"
+    return [*flags, "--target_epsilon", f"{epsilon:g}", "--task", task, "--seed", str(seed),
             "--runs_dir", str(runs_dir), "--prefix_cache_dir", str(runs_dir.parent / "prefix_cache"),
             "--overwrite", "true", "--disable_tqdm", "true"]
 
 
-def unit_name(task: str, candidate: str, seed: int) -> str:
+def unit_name(task: str, candidate: str, seed: int, epsilon: float = EPSILON) -> str:
     """A unit is one training run, whichever stage first asked for it (select units of seed 0 are reported too)."""
-    return f"{task}-{candidate}-seed{seed}"
+    return f"{task}-{candidate}-seed{seed}" + ("" if epsilon == EPSILON else f"-eps{epsilon:g}")
+
+
+def target_epsilon(unit: dict) -> float:
+    """The unit's target ε (units stored before ``--epsilon`` existed ran at :data:`EPSILON`)."""
+    return unit.get("target_epsilon", EPSILON)
 
 
 def load_units(units_dir: Path) -> list[dict]:
@@ -84,7 +96,7 @@ def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
     """The candidate with the highest mean validation gain over the head on the select tasks (None until every
     select unit is stored), and each candidate's mean gain in points."""
     score = {(u["task"], u["candidate"]): u["validation"]["accuracy"] for u in units
-             if u["task"] in SELECT_TASKS and u["seed"] == 0}
+             if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
     gains = {}
     for candidate in CANDIDATES:
         if candidate != HEAD and all((t, c) in score for t in SELECT_TASKS for c in (candidate, HEAD)):
@@ -94,61 +106,67 @@ def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
 
 
 def floor_gap(units: list[dict]) -> dict:
-    """The default recipe's (the chosen candidate's) DP adapters against the private head at ε = 8, test accuracy in
-    points averaged over the tasks both have at seed 0, over the seeds that hold all of those tasks; the
-    difference per seed and a two-sided paired t-test (seeds are the unit; None with fewer than 2 seeds)."""
+    """Per target ε: the default recipe's (the chosen candidate's) DP adapters against the private head, test
+    accuracy in points averaged over the tasks both have at seed 0, over the seeds that hold all of those tasks;
+    the difference per seed and a two-sided paired t-test (seeds are the unit; None with fewer than 2 seeds)."""
     chosen, _ = chosen_candidate(units)
-    test = {(u["task"], u["candidate"], u["seed"]): 100 * u["test"]["accuracy"] for u in units}
-    tasks = [t for t in PACKAGED_TASKS if chosen and all((t, c, 0) in test for c in (HEAD, chosen))]
-    seeds = sorted({s for (_, _, s) in test if tasks and all((t, c, s) in test for t in tasks for c in (HEAD, chosen))})
     rows = []
-    if seeds:
+    for epsilon in sorted({target_epsilon(u) for u in units}, reverse=True):
+        test = {(u["task"], u["candidate"], u["seed"]): 100 * u["test"]["accuracy"] for u in units
+                if target_epsilon(u) == epsilon}
+        tasks = [t for t in PACKAGED_TASKS if chosen and all((t, c, 0) in test for c in (HEAD, chosen))]
+        seeds = sorted({s for (_, _, s) in test
+                        if tasks and all((t, c, s) in test for t in tasks for c in (HEAD, chosen))})
+        if not seeds:
+            continue
         ours = [statistics.mean(test[(t, chosen, s)] for t in tasks) for s in seeds]
         head = [statistics.mean(test[(t, HEAD, s)] for t in tasks) for s in seeds]
         diffs = [a - b for a, b in zip(ours, head)]
         p = float(stats.ttest_rel(ours, head).pvalue) if len(seeds) > 1 and len(set(diffs)) > 1 else None
-        rows.append({"epsilon": EPSILON, "adapters": round(statistics.mean(ours), 2),
+        rows.append({"epsilon": epsilon, "tasks": tasks, "adapters": round(statistics.mean(ours), 2),
                      "floor": round(statistics.mean(head), 2), "difference": round(statistics.mean(diffs), 2),
                      "seeds": seeds, "p": p})
-    return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": chosen, "tasks": tasks, "split": "test",
-            "rows": rows}
+    return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": chosen, "split": "test", "rows": rows}
 
 
 def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GAP_EVIDENCE) -> str:
     """Write the report to ``path`` and (unless None) the floor gap ``recommend`` reads to ``evidence``."""
     chosen, gains = chosen_candidate(units)
-    select = {(u["task"], u["candidate"]): u for u in units if u["task"] in SELECT_TASKS and u["seed"] == 0}
+    select = {(u["task"], u["candidate"]): u for u in units
+              if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
     rows = [[c, *(f"{100 * select[(t, c)]['validation']['accuracy']:.1f}" if (t, c) in select else "—"
                   for t in SELECT_TASKS), "—" if c == HEAD else (f"{gains[c]:+.2f}" if c in gains else "—"),
              f"{max((select[(t, c)]['train_seconds'] for t in SELECT_TASKS if (t, c) in select), default=0) / 60:.1f}"]
             for c in CANDIDATES]
-    text = ["# Private LP-FT vs the private head at ε = 8", "",
+    text = ["# Private LP-FT vs the private head at the same ε", "",
             f"Generated by `python -m benchmarks.lpft --report-only` from {len(units)} stored units.", "",
-            "## Select (validation accuracy %, seed 0)", "",
+            f"## Select (validation accuracy %, ε = {EPSILON:g}, seed 0)", "",
             markdown_table(["candidate", *SELECT_TASKS, "mean gain over head (points)", "longest unit (min)"], rows),
             "", f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
     if chosen:
-        by = {(u["task"], u["candidate"], u["seed"]): u for u in units}
+        by = {(u["task"], u["candidate"], u["seed"], target_epsilon(u)): u for u in units}
         rows, p_values = [], []
-        for task in PACKAGED_TASKS:
-            seeds = sorted(s for (t, c, s) in by if t == task and c == chosen and (t, HEAD, s) in by)
-            if not seeds:
-                continue
-            head = [100 * by[(task, HEAD, s)]["test"]["accuracy"] for s in seeds]
-            lpft = [100 * by[(task, chosen, s)]["test"]["accuracy"] for s in seeds]
-            gain = [a - b for a, b in zip(lpft, head)]
-            p = float(stats.ttest_rel(lpft, head).pvalue) if len(seeds) > 1 and len(set(gain)) > 1 else None
-            p_values.append(p)
-            rows.append([task + (" (select)" if task in SELECT_TASKS else ""), ",".join(map(str, seeds)),
-                         f"{statistics.mean(head):.1f}", f"{statistics.mean(lpft):.1f}",
-                         " ".join(f"{g:+.1f}" for g in gain), f"{statistics.mean(gain):+.2f}"])
+        for epsilon in sorted({e for (*_, e) in by}, reverse=True):
+            for task in PACKAGED_TASKS:
+                seeds = sorted(s for (t, c, s, e) in by
+                               if (t, c, e) == (task, chosen, epsilon) and (t, HEAD, s, e) in by)
+                if not seeds:
+                    continue
+                head = [100 * by[(task, HEAD, s, epsilon)]["test"]["accuracy"] for s in seeds]
+                lpft = [100 * by[(task, chosen, s, epsilon)]["test"]["accuracy"] for s in seeds]
+                gain = [a - b for a, b in zip(lpft, head)]
+                p = float(stats.ttest_rel(lpft, head).pvalue) if len(seeds) > 1 and len(set(gain)) > 1 else None
+                p_values.append(p)
+                rows.append([task + (" (select)" if task in SELECT_TASKS else ""), f"{epsilon:g}",
+                             ",".join(map(str, seeds)), f"{statistics.mean(head):.1f}", f"{statistics.mean(lpft):.1f}",
+                             " ".join(f"{g:+.1f}" for g in gain), f"{statistics.mean(gain):+.2f}"])
         tested = [i for i, p in enumerate(p_values) if p is not None]
         adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
         for i, row in enumerate(rows):
             row += ["—", "—"] if i not in adjusted else [f"{p_values[i]:.3g}", f"{adjusted[i]:.3g}"
                                                          + (" *" if adjusted[i] < ALPHA else "")]
-        text += ["## Report (test accuracy %, whole test split)", "",
-                 markdown_table(["task", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed",
+        text += ["## Report (test accuracy %, whole test split; Holm over every tested row)", "",
+                 markdown_table(["task", "ε", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed",
                                  "mean gain", "p (paired t, seeds)", f"Holm-adjusted p (* < {ALPHA})"], rows), ""]
     text += ["## Candidates", "", *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
     write_text_atomic(path, "\n".join(text))
@@ -163,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=("select", "report"), default="select")
     parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS), help="report stage: the tasks, in order")
     parser.add_argument("--seeds", default="0", help="report stage: the seeds")
+    parser.add_argument("--epsilon", type=float, default=EPSILON, help="report stage: the target ε (the candidates' "
+                                                                       "ε₁ keep their share of it)")
     parser.add_argument("--candidates", help="report stage: these candidates (comma-separated) instead of the "
                                              "private head and the chosen one")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "lpft")
@@ -186,14 +206,15 @@ def main(argv: list[str] | None = None) -> int:
             plan = [(task, c, seed) for seed in map(int, args.seeds.split(",")) for task in args.tasks.split(",")
                     for c in candidates]
         for task, candidate, seed in plan:
-            name = unit_name(task, candidate, seed)
+            epsilon = args.epsilon if args.stage == "report" else EPSILON
+            name = unit_name(task, candidate, seed, epsilon)
             path = args.units_dir / f"{name}.json"
             if path.exists():
                 continue
             print(f"[lpft] {name}", file=sys.stderr, flush=True)
             keep = None if args.keep_adapters is None or candidate == HEAD else args.keep_adapters.resolve()
-            run_unit(task, arguments(task, candidate, seed, work_dir / name), seed, work_dir, path, keep=keep,
-                     candidate=candidate)
+            run_unit(task, arguments(task, candidate, seed, work_dir / name, epsilon), seed, work_dir, path,
+                     keep=keep, candidate=candidate, target_epsilon=epsilon)
     print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md"))
     return 0
 

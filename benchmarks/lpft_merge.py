@@ -31,14 +31,13 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from scipy import stats
 
 from hf_dpmerge.utils.io import write_text_atomic
 
 from . import lpft
 from .markdown import table as markdown_table
-from .quality.run import merge_config
+from .quality.run import merge_config, run_merge
 from .quality.significance import ALPHA, holm
 
 REPORT_DIR = lpft.REPO / "benchmarks" / "reports" / "lpft-merge"
@@ -62,7 +61,6 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, 
              path: Path) -> dict:
     """Merge one (trainer, seed)'s adapters of ``tasks`` with ``method``, evaluate, store the result at ``path``."""
     from hf_dpmerge.analysis.evaluation import evaluate_runs
-    from hf_dpmerge.cli.main import main as hf_dpmerge
 
     cell = work_dir / f"{trainer}-seed{seed}"
     runs = cell / "runs"
@@ -75,12 +73,9 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, 
             shutil.copytree(kept_adapter(kept, task, trainer, seed), staged / task)
         staged.rename(runs)
     config = merge_config(method, runs / "base", [runs / task / "encoder_adapter" for task in tasks])
-    config_path, merged = cell / f"{method}.yaml", cell / "merged" / method
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    merged = cell / "merged" / method
     start = time.perf_counter()
-    if hf_dpmerge(["merge", str(config_path), str(merged), "--overwrite", "--quiet",
-                   "--lora-merge-cache", str(cell / "lora_cache")]) != 0:
-        raise RuntimeError(f"hf-dpmerge merge {config_path} failed")
+    run_merge(config, cell / f"{method}.yaml", merged, cell / "lora_cache")
     evaluation = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", progress=False)
     result = {"trainer": trainer, "candidate": TRAINERS[trainer], "seed": seed, "method": method, "tasks": tasks,
               "merge_parameters": config.get("parameters"), "evaluation": evaluation.to_dict(),

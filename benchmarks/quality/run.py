@@ -166,29 +166,34 @@ def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: 
                            parameters=template.get("parameters"))
 
 
-def merge_unit(ctx: Context, cell: Cell, merge: str) -> None:
-    """Merge a cell's adapters with one method, then score and diagnose the merge (skipped when done)."""
+def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -> None:
+    """Write the mergekit ``config`` to ``config_path`` and merge it into ``merged`` with ``hf-dpmerge merge``
+    (replacing an earlier output; on the GPU when there is one); raises if the merge fails."""
     import torch
     import yaml
 
+    from hf_dpmerge.cli.main import main as hf_dpmerge
+
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    code = hf_dpmerge(["merge", str(config_path), str(merged), "--overwrite", "--quiet",
+                       "--lora-merge-cache", str(lora_cache), *(["--cuda"] if torch.cuda.is_available() else [])])
+    if code != 0:
+        raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
+
+
+def merge_unit(ctx: Context, cell: Cell, merge: str) -> None:
+    """Merge a cell's adapters with one method, then score and diagnose the merge (skipped when done)."""
     from hf_dpmerge.analysis.diagnostics import diagnose_runs
     from hf_dpmerge.analysis.evaluation import evaluate_runs
-    from hf_dpmerge.cli.main import main as hf_dpmerge
 
     runs_dir, tasks = ctx.runs_dir(cell), list(ctx.grid.tasks)
     settings = pending(ctx, cell, f"merge_{merge}")
     if settings is None:
         return
     cell_dir = runs_dir.parent
-    config_path = cell_dir / f"{merge}.yaml"
-    config_path.write_text(yaml.safe_dump(settings["merge"], sort_keys=False))
     merged = cell_dir / "merged" / merge
     start = time.perf_counter()
-    code = hf_dpmerge(["merge", str(config_path), str(merged), "--overwrite", "--quiet",
-                       "--lora-merge-cache", str(cell_dir / "lora_cache"),
-                       *(["--cuda"] if torch.cuda.is_available() else [])])
-    if code != 0:
-        raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
+    run_merge(settings["merge"], cell_dir / f"{merge}.yaml", merged, cell_dir / "lora_cache")
     merged_at = time.perf_counter()
     evaluation = evaluate_runs(runs_dir, merged, tasks, base_dir=ctx.base_dir,
                                max_eval_samples=ctx.grid.max_eval_samples, log=ctx.log)

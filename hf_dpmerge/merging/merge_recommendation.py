@@ -217,7 +217,7 @@ def _floor_because(m: Measurements) -> str:
         test = (f"two-sided paired t over {len(gap['seeds'])} seeds p = {gap['p']:.2g}" if gap["p"] is not None
                 else f"{len(gap['seeds'])} seed")
         reasons.append(f"{RECIPE_FLOOR_GAP['report']}, ε = {gap['epsilon']:g}, {RECIPE_FLOOR_GAP['split']} accuracy "
-                       f"over {', '.join(RECIPE_FLOOR_GAP['tasks'])}: the default recipe's DP adapters "
+                       f"over {', '.join(gap['tasks'])}: the default recipe's DP adapters "
                        f"{gap['adapters']:.1f} vs a private head on the frozen encoder {gap['floor']:.1f} "
                        f"({gap['difference']:+.1f} points, {test})")
     reasons += [f"{row['report']} ({row['configuration']}), ε = {row['epsilon']:g}: the base encoder with each "

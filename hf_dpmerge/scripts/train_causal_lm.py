@@ -15,8 +15,8 @@ every DPSAMConfig / TrainingArguments field is a flag, honoured or refused as in
 All adapters start from one float32 base saved once under ``<runs_dir>/base`` (the packaged GGUF dequantised,
 or the given model), so mergekit applies them with ``<runs_dir>/base+<runs_dir>/<task>/adapter``. Per task it
 writes ``<runs_dir>/<task>/adapter/`` (LoRA + ``dp_privacy.json``; the record's ``extra`` holds the
-verbalisers and ``max_length``) and ``eval_metrics.json`` (the test split scored by verbaliser log-likelihood;
-evaluation on private data is not covered by the DP guarantee).
+verbalisers and ``max_length``) and ``eval_metrics.json`` (the ``--eval_split`` split, test by default, scored by
+verbaliser log-likelihood; evaluation on private data is not covered by the DP guarantee).
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ class CausalScriptArguments(LoraArguments):
     max_train_samples: int | None = field(default=None, metadata={
         "help": "Train on a seeded stratified subset of the training split of this size."})
     max_eval_samples: int | None = field(default=None, metadata={
-        "help": "Score a seeded stratified subset of the test split of this size."})
+        "help": "Score a seeded stratified subset of the scored split of this size."})
+    eval_split: str = field(default="test", metadata={
+        "help": "The split scored after training: test, or validation (10 % of train, seeded) to choose a recipe.",
+        "choices": ("test", "validation")})
     eval_batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
     lora_target_modules: str = field(default="q_proj,v_proj", metadata={"help": "Comma-separated modules given LoRA."})
@@ -152,13 +155,13 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                         verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
                         base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
     record.save(adapter_dir)
-    score = task_score(trainer.model.eval(), tokenizer, spec, splits["test"], script.max_length,
+    score = task_score(trainer.model.eval(), tokenizer, spec, splits[script.eval_split], script.max_length,
                        script.eval_batch_size)
-    summary = {"task": task, "test": {spec.metric: score}, "epsilon": record.epsilon, "delta": record.delta,
+    summary = {"task": task, script.eval_split: {spec.metric: score}, "epsilon": record.epsilon, "delta": record.delta,
                "privacy_unit": record.privacy_unit, "steps": record.steps, "num_samples": record.num_samples,
                "num_units": record.num_units}
     (out / EVAL_METRICS_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{task}] test {spec.metric} = {score:.4f} (verbaliser scoring), ε = {record.epsilon:.3g}, "
+    print(f"[{task}] {script.eval_split} {spec.metric} = {score:.4f} (verbaliser scoring), ε = {record.epsilon:.3g}, "
           f"δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
     return summary
 

@@ -23,9 +23,20 @@ def test_every_candidate_parses_as_a_private_run_at_the_target_epsilon(candidate
         assert script.lora_layers.startswith("top_") and script.cache_prefix == "true"
 
 
-def unit(task, candidate, seed, validation, test):
-    return {"task": task, "candidate": candidate, "seed": seed, "validation": {"accuracy": validation},
-            "test": {"accuracy": test}, "train_seconds": 60.0}
+def test_a_candidate_at_another_epsilon_keeps_its_head_phase_share():
+    candidate = next(c for c in lpft.CANDIDATES if c != lpft.HEAD)
+    at = {e: train_script.parse_arguments(lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x"), e))
+          for e in (8.0, 4.0)}
+    assert at[4.0][1].target_epsilon == 4.0
+    assert at[4.0][0].head_phase_epsilon / 4.0 == pytest.approx(at[8.0][0].head_phase_epsilon / 8.0)
+    assert lpft.unit_name("rotten_tomatoes", candidate, 1) == f"rotten_tomatoes-{candidate}-seed1"  # stored names
+    assert lpft.unit_name("rotten_tomatoes", candidate, 1, 4.0) == f"rotten_tomatoes-{candidate}-seed1-eps4"
+
+
+def unit(task, candidate, seed, validation, test, epsilon=None):
+    stored = {"task": task, "candidate": candidate, "seed": seed, "validation": {"accuracy": validation},
+              "test": {"accuracy": test}, "train_seconds": 60.0}
+    return stored if epsilon is None else stored | {"target_epsilon": epsilon}
 
 
 def select_units(gains: dict[str, float]) -> list[dict]:
@@ -67,7 +78,7 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
     assert "+3.0 +2.0 +3.0 | +2.67" in rotten  # the paired per-seed gains and their mean
     # recommend's gap: the task average over the tasks of seed 0, on the seeds that hold all of them
     gap = json.loads((tmp_path / "gap.json").read_text())
-    assert gap["recipe"] == chosen and gap["tasks"] == ["rotten_tomatoes", "election_tweets", "bbc_news"]
+    assert gap["recipe"] == chosen and gap["rows"][0]["tasks"] == ["rotten_tomatoes", "election_tweets", "bbc_news"]
     assert gap["rows"][0]["seeds"] == [0] and gap["rows"][0]["p"] is None  # bbc_news has seed 0 only
     head["bbc_news"], ours["bbc_news"] = [0.80, 0.95, 0.94], [0.0, 0.96, 0.955]  # seed 0: its select units
     units += [unit("bbc_news", c, seed, 0.8, scores[seed]) for seed in (1, 2)
@@ -79,6 +90,24 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
     assert row["seeds"] == [0, 1, 2] and row["epsilon"] == lpft.EPSILON
     assert row["difference"] == pytest.approx(sum(ours_avg) / 3 - sum(head_avg) / 3, abs=0.01)
     assert row["p"] == pytest.approx(stats.ttest_rel(ours_avg, head_avg).pvalue)
+
+
+def test_units_at_another_epsilon_never_choose_and_get_their_own_rows(tmp_path):
+    candidates = [c for c in lpft.CANDIDATES if c != lpft.HEAD]
+    units = select_units({c: 0.01 * i for i, c in enumerate(candidates)})
+    chosen = lpft.chosen_candidate(units)[0]
+    head, ours = [0.70, 0.71, 0.69], [0.71, 0.715, 0.70]
+    at_four = [unit("rotten_tomatoes", c, s, 0.99 if c != chosen else 0.0, scores[s], epsilon=4.0)
+               for s in range(3) for c, scores in ((lpft.HEAD, head), *((c, ours) for c in candidates))]
+    assert lpft.chosen_candidate(units + at_four)[0] == chosen  # ε = 4's validation scores do not choose
+    gap = lpft.floor_gap(units + at_four)
+    assert [row["epsilon"] for row in gap["rows"]] == [8.0, 4.0]
+    four = gap["rows"][1]
+    assert four["tasks"] == ["rotten_tomatoes"] and four["seeds"] == [0, 1, 2]
+    assert four["p"] == pytest.approx(stats.ttest_rel([100 * x for x in ours], [100 * x for x in head]).pvalue)
+    text = lpft.write_report(units + at_four, tmp_path / "LPFT.md", evidence=None)
+    row = next(line for line in text.splitlines() if line.startswith("| rotten_tomatoes (select) | 4 | 0,1,2 |"))
+    assert "+1.0 +0.5 +1.0 | +0.83" in row
 
 
 def test_recommend_reads_the_gap_of_the_stored_units():

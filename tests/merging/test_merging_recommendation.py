@@ -113,14 +113,17 @@ def test_the_head_only_check_reads_the_recipe_benchmarks_floor_gap(monkeypatch) 
     reason quotes its figures."""
     merges_won = [{**row, "choice": "merge"} for row in mr.EVIDENCE["settings"]]
     monkeypatch.setitem(mr.EVIDENCE, "settings", merges_won)
-    rows = [{"epsilon": 1.0, "adapters": 70.0, "floor": 72.5, "difference": -2.5, "seeds": [0], "p": None},
-            {"epsilon": 8.0, "adapters": 91.25, "floor": 90.0, "difference": 1.25, "seeds": [0, 1, 2], "p": 0.031}]
+    rows = [{"epsilon": 1.0, "tasks": ["rotten_tomatoes"], "adapters": 70.0, "floor": 72.5, "difference": -2.5,
+             "seeds": [0], "p": None},
+            {"epsilon": 8.0, "tasks": ["rotten_tomatoes", "bbc_news"], "adapters": 91.25, "floor": 90.0,
+             "difference": 1.25, "seeds": [0, 1, 2], "p": 0.031}]
     monkeypatch.setitem(mr.RECIPE_FLOOR_GAP, "rows", rows)
     low, high = (_measurements(["dp_merging"] * 2, epsilon=e) for e in (1.5, 6.0))
     assert mr.recipe_floor_gap(low) is rows[0] and mr.recipe_floor_gap(high) is rows[1]
     advice = mr.recommend(low)
     assert advice[0].rule == "compare_with_head_only_first"
     assert "DP adapters 70.0 vs a private head on the frozen encoder 72.5 (-2.5 points, 1 seed)" in advice[0].because
+    assert "ε = 1, test accuracy over rotten_tomatoes: " in advice[0].because  # the row's own tasks
     assert "compare_with_head_only_first" not in _rules(high)  # the adapters beat the head there
     monkeypatch.setitem(mr.RECIPE_FLOOR_GAP, "rows", [{**rows[1], "difference": 0.0}])
     assert mr.recommend(high)[0].rule == "compare_with_head_only_first"

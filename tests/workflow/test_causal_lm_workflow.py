@@ -28,10 +28,10 @@ TINY_TRAINING = ["--max_train_samples", "64", "--max_eval_samples", "24", "--per
 CONFIGS = ("causal_task_arithmetic", "causal_dp", "causal_cauchy_poe")
 
 
-def naive_accuracy(model, tokenizer, task: str, samples: int, max_length: int) -> float:
+def naive_accuracy(model, tokenizer, task: str, samples: int, max_length: int, split: str = "test") -> float:
     """One (example, label) sequence at a time, unpadded: the summed log-probability of the label's response."""
     splits, spec = load_task(task, max_eval_samples=samples)
-    test = splits["test"]
+    test = splits[split]
     prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length)
     correct = 0
     for prompt, label in zip(prompts, test["label"]):
@@ -117,6 +117,27 @@ def test_individual_and_floor_scores_are_the_adapter_and_the_base(project):
         assert row["individual"] == pytest.approx(naive_accuracy(adapter, tokenizer, task, 24, 48), abs=1e-12)
         assert row["floor"] == pytest.approx(naive_accuracy(floor_model, tokenizer, task, 24, 48), abs=1e-12)
         assert not math.isnan(row["floor"])
+
+
+@pytest.mark.slow
+def test_eval_split_validation_scores_the_validation_split_instead_of_test(project, tmp_path):
+    """Choosing a recipe reads validation: ``--eval_split validation`` writes that split's score, as stock peft
+    scores the released adapter on it, and no test score."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.scripts.train_causal_lm import main as train_causal_lm
+
+    runs = tmp_path / "runs"
+    train_causal_lm(["--task", "election_tweets", "--model_name_or_path", str(project / "tiny-llama"),
+                     "--runs_dir", str(runs), "--eval_split", "validation", *TINY_TRAINING])
+    metrics = json.loads((runs / "election_tweets" / "eval_metrics.json").read_text())
+    assert set(metrics) & {"test", "validation"} == {"validation"}
+    tokenizer = AutoTokenizer.from_pretrained(runs / "base")
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(runs / "base"),
+                                        runs / "election_tweets" / "adapter").eval()
+    expected = naive_accuracy(adapter, tokenizer, "election_tweets", 24, 48, split="validation")
+    assert metrics["validation"]["accuracy"] == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.slow

@@ -1,0 +1,60 @@
+"""The causal recipe search: candidates parse as the causal script runs them, the choice reads the select task's
+validation split only, and the report scores the chosen recipe against zero-shot on test."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import causal_recipe
+from hf_dpmerge.scripts.train import parse_arguments
+from hf_dpmerge.scripts.train_causal_lm import CAUSAL_DP_DEFAULTS, SCRIPT, CausalScriptArguments
+
+
+def parsed(candidate: str, split: str = "validation"):
+    argv = [*causal_recipe.CANDIDATES[candidate], "--task", "bbc_news", "--runs_dir", "runs_causal",
+            "--prefix_cache_dir", "/cache", "--eval_split", split, "--target_epsilon", "8", "--seed", "0"]
+    return parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+
+
+@pytest.mark.parametrize("candidate", list(causal_recipe.CANDIDATES))
+def test_every_candidate_is_a_private_cached_prefix_run_of_the_causal_script(candidate):
+    script, config = parsed(candidate)
+    assert config.dp and config.target_epsilon == 8 and config.per_sample_max_grad_norm == 1.0
+    assert script.lora_layers == "top_4" and script.cache_prefix == "true" and script.eval_split == "validation"
+    assert config.lr_scheduler_type == "constant"
+    if candidate != "full_run":  # the equal-budget candidates: plain DP-SGD, ≈ 10k example passes each
+        assert config.sam_mode == "none" and config.align_lambda == 0
+        assert config.per_device_train_batch_size * config.max_steps == 10240
+    else:  # the full run's recipe as it ran (benchmarks/causal_runs.py)
+        from benchmarks.causal_runs import RECIPE
+        ran = parse_arguments([*RECIPE, "--target_epsilon", "8"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+        for name in ("per_device_train_batch_size", "max_steps", "learning_rate", "sam_mode", "align_lambda"):
+            assert getattr(config, name) == getattr(ran[1], name)
+
+
+def unit(candidate, score, task="bbc_news", split="validation", epsilon=8.0, seed=0):
+    return {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed, "score": score,
+            "seconds": 600.0, "noise_multiplier": 1.0, "sample_rate": 0.1}
+
+
+def test_the_choice_waits_for_every_candidate_and_reads_validation_only():
+    names = list(causal_recipe.CANDIDATES)
+    units = [unit(c, 0.3 + 0.01 * i) for i, c in enumerate(names)]
+    assert causal_recipe.chosen_candidate(units[:-1])[0] is None
+    others = [unit(names[0], 0.99, split="test"), unit(names[0], 0.99, task="election_tweets"),
+              unit(names[0], 0.99, epsilon=4.0), unit(causal_recipe.ZERO_SHOT, 0.99, epsilon=None)]
+    chosen, scores = causal_recipe.chosen_candidate(units + others)
+    assert chosen == names[-1] and scores[names[0]] == pytest.approx(0.3)
+
+
+def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path):
+    names = list(causal_recipe.CANDIDATES)
+    units = [unit(c, 0.3 + 0.01 * i) for i, c in enumerate(names)]
+    units += [unit(causal_recipe.ZERO_SHOT, 0.25, split="test", epsilon=None),
+              unit(causal_recipe.ZERO_SHOT, 0.55, task="election_tweets", split="test", epsilon=None),
+              unit(names[-1], 0.40, split="test"), unit(names[-1], 0.60, task="election_tweets", split="test"),
+              unit(causal_recipe.ZERO_SHOT, 0.28, epsilon=None)]
+    text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
+    assert f"Chosen: `{names[-1]}`." in text and "Zero-shot base: 28.0." in text
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 |" in text
+    assert f"| election_tweets | 8 | 0 | {names[-1]} | 55.0 | 60.0 | +5.0 |" in text
