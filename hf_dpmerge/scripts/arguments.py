@@ -95,7 +95,7 @@ class LoraArguments:
                 "prefix_cache_dir": self.prefix_cache_dir}
 
     def lora_options(self) -> dict:
-        """The keyword arguments of ``lora_sequence_classifier`` these flags set."""
+        """The keyword arguments of ``lora_sequence_classifier`` / ``lora_causal_lm`` these flags set."""
         return {"r": self.lora_r, "alpha": self.lora_alpha, "target_modules": self.lora_target_modules.split(","),
                 "layers": self.lora_layers, "freeze_a": self.lora_freeze_a, "a_seed": self.lora_a_seed}
 

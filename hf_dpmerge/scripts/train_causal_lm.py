@@ -138,8 +138,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
         train = tokenize_instructions(splits["train"], spec, tokenizer, script.max_length,
                                       keep_columns=(unit,) if unit is not None else ())
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
-    model = lora_causal_lm(base_dir.resolve(), r=script.lora_r, alpha=script.lora_alpha,
-                           target_modules=script.lora_target_modules.split(","), layers=script.lora_layers)
+    model = lora_causal_lm(base_dir.resolve(), **script.lora_options())
     out = Path(script.runs_dir) / task
     trainer = dp_trainer(model, dataclasses.replace(config, output_dir=str(out / "checkpoints")), train_dataset=train,
                          data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),

@@ -114,3 +114,28 @@ def test_the_release_records_the_accountants_epsilon(tmp_path, tiny_base):
     assert record.steps == 2 and record.dp and record.privacy_unit == "example"
     assert record.epsilon == pytest.approx(accountant.get_epsilon(delta=record.delta), rel=1e-9)
     assert record.epsilon <= 4.0
+
+
+def test_ffa_lora_freezes_the_seeded_a_and_the_release_records_it(tmp_path, tiny_base):
+    """``--lora_freeze_a`` on a causal LM: every A is its public seeded draw and stays put, only B trains, and the
+    record names the seed (as for classifiers)."""
+    from hf_dpmerge.training.shared_lora_a import lora_a_fingerprint, lora_a_tensors, seeded_lora_a
+
+    model = lora_causal_lm(tiny_base, r=4, alpha=8, target_modules=["q_proj", "v_proj"], freeze_a=True, a_seed=7)
+    drawn = {name: a.detach().clone() for name, a in lora_a_tensors(model).items()}
+    for name, a in drawn.items():
+        rank, fan_in = a.shape
+        torch.testing.assert_close(a, seeded_lora_a(7, name.split(".lora_A.")[0], rank, fan_in), rtol=0, atol=0)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        n for n, _ in model.named_parameters() if ".lora_B." in n}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_base)
+    trainer = make_trainer(tmp_path, model=model, dataset=tokenize_instructions(reviews(), SPEC, tokenizer, 40),
+                           sam_mode="none", noise_multiplier=None, target_epsilon=4.0, physical_batch_size=3,
+                           max_steps=2, per_device_train_batch_size=8, learning_rate=0.1)
+    trainer.data_collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
+    trainer.train()
+    for name, a in lora_a_tensors(trainer.model).items():
+        torch.testing.assert_close(a, drawn[name], rtol=0, atol=0)
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert PrivacyRecord.load(tmp_path / "adapter").extra["lora_a"] == {"seed": 7,
+                                                                       "fingerprint": lora_a_fingerprint(model)}
