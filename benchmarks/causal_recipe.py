@@ -8,12 +8,13 @@ Protocol (recipe chosen without the reported tasks' test data):
 2. **report** — the zero-shot base and the chosen candidate on ``--tasks`` at ``--epsilon``, each seed of ``--seeds``,
    scored on the whole test split (the select task is marked; the others are held out).
 
-Every candidate is ``examples/train_causal_lm.py`` with LoRA r = 8 on q/v of the top 4 of 30 layers on the cached
-prefix, plain DP-SGD (no SAM, no alignment: on the encoder plain DP-SGD was the better phase-2 step,
-``benchmarks/reports/lpft/LPFT.md``), constant AdamW, C = 1, and about the same number of example passes
-(expected batch × steps ≈ 10k, ≈ 10 CPU-minutes on one thread), so candidates trade batch size (the noise on the
-mean gradient falls as σC/B) against steps. The full run's recipe (``benchmarks/causal_runs.py``: batches of 64,
-200 steps, AdamW 3·10⁻³, DP-SAT + alignment) is the reference candidate ``full_run``.
+Every candidate is ``examples/train_causal_lm.py`` with LoRA on q/v of the top 4 of 30 layers on the cached prefix
+(A and B trained, or FFA-LoRA: A frozen from the public seed, fewer noised coordinates), plain DP-SGD (no SAM, no
+alignment: on the encoder plain DP-SGD was the better phase-2 step, ``benchmarks/reports/lpft/LPFT.md``), constant
+AdamW, C = 1, and about the same number of example passes (expected batch × steps ≈ 10k, 15–18 minutes on one
+shared thread), so candidates trade batch size (the noise on the mean gradient falls as σC/B) against steps; one
+full-batch candidate takes ≈ 19k. The full run's recipe (``benchmarks/causal_runs.py``: batches of 64, 200 steps,
+AdamW 3·10⁻³, DP-SAT + alignment) is the reference candidate ``full_run``.
 
 Units run one after another in ``--work-dir`` (``--runs_dir runs_causal`` there, whose ``base`` may be a link to
 an earlier run's base; ``--prefix-cache-dir`` reuses that run's cached prefixes: the cache key holds the tokenised
@@ -66,6 +67,8 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "ffa_r8_b256_t40_lr3e-3": _recipe(256, 40, "3e-3", rank=8, ffa=True),
     "ffa_r2_b256_t40_lr3e-3": _recipe(256, 40, "3e-3", rank=2, ffa=True),
     "ffa_r2_b128_t80_lr3e-3": _recipe(128, 80, "3e-3", rank=2, ffa=True),
+    # full-batch DP gradient descent (q ≈ 1; Mehta et al., TMLR 2023): few steps, the least noise per step
+    "ffa_r8_b1600_t12_lr1e-2": _recipe(1600, 12, "1e-2", rank=8, ffa=True),
     "full_run": _recipe(64, 200, "3e-3", step=("--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05")),
 }
 
