@@ -168,7 +168,9 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
         text += ["## Report (test accuracy %, whole test split; Holm over every tested row)", "",
                  markdown_table(["task", "ε", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed",
                                  "mean gain", "p (paired t, seeds)", f"Holm-adjusted p (* < {ALPHA})"], rows), ""]
-    text += ["## Candidates", "", *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
+    text += ["## Candidates", "", f"Flags as run at ε = {EPSILON:g}; at another ε a candidate's `--head_phase_epsilon` "
+             "keeps its share of the budget (`benchmarks/lpft.py`, `arguments`).", "",
+             *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
     write_text_atomic(path, "\n".join(text))
     if evidence is not None:
         write_text_atomic(evidence, json.dumps(floor_gap(units), indent=1) + "\n")
