@@ -66,11 +66,11 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "ffa_r8_b256_t40_lr3e-3": _recipe(256, 40, "3e-3", rank=8, ffa=True),
     "ffa_r2_b256_t40_lr3e-3": _recipe(256, 40, "3e-3", rank=2, ffa=True),
     # (near) full-batch DP gradient descent (q ≈ 1 on bbc_news; Mehta et al., TMLR 2023): few large steps, the
-    # least noise per step (σC√d/B ≈ 0.36 against ≈ 0.86 at B = 256)
+    # least noise per step (σC√d/B ≈ 0.30 against ≈ 0.86 at B = 256)
     "b1600_t12_lr1e-2": _recipe(1600, 12, "1e-2"),
 }
 """The equal-budget candidates stored in ``units/`` (≈ 10k example passes; the full-batch one ≈ 19k). Pruned before
-running, for time, once every 10k-pass candidate stayed at the label prior: FFA r = 2 at 128 × 80 and the full
+running, for time, once every 10k-pass candidate stayed at or below zero-shot: FFA r = 2 at 128 × 80 and the full
 run's own recipe (its test score is in ``benchmarks/reports/causal-full``)."""
 
 

@@ -39,8 +39,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 # Fixed before the full run from the 2000-example pilot (docs/causal-lm.md), not tuned on a validation split:
 # LoRA r = 8 on q/v of the top 4 of 30 layers (cached prefix below), 200 steps of expected batch 64.
+# DP-SAT + alignment as run (the script's defaults since moved to plain DP-SGD: benchmarks/causal_recipe.py).
 RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "64", "--physical_batch_size", "16",
           "--max_steps", "200", "--learning_rate", "3e-3", "--cache_prefix", "true",
+          "--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05", "--logging_steps", "5",
           "--prefix_cache_dir", "prefix_cache"]  # under --out: a task's DP and non-private runs share one prefix
 GENERATION_SAMPLES = 200
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]

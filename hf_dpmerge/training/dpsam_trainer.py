@@ -184,7 +184,8 @@ class DPSAMTrainer(Trainer):
             what = "dataset size"
             if self.unit_of_row is not None:
                 what = f"number of privacy units ({args.privacy_unit_column})"
-            raise ValueError(f"expected batch size {self.expected_batch_size} exceeds the {what} {self.num_units}")
+            raise ValueError(f"expected batch size {self.expected_batch_size} exceeds the {what} {self.num_units}: "
+                             "lower --per_device_train_batch_size (the expected Poisson batch)")
         self.sample_rate = self.expected_batch_size / self.num_units
         self.steps_per_epoch = int(1 / self.sample_rate)
         self.planned_steps = (

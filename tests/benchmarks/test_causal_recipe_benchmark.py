@@ -53,3 +53,27 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
     assert f"Chosen: `{names[-1]}`." in text and "Zero-shot base: 28.0." in text
     assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 |" in text
     assert f"| election_tweets | 8 | 0 | {names[-1]} | 55.0 | 60.0 | +5.0 |" in text
+
+
+def test_the_script_default_is_the_chosen_candidate():
+    """``CAUSAL_DP_DEFAULTS`` is the recipe the stored select units chose (rerun the search, then move the default)."""
+    chosen, _ = causal_recipe.chosen_candidate(causal_recipe.load_units(causal_recipe.REPORT_DIR / "units"))
+    script, config = parsed(chosen)
+    default_script, default_config = parse_arguments(["--task", "bbc_news"], CausalScriptArguments,
+                                                     CAUSAL_DP_DEFAULTS, SCRIPT)
+    for name in ("lora_layers", "lora_r", "lora_alpha", "lora_freeze_a", "lora_target_modules", "max_length"):
+        assert getattr(default_script, name) == getattr(script, name), name
+    for name in ("per_device_train_batch_size", "max_steps", "learning_rate", "lr_scheduler_type", "weight_decay",
+                 "per_sample_max_grad_norm", "sam_mode", "align_lambda", "target_epsilon"):
+        assert getattr(default_config, name) == getattr(config, name), name
+    assert default_script.cache_prefix in ("auto", "true")  # the bottom is frozen: auto caches it
+
+
+def test_the_full_runs_recipe_keeps_its_meaning_under_the_new_defaults():
+    from benchmarks.causal_runs import NON_PRIVATE, RECIPE
+
+    _, dp = parse_arguments([*RECIPE, "--target_epsilon", "8"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+    assert (dp.per_device_train_batch_size, dp.max_steps, dp.learning_rate) == (64, 200, 3e-3)
+    assert dp.sam_mode == "dp_sat" and dp.align_lambda == 0.05 and dp.dp
+    _, plain = parse_arguments([*RECIPE, *NON_PRIVATE], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+    assert not plain.dp and plain.sam_mode == "none" and plain.align_lambda == 0

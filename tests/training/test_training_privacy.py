@@ -150,7 +150,7 @@ def test_dataset_level_errors(tmp_path):
     with pytest.raises(ValueError, match=r"1/N"):
         make_trainer(tmp_path, target_delta=0.01)
     assert make_trainer(tmp_path, target_delta=0.01, allow_large_delta=True).delta == 0.01
-    with pytest.raises(ValueError, match="exceeds the dataset size"):
+    with pytest.raises(ValueError, match="exceeds the dataset size 8: lower --per_device_train_batch_size"):
         make_trainer(tmp_path, dataset=text_dataset(copies=1), per_device_train_batch_size=20)
     frozen = lora_classifier()
     for p in frozen.parameters():

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 TASKS = ("rotten_tomatoes", "election_tweets")
 TINY_TRAINING = ["--max_train_samples", "64", "--max_eval_samples", "24", "--per_device_train_batch_size", "16",
                  "--physical_batch_size", "8", "--max_steps", "3", "--lora_r", "2", "--max_length", "48",
-                 "--accountant", "rdp", "--learning_rate", "5e-2", "--use_cpu", "true"]
+                 "--accountant", "rdp", "--learning_rate", "5e-2", "--use_cpu", "true",
+                 "--lora_layers", "top_1"]  # the default's shape on 2 layers: LoRA on the top, the bottom cached
 CONFIGS = ("causal_task_arithmetic", "causal_dp", "causal_cauchy_poe")
 
 
