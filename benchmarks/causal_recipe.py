@@ -33,13 +33,14 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from hf_dpmerge.utils.io import write_text_atomic
 
+from .causal_runs import run
+from .lpft import load_units
 from .markdown import table as markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,10 +79,6 @@ def unit_name(task: str, candidate: str, split: str, epsilon: float, seed: int) 
     return f"{task}-{candidate}-{split}-eps{epsilon:g}-seed{seed}"
 
 
-def load_units(units_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
-
-
 def zero_shot_score(work_dir: Path, task: str, split: str) -> float:
     """The base's verbaliser-scoring accuracy on ``split`` (the prompt format and ``max_length`` of the script)."""
     import torch
@@ -114,11 +111,7 @@ def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: flo
             "--overwrite", "true", "--disable_tqdm", "true"]
     run_dir = work_dir / "runs_causal" / task
     shutil.rmtree(run_dir, ignore_errors=True)  # a killed unit starts again
-    with (work_dir / "log.txt").open("a") as log:
-        log.write(f"$ train_causal_lm.py {' '.join(argv)}\n")
-        log.flush()
-        subprocess.run([sys.executable, str(REPO / "examples" / "train_causal_lm.py"), *argv], cwd=work_dir,
-                       stdout=log, stderr=subprocess.STDOUT, check=True)
+    run([sys.executable, str(REPO / "examples" / "train_causal_lm.py"), *argv], work_dir, work_dir / "log.txt")
     summary = json.loads((run_dir / "eval_metrics.json").read_text())
     record = json.loads((run_dir / "adapter" / "dp_privacy.json").read_text())
     result = {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed,
