@@ -6,7 +6,9 @@ Protocol (recipe chosen without the reported tasks' test data):
    task where the full run's DP adapter kept 12 % of the non-private adapter's gain, docs/causal-lm.md) at ε = 8,
    seed 0, scored on its validation split (10 % of train, seeded). Chosen: the highest validation accuracy.
 2. **report** — the zero-shot base and the chosen candidate on ``--tasks`` at ``--epsilon``, each seed of ``--seeds``,
-   scored on the whole test split (the select task is marked; the others are held out).
+   scored on the whole test split (the select task is marked; the others are held out). ``--epsilon inf`` trains
+   the candidate's recipe without privacy (``--dp false``): the non-private adapter at the same budget, whose gain
+   over zero-shot the DP rows' "share of the non-private gain" divides by.
 
 Every candidate is ``examples/train_causal_lm.py`` with LoRA on q/v of the top 4 of 30 layers on the cached prefix
 (A and B trained, or FFA-LoRA: A frozen from the public seed, fewer noised coordinates), plain DP-SGD (no SAM, no
@@ -23,7 +25,13 @@ unit is stored as JSON under ``benchmarks/reports/causal-recipe/units/`` and the
     python -m benchmarks.causal_recipe --stage select --work-dir causal-search \
         --prefix-cache-dir causal-full/prefix_cache
     python -m benchmarks.causal_recipe --stage report --tasks rotten_tomatoes,election_tweets,bbc_news
+    python -m benchmarks.causal_recipe --stage generation --keep-adapters causal-search/kept
     python -m benchmarks.causal_recipe --report-only
+
+3. **generation** — each adapter kept by the report stage, alone (stock ``peft`` ``merge_and_unload`` onto the
+   base), asked through stock ``pipeline("text-generation")`` on ``GENERATION_SAMPLES`` stratified test examples of
+   its task: how often its greedy answer is the verbaliser its scoring ranks first, the gold one, any verbaliser
+   (``generation/<unit>.json``).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import shutil
 import sys
@@ -39,12 +48,13 @@ from pathlib import Path
 
 from hf_dpmerge.utils.io import write_text_atomic
 
-from .causal_runs import run
+from .causal_runs import GENERATION_SAMPLES, NON_PRIVATE, generation_scores, run
 from .lpft import load_units
 from .markdown import table as markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
 REPORT_DIR = REPO / "benchmarks" / "reports" / "causal-recipe"
+GENERATION_DIR = REPORT_DIR / "generation"
 SELECT_TASK = "bbc_news"
 ZERO_SHOT = "zero_shot"
 COMMON = ("--lora_layers", "top_4", "--physical_batch_size", "16", "--cache_prefix", "true",
@@ -98,6 +108,14 @@ def zero_shot_score(work_dir: Path, task: str, split: str) -> float:
     return score
 
 
+def unit_argv(task: str, candidate: str, split: str, epsilon: float, seed: int, prefix_cache_dir: Path) -> list[str]:
+    """``examples/train_causal_lm.py``'s flags for one unit (ε = inf: the candidate without privacy)."""
+    privacy = NON_PRIVATE if math.isinf(epsilon) else ["--target_epsilon", f"{epsilon:g}"]
+    return [*CANDIDATES[candidate], "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
+            str(prefix_cache_dir), "--eval_split", split, *privacy, "--seed", str(seed), "--overwrite", "true",
+            "--disable_tqdm", "true"]
+
+
 def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: float, seed: int,
              prefix_cache_dir: Path, keep: Path | None) -> dict:
     """Train and score one candidate (or score the base for :data:`ZERO_SHOT`); the adapter is deleted afterwards
@@ -106,9 +124,7 @@ def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: flo
     if candidate == ZERO_SHOT:
         return {"task": task, "candidate": candidate, "split": split, "epsilon": None, "seed": seed,
                 "score": zero_shot_score(work_dir, task, split), "seconds": time.perf_counter() - start}
-    argv = [*CANDIDATES[candidate], "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
-            str(prefix_cache_dir), "--eval_split", split, "--target_epsilon", f"{epsilon:g}", "--seed", str(seed),
-            "--overwrite", "true", "--disable_tqdm", "true"]
+    argv = unit_argv(task, candidate, split, epsilon, seed, prefix_cache_dir)
     run_dir = work_dir / "runs_causal" / task
     shutil.rmtree(run_dir, ignore_errors=True)  # a killed unit starts again
     run([sys.executable, str(REPO / "examples" / "train_causal_lm.py"), *argv], work_dir, work_dir / "log.txt")
@@ -126,6 +142,25 @@ def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: flo
         shutil.move(run_dir, kept / task)
     shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def score_kept_generation(work_dir: Path, kept: Path) -> dict:
+    """:func:`~benchmarks.causal_runs.generation_scores` of the kept adapter ``kept/<task>/adapter``, merged into
+    the base by stock peft."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.records.record import PrivacyRecord
+
+    (task_dir,) = [d for d in kept.iterdir() if (d / "adapter").is_dir()]
+    base = work_dir / "runs_causal" / "base"
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                      task_dir / "adapter").merge_and_unload().eval()
+    max_length = int(PrivacyRecord.load(task_dir / "adapter").extra["max_length"])
+    scores = generation_scores(model, AutoTokenizer.from_pretrained(base), task_dir.name, max_length,
+                               GENERATION_SAMPLES)
+    return {"unit": kept.name, "task": task_dir.name, **scores}
 
 
 def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
@@ -165,13 +200,27 @@ def write_report(units: list[dict], path: Path) -> str:
             zs = zero.get((task, "test"))
             for candidate in [c for c in CANDIDATES if (task, c, epsilon, seed) in by]:
                 unit = by[(task, candidate, epsilon, seed)]
-                rows.append([task + (" (select)" if task == SELECT_TASK else ""), f"{epsilon:g}", str(seed),
-                             candidate, "—" if zs is None else f"{100 * zs:.1f}", f"{100 * unit['score']:.1f}",
-                             "—" if zs is None else f"{100 * (unit['score'] - zs):+.1f}",
+                plain = by.get((task, candidate, math.inf, seed))
+                share = ("—" if zs is None or plain is None or math.isinf(epsilon) or plain["score"] <= zs
+                         else f"{(unit['score'] - zs) / (plain['score'] - zs):.0%}")
+                rows.append([task + (" (select)" if task == SELECT_TASK else ""),
+                             "∞ (non-private)" if math.isinf(epsilon) else f"{epsilon:g}", str(seed), candidate,
+                             "—" if zs is None else f"{100 * zs:.1f}", f"{100 * unit['score']:.1f}",
+                             "—" if zs is None else f"{100 * (unit['score'] - zs):+.1f}", share,
                              f"{unit['seconds'] / 60:.1f}"])
         text += ["## Report (whole test split)", "",
-                 markdown_table(["task", "ε", "seed", "candidate", "zero-shot", "DP adapter", "gain (points)",
-                                 "unit (min)"], rows), ""]
+                 markdown_table(["task", "ε", "seed", "candidate", "zero-shot", "adapter", "gain (points)",
+                                 "share of the non-private gain", "unit (min)"], rows), ""]
+    generation = [json.loads(f.read_text()) for f in sorted(GENERATION_DIR.glob("*.json"))]
+    if generation:
+        text += ["## Stock generation of each adapter alone", "",
+                 "Greedy `pipeline(\"text-generation\")`, the question as a chat message, stratified test examples.",
+                 "", markdown_table(["adapter (unit)", "n", "answer = ranked-first verbaliser", "answer = gold",
+                                     "answer is a verbaliser", "first answers"],
+                                    [[g["unit"], str(g["n"]), f"{g['generation_is_ranked_first']:.0%}",
+                                      f"{g['generation_is_gold']:.0%}", f"{g['generation_is_a_verbaliser']:.0%}",
+                                      ", ".join(repr(e["answer"]) for e in g["examples"][:3])]
+                                     for g in generation]), ""]
     write_text_atomic(path, "\n".join(text))
     return "\n".join(text)
 
@@ -179,10 +228,11 @@ def write_report(units: list[dict], path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.causal_recipe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=("select", "report"), default="select")
+    parser.add_argument("--stage", choices=("select", "report", "generation"), default="select")
     parser.add_argument("--tasks", default="rotten_tomatoes,election_tweets,bbc_news", help="report stage: the tasks")
     parser.add_argument("--seeds", default="0", help="report stage: the seeds")
-    parser.add_argument("--epsilon", type=float, default=8.0, help="report stage: the target ε")
+    parser.add_argument("--epsilon", type=float, default=8.0,
+                        help="report stage: the target ε (inf: the same recipe without privacy)")
     parser.add_argument("--candidates", help="select stage: only these candidates (comma-separated), in this order")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "causal-recipe")
     parser.add_argument("--prefix-cache-dir", type=Path, help="default: <work-dir>/prefix_cache")
@@ -190,8 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-adapters", type=Path, metavar="DIR", help="report stage: keep each adapter in DIR")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    if not args.report_only:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.stage == "generation" and not args.report_only:
+        if args.keep_adapters is None:
+            parser.error("--stage generation scores the adapters kept by the report stage: pass --keep-adapters DIR")
+        GENERATION_DIR.mkdir(parents=True, exist_ok=True)
+        for kept in sorted(d for d in args.keep_adapters.iterdir() if d.is_dir()):
+            path = GENERATION_DIR / f"{kept.name}.json"
+            if not path.exists():
+                print(f"[causal_recipe] generation of {kept.name}", file=sys.stderr, flush=True)
+                write_text_atomic(path, json.dumps(score_kept_generation(args.work_dir.resolve(), kept), indent=1)
+                                  + "\n")
+    elif not args.report_only:
         work_dir = args.work_dir.resolve()
         prefix_cache = (args.prefix_cache_dir or work_dir / "prefix_cache").resolve()
         if args.stage == "select":

@@ -119,41 +119,44 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
     target.write_text(json.dumps(scores, indent=2) + "\n")
 
 
-def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int) -> None:
-    """``<out>/generation.json``: per task, on ``samples`` stratified test examples asked as chat messages
-    (:func:`~hf_dpmerge.data.instructions.instruction_messages`), the share where the merged LM's greedy stock
-    generation is the verbaliser its verbaliser scoring ranks first, and the share where it is the gold one."""
+def generation_scores(model, tokenizer, task: str, max_length: int, samples: int) -> dict:
+    """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
+    ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
+    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser."""
     import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    from transformers import pipeline
 
     from hf_dpmerge.data.instructions import instruction_messages, verbaliser_choices
     from hf_dpmerge.data.load import load_task
     from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
+
+    generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    splits, spec = load_task(task, max_eval_samples=samples)
+    test = splits["test"]
+    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length)
+    verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
+    ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
+    chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
+    outputs = generate(chats, max_new_tokens=max(map(len, responses)), do_sample=False, return_full_text=False)
+    answers = [o[0]["generated_text"].strip() for o in outputs]
+    return {"n": len(answers),
+            "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in zip(answers, ranked)])),
+            "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in zip(answers, test["label"])])),
+            "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
+            "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
+
+
+def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int) -> None:
+    """``<out>/generation.json``: :func:`generation_scores` of the merged LM ``<out>/<merged_name>`` per task."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from hf_dpmerge.records.record import PrivacyRecord
 
     tokenizer = AutoTokenizer.from_pretrained(out / merged_name)
     model = AutoModelForCausalLM.from_pretrained(out / merged_name, dtype=torch.float32).eval()
-    generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
-    result = {}
-    for task in tasks:
-        record = PrivacyRecord.load(out / "runs_causal" / task / "adapter")
-        splits, spec = load_task(task, max_eval_samples=samples)
-        test = splits["test"]
-        prompts, responses = verbaliser_choices(test, spec, tokenizer, int(record.extra["max_length"]))
-        verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
-        ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
-        chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
-        outputs = generate(chats, max_new_tokens=max(map(len, responses)), do_sample=False, return_full_text=False)
-        answers = [o[0]["generated_text"].strip() for o in outputs]
-        result[task] = {"n": len(answers),
-                        "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in
-                                                                     zip(answers, ranked)])),
-                        "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in
-                                                             zip(answers, test["label"])])),
-                        "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
-                        "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in
-                                     list(zip(answers, test["label"]))[:5]]}
+    result = {task: generation_scores(model, tokenizer, task, int(PrivacyRecord.load(
+        out / "runs_causal" / task / "adapter").extra["max_length"]), samples) for task in tasks}
     (out / "generation.json").write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -1,18 +1,22 @@
 """Cost of a private causal-LM step: time and peak RSS of a DP step vs a non-private one on SmolLM2-135M.
 
 Model: the float32 base ``examples/train_causal_lm.py`` builds (``<runs_causal>/base``, built here once from
-the packaged GGUF when missing) with the example's LoRA (r = 8 on q_proj/v_proj of the top half of the layers);
-one micro-batch of the example's ``physical_batch_size`` sequences of L tokens, labels on the last
-``ANSWER_TOKENS`` only (the response). Modes: ``non_private`` (dp=False, no SAM, no alignment) and ``dp``
-(the example's defaults: DP-SGD with per-sample clipping, dp_sat, alignment λ = 0.05), both today's uncached path
-with LoRA on the top half; ``cached_top_k`` (LoRA on the top k layers, trained on cached states of the frozen
-bottom, the LM head at the answer positions only; docs/design.md §16), ``cached_top_4_non_private`` and
-``uncached_top_4`` (the same k without the cache). Each measurement runs in
-a fresh subprocess (peak RSS is that mode's own); modes alternate round by round so machine load affects them
-alike. A step of the example (``per_device_train_batch_size`` B) is B/physical micro-batches, so time per
-adapter ≈ step × B/physical × steps.
+the packaged GGUF when missing) with LoRA r = 8 on q_proj/v_proj; one micro-batch of ``--batch`` sequences of L
+tokens, labels on the last ``ANSWER_TOKENS`` only (the response). Arms:
 
-    python benchmarks/train_step_causal.py [--rounds 1] [--steps 2] [--batch 8] [--length 80]
+- ``default`` / ``default_non_private``: the example's recipe (``CAUSAL_DP_DEFAULTS``): LoRA on the top 4 layers,
+  trained on cached states of the frozen bottom with the LM head at the answer positions only (docs/design.md §16),
+  plain DP-SGD (no SAM, no alignment), and the same without privacy;
+- ``uncached_top_4`` / ``uncached_top_4_non_private``: the same k through the whole model;
+- ``cached_top_2`` / ``cached_top_8``: other k on the cached path (plain DP-SGD);
+- ``non_private`` / ``dp_sat_align``: the earlier default (LoRA on the top 15 layers, uncached; DP with dp_sat and
+  alignment λ = 0.05), the reference of the "speed-up" column.
+
+Each measurement runs in a fresh subprocess (peak RSS is that arm's own); arms alternate round by round so machine
+load affects them alike. A step of the example (``per_device_train_batch_size`` B) is B/``--batch`` micro-batches,
+so time per adapter ≈ step × B/batch × steps (training only: not the cache build or the scoring).
+
+    python benchmarks/train_step_causal.py [--rounds 1] [--steps 2] [--batch 16] [--length 80]
 """
 
 from __future__ import annotations
@@ -27,14 +31,20 @@ import time
 from pathlib import Path
 
 NON_PRIVATE = dict(dp=False, sam_mode="none", align_lambda=0.0)
-# arm: (DPSAMConfig settings, LoRA layers, cached prefix); the first two are today's uncached path
+PLAIN_DP = dict(sam_mode="none", align_lambda=0.0)  # the example's DP recipe: DP-SGD without SAM or alignment
+# arm: (DPSAMConfig settings, LoRA layers, cached prefix)
 MODES = {
+    "default": (PLAIN_DP, "top_4", True),
+    "default_non_private": (NON_PRIVATE, "top_4", True),
+    "uncached_top_4": (PLAIN_DP, "top_4", False),
+    "uncached_top_4_non_private": (NON_PRIVATE, "top_4", False),
+    **{f"cached_top_{k}": (PLAIN_DP, f"top_{k}", True) for k in (2, 8)},
     "non_private": (NON_PRIVATE, "top_half", False),
-    "dp": ({}, "top_half", False),
-    **{f"cached_top_{k}": ({}, f"top_{k}", True) for k in (2, 4, 8)},
-    "cached_top_4_non_private": (NON_PRIVATE, "top_4", True),
-    "uncached_top_4": ({}, "top_4", False),
+    "dp_sat_align": ({}, "top_half", False),
 }
+REFERENCE = "dp_sat_align"  # the earlier default's DP step
+NON_PRIVATE_TWIN = {"default": "default_non_private", "uncached_top_4": "uncached_top_4_non_private",
+                    "dp_sat_align": "non_private"}
 ANSWER_TOKENS = 3  # verbaliser + end of sequence, as in hf_dpmerge.data.instructions
 
 
@@ -89,10 +99,11 @@ def main() -> None:
     parser.add_argument("--runs_dir", default="runs_causal", help="where the example's base is (or is built)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=8, help="one micro-batch (the example's physical_batch_size)")
+    parser.add_argument("--batch", type=int, default=16, help="one micro-batch (the example's physical_batch_size)")
     parser.add_argument("--length", type=int, default=80, help="tokens per sequence (prompt + answer)")
-    parser.add_argument("--example_batch", type=int, default=64, help="the example's per_device_train_batch_size")
-    parser.add_argument("--example_steps", type=int, default=30, help="the example's max_steps")
+    parser.add_argument("--example_batch", type=int, default=1600,
+                        help="the example's per_device_train_batch_size")
+    parser.add_argument("--example_steps", type=int, default=12, help="the example's max_steps")
     parser.add_argument("--_mode", help=argparse.SUPPRESS)
     args = parser.parse_args()
     base = ensure_base(Path(args.runs_dir))
@@ -109,23 +120,24 @@ def main() -> None:
             ).stdout.strip().splitlines()[-1]
             results[mode].append(json.loads(out))
             print(f"round {round_index + 1}/{args.rounds} {mode}: {results[mode][-1]}", file=sys.stderr)
-    base_time = statistics.median(r["step_s"] for r in results["non_private"])
-    base_rss = statistics.median(r["peak_rss_mb"] for r in results["non_private"])
+    def median(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[mode])
+
     micro_batches = args.example_batch / args.batch
-    dp_time = statistics.median(r["step_s"] for r in results["dp"])
     print(f"SmolLM2-135M, LoRA r=8 q/v; micro-batch {args.batch} × {args.length} tokens ({ANSWER_TOKENS} answer "
           f"tokens), median of {args.rounds} rounds × {args.steps} steps; cached arms: the top k layers on cached "
           "states, the LM head at the answer positions only (setup s: the cache build of the arm's 10 batches)")
-    print("| arm | step s | × non-private | speed-up over today's DP step | peak RSS MB | RSS × | setup s | "
-          "adapter min |")
+    print(f"| arm | step s | × its non-private twin | speed-up over {REFERENCE} | peak RSS MB | RSS × twin | "
+          "setup s | adapter min |")
     print("|---|---|---|---|---|---|---|---|")
-    for mode, runs in results.items():
-        step = statistics.median(r["step_s"] for r in runs)
-        rss = statistics.median(r["peak_rss_mb"] for r in runs)
-        setup = statistics.median(r["setup_s"] for r in runs)
+    for mode in results:
+        step, rss = median(mode, "step_s"), median(mode, "peak_rss_mb")
+        twin = NON_PRIVATE_TWIN.get(mode)
+        time_ratio = f"{step / median(twin, 'step_s'):.2f}" if twin else "–"
+        rss_ratio = f"{rss / median(twin, 'peak_rss_mb'):.2f}" if twin else "–"
         adapter_min = step * micro_batches * args.example_steps / 60
-        print(f"| {mode} | {step:.2f} | {step / base_time:.2f} | {dp_time / step:.2f} | {rss:.0f} | "
-              f"{rss / base_rss:.2f} | {setup:.1f} | {adapter_min:.1f} |")
+        print(f"| {mode} | {step:.2f} | {time_ratio} | {median(REFERENCE, 'step_s') / step:.2f} | {rss:.0f} | "
+              f"{rss_ratio} | {median(mode, 'setup_s'):.1f} | {adapter_min:.1f} |")
     print(f"adapter min: {args.example_steps} steps of {args.example_batch} examples "
           f"({micro_batches:g} micro-batches each), extrapolated from the micro-batch step")
 

@@ -10,9 +10,8 @@ from hf_dpmerge.scripts.train import parse_arguments
 from hf_dpmerge.scripts.train_causal_lm import CAUSAL_DP_DEFAULTS, SCRIPT, CausalScriptArguments
 
 
-def parsed(candidate: str, split: str = "validation"):
-    argv = [*causal_recipe.CANDIDATES[candidate], "--task", "bbc_news", "--runs_dir", "runs_causal",
-            "--prefix_cache_dir", "/cache", "--eval_split", split, "--target_epsilon", "8", "--seed", "0"]
+def parsed(candidate: str, split: str = "validation", epsilon: float = 8.0):
+    argv = causal_recipe.unit_argv("bbc_news", candidate, split, epsilon, 0, Path("/cache"))
     return parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
 
 
@@ -25,6 +24,15 @@ def test_every_candidate_is_a_private_cached_prefix_run_of_the_causal_script(can
     assert config.sam_mode == "none" and config.align_lambda == 0  # plain DP-SGD
     passes = config.per_device_train_batch_size * config.max_steps  # ≈ 10k example passes (full batch: ≈ 19k)
     assert passes == 10240 or (config.per_device_train_batch_size == 1600 and passes <= 20000)
+
+
+def test_an_infinite_epsilon_runs_the_candidate_without_privacy():
+    chosen = "b1600_t12_lr1e-2"
+    (private_script, private), (plain_script, plain) = parsed(chosen, "test"), parsed(chosen, "test", float("inf"))
+    assert private.dp and not plain.dp and plain.sam_mode == "none" and plain.align_lambda == 0
+    for field in ("per_device_train_batch_size", "max_steps", "learning_rate", "lr_scheduler_type", "seed"):
+        assert getattr(plain, field) == getattr(private, field)
+    assert plain_script.lora_layers == private_script.lora_layers and plain_script.eval_split == "test"
 
 
 def unit(candidate, score, task="bbc_news", split="validation", epsilon=8.0, seed=0):
@@ -52,7 +60,11 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
     assert f"Chosen: `{names[-1]}`." in text and "Zero-shot base: 28.0." in text
     assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 |" in text
-    assert f"| election_tweets | 8 | 0 | {names[-1]} | 55.0 | 60.0 | +5.0 |" in text
+    assert f"| election_tweets | 8 | 0 | {names[-1]} | 55.0 | 60.0 | +5.0 | — |" in text
+    units += [unit(names[-1], 0.55, split="test", epsilon=float("inf"))]
+    text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")  # DP gain 15 of the non-private 30
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 | 50% |" in text
+    assert f"| bbc_news (select) | ∞ (non-private) | 0 | {names[-1]} | 25.0 | 55.0 | +30.0 | — |" in text
 
 
 def test_the_script_default_is_the_chosen_candidate():
@@ -77,3 +89,16 @@ def test_the_full_runs_recipe_keeps_its_meaning_under_the_new_defaults():
     assert dp.sam_mode == "dp_sat" and dp.align_lambda == 0.05 and dp.dp
     _, plain = parse_arguments([*RECIPE, *NON_PRIVATE], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
     assert not plain.dp and plain.sam_mode == "none" and plain.align_lambda == 0
+
+
+def test_the_report_lists_each_kept_adapters_stock_generation(tmp_path: Path, monkeypatch):
+    generation = tmp_path / "generation"
+    generation.mkdir()
+    monkeypatch.setattr(causal_recipe, "GENERATION_DIR", generation)
+    (generation / "bbc_news-b1600_t12_lr1e-2-test-eps8-seed0.json").write_text(
+        '{"unit": "bbc_news-b1600_t12_lr1e-2-test-eps8-seed0", "task": "bbc_news", "n": 200, '
+        '"generation_is_ranked_first": 0.25, "generation_is_gold": 0.2, "generation_is_a_verbaliser": 0.5, '
+        '"examples": [{"answer": "sports", "gold": "business"}, {"answer": "", "gold": "tech"}]}')
+    text = causal_recipe.write_report([unit(causal_recipe.ZERO_SHOT, 0.28, epsilon=None)], tmp_path / "R.md")
+    assert "## Stock generation of each adapter alone" in text
+    assert "| bbc_news-b1600_t12_lr1e-2-test-eps8-seed0 | 200 | 25% | 20% | 50% | 'sports', '' |" in text
