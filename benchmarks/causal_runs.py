@@ -4,7 +4,7 @@ the whole training split on the cached prefix, their merges and the evaluation (
 Units, in this order (each skipped when its output exists, so a killed run resumes where it stopped):
 
 1. per task: ``<out>/runs_causal/<task>/`` — ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with ``RECIPE``;
-2. the first merge method's merge and evaluation (below), then ``<out>/generation.json`` — that merge through stock
+2. the first merge method's merge and evaluation (below), then ``<out>/generation_<m>.json`` — that merge through stock
    ``pipeline("text-generation")``: on a stratified test subset per task, how often its greedy answer is the
    verbaliser that scoring ranks first, and the gold one;
 3. per task of ``--nonprivate_tasks``: ``<out>/runs_nonprivate/<task>/`` — the same recipe without DP (``--dp
@@ -146,8 +146,12 @@ def generation_scores(model, tokenizer, task: str, max_length: int, samples: int
             "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
 
 
+def generation_path(out: Path, merged_name: str) -> Path:
+    return out / f"generation_{merged_name.removeprefix('merged_')}.json"
+
+
 def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int) -> None:
-    """``<out>/generation.json``: :func:`generation_scores` of the merged LM ``<out>/<merged_name>`` per task."""
+    """``<out>/generation_<m>.json``: :func:`generation_scores` of the merged LM ``<out>/merged_<m>`` per task."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,7 +161,7 @@ def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int
     model = AutoModelForCausalLM.from_pretrained(out / merged_name, dtype=torch.float32).eval()
     result = {task: generation_scores(model, tokenizer, task, int(PrivacyRecord.load(
         out / "runs_causal" / task / "adapter").extra["max_length"]), samples) for task in tasks}
-    (out / "generation.json").write_text(json.dumps(result, indent=2) + "\n")
+    generation_path(out, merged_name).write_text(json.dumps(result, indent=2) + "\n")
 
 
 def report(units: Units, merges: list[str], second: str) -> None:
@@ -181,11 +185,12 @@ def report(units: Units, merges: list[str], second: str) -> None:
         print(f"| {task} | {'—' if floor is None else f'{floor:.4f}'} | {test_score('runs_causal', task)} | "
               f"{test_score('runs_nonprivate', task)} | {' | '.join(merged)} | "
               f"{test_score(f'runs_eps{second}', task)} |")
-    if (units.out / "generation.json").exists():
-        for task, row in json.loads((units.out / "generation.json").read_text()).items():
-            print(f"stock generation, {task} (n = {row['n']}): the ranked-first verbaliser "
-                  f"{row['generation_is_ranked_first']:.3f}, the gold one {row['generation_is_gold']:.3f}, "
-                  f"a verbaliser {row['generation_is_a_verbaliser']:.3f}")
+    for method in merges:
+        if generation_path(units.out, f"merged_{method}").exists():
+            for task, row in json.loads(generation_path(units.out, f"merged_{method}").read_text()).items():
+                print(f"stock generation of merged_{method}, {task} (n = {row['n']}): the ranked-first verbaliser "
+                      f"{row['generation_is_ranked_first']:.3f}, the gold one {row['generation_is_gold']:.3f}, "
+                      f"a verbaliser {row['generation_is_a_verbaliser']:.3f}")
     print(json.dumps(units.times, indent=2))
 
 
@@ -223,7 +228,7 @@ def main() -> None:
         for task in units.tasks:
             units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
         units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples, first=True)
-        if not (out / "generation.json").exists():
+        if not generation_path(out, f"merged_{merges[0]}").exists():
             units.timed("generation", [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--tasks",
                                        args.tasks, "--score_generation", f"merged_{merges[0]}"])
         units.train("runs_nonprivate", nonprivate, NON_PRIVATE)
