@@ -8,7 +8,8 @@ Protocol (recipe chosen without the reported tasks' test data):
 2. **report** — the zero-shot base and the chosen candidate on ``--tasks`` at ``--epsilon``, each seed of ``--seeds``,
    scored on the whole test split (the select task is marked; the others are held out). ``--epsilon inf`` trains
    the candidate's recipe without privacy (``--dp false``): the non-private adapter at the same budget, whose gain
-   over zero-shot the DP rows' "share of the non-private gain" divides by.
+   over zero-shot the DP rows' "share of the non-private gain" divides by. ``--variant dp_merging`` trains the
+   chosen candidate with DP-Merging's step (DP-SAT + alignment, :data:`VARIANTS`) instead of plain DP-SGD.
 
 Every candidate is ``examples/train_causal_lm.py`` with LoRA on q/v of the top 4 of 30 layers on the cached prefix
 (A and B trained, or FFA-LoRA: A frozen from the public seed, fewer noised coordinates), plain DP-SGD (no SAM, no
@@ -85,6 +86,21 @@ running, for time, once every 10k-pass candidate stayed at or below zero-shot: F
 run's own recipe (its test score is in ``benchmarks/reports/causal-full``)."""
 
 
+VARIANTS: dict[str, tuple[str, ...]] = {
+    # DP-Merging's training step (paper 000: DP-SAT and the alignment penalty, the settings of the encoder's LP-FT
+    # candidate and of the full run), on top of a candidate's flags: the paper's question against plain DP-SGD
+    "dp_merging": ("--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05"),
+}
+"""Report-stage variants of the chosen candidate (``--variant``): its flags, then these (later flags win); the unit's
+candidate is ``<candidate>+<variant>``."""
+
+
+def candidate_flags(candidate: str) -> tuple[str, ...]:
+    """A candidate's flags, or ``<candidate>+<variant>``'s: the candidate's, then the variant's."""
+    name, _, variant = candidate.partition("+")
+    return (*CANDIDATES[name], *VARIANTS[variant]) if variant else CANDIDATES[name]
+
+
 def unit_name(task: str, candidate: str, split: str, epsilon: float, seed: int) -> str:
     return f"{task}-{candidate}-{split}-eps{epsilon:g}-seed{seed}"
 
@@ -111,7 +127,7 @@ def zero_shot_score(work_dir: Path, task: str, split: str) -> float:
 def unit_argv(task: str, candidate: str, split: str, epsilon: float, seed: int, prefix_cache_dir: Path) -> list[str]:
     """``examples/train_causal_lm.py``'s flags for one unit (ε = inf: the candidate without privacy)."""
     privacy = NON_PRIVATE if math.isinf(epsilon) else ["--target_epsilon", f"{epsilon:g}"]
-    return [*CANDIDATES[candidate], "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
+    return [*candidate_flags(candidate), "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
             str(prefix_cache_dir), "--eval_split", split, *privacy, "--seed", str(seed), "--overwrite", "true",
             "--disable_tqdm", "true"]
 
@@ -198,9 +214,10 @@ def write_report(units: list[dict], path: Path) -> str:
         rows = []
         for task, epsilon, seed in tested:
             zs = zero.get((task, "test"))
-            for candidate in [c for c in CANDIDATES if (task, c, epsilon, seed) in by]:
+            for candidate in sorted(c for t, c, e, s in by if (t, e, s) == (task, epsilon, seed)
+                                    and c != ZERO_SHOT):
                 unit = by[(task, candidate, epsilon, seed)]
-                plain = by.get((task, candidate, math.inf, seed))
+                plain = by.get((task, candidate.partition("+")[0], math.inf, seed))  # a variant's: its candidate's
                 share = ("—" if zs is None or plain is None or math.isinf(epsilon) or plain["score"] <= zs
                          else f"{(unit['score'] - zs) / (plain['score'] - zs):.0%}")
                 rows.append([task + (" (select)" if task == SELECT_TASK else ""),
@@ -233,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="report stage: the seeds")
     parser.add_argument("--epsilon", type=float, default=8.0,
                         help="report stage: the target ε (inf: the same recipe without privacy)")
+    parser.add_argument("--variant", choices=sorted(VARIANTS),
+                        help="report stage: train the chosen candidate with this variant's flags on top")
     parser.add_argument("--candidates", help="select stage: only these candidates (comma-separated), in this order")
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "causal-recipe")
     parser.add_argument("--prefix-cache-dir", type=Path, help="default: <work-dir>/prefix_cache")
@@ -263,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             chosen, _ = chosen_candidate(load_units(args.units_dir))
             if chosen is None:
                 parser.error("the select stage is incomplete: run --stage select first")
+            trained = f"{chosen}+{args.variant}" if args.variant else chosen
             plan = [(task, c, "test", args.epsilon, seed) for seed in map(int, args.seeds.split(","))
-                    for task in args.tasks.split(",") for c in (chosen, ZERO_SHOT)]
+                    for task in args.tasks.split(",") for c in (trained, ZERO_SHOT)]
         (work_dir / "runs_causal").mkdir(parents=True, exist_ok=True)
         for task, candidate, split, epsilon, seed in plan:
             if candidate == ZERO_SHOT:

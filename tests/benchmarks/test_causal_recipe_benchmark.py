@@ -35,6 +35,15 @@ def test_an_infinite_epsilon_runs_the_candidate_without_privacy():
     assert plain_script.lora_layers == private_script.lora_layers and plain_script.eval_split == "test"
 
 
+def test_the_dp_merging_variant_is_the_candidate_with_dp_sat_and_alignment():
+    chosen = "b1600_t12_lr1e-2"
+    (_, plain), (_, variant) = parsed(chosen, "test"), parsed(f"{chosen}+dp_merging", "test")
+    assert plain.sam_mode == "none" and plain.align_lambda == 0
+    assert variant.dp and variant.sam_mode == "dp_sat" and variant.sam_rho == 0.05 and variant.align_lambda == 0.05
+    for field in ("per_device_train_batch_size", "max_steps", "learning_rate", "target_epsilon", "seed"):
+        assert getattr(variant, field) == getattr(plain, field)
+
+
 def unit(candidate, score, task="bbc_news", split="validation", epsilon=8.0, seed=0):
     return {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed, "score": score,
             "seconds": 600.0, "noise_multiplier": 1.0, "sample_rate": 0.1}
@@ -65,6 +74,9 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")  # DP gain 15 of the non-private 30
     assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 | 50% |" in text
     assert f"| bbc_news (select) | ∞ (non-private) | 0 | {names[-1]} | 25.0 | 55.0 | +30.0 | — |" in text
+    units += [unit(f"{names[-1]}+dp_merging", 0.37, split="test")]  # its share: of its candidate's non-private gain
+    text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+dp_merging | 25.0 | 37.0 | +12.0 | 40% |" in text
 
 
 def test_the_script_default_is_the_chosen_candidate():
