@@ -52,12 +52,18 @@ def is_causal_lm_dir(directory: str | os.PathLike) -> bool:
     return any(name.endswith("ForCausalLM") for name in architectures)
 
 
+def task_predictions(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset, max_length: int,
+                     batch_size: int = 16) -> np.ndarray:
+    """``model``'s label for each row of a loaded split: the one whose verbaliser is most likely after the prompt."""
+    prompts, responses = verbaliser_choices(dataset, spec, tokenizer, max_length)
+    return np.asarray(verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0,
+                                             batch_size=batch_size))
+
+
 def task_score(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset, max_length: int,
                batch_size: int = 16) -> float:
     """The task's primary metric of ``model``'s verbaliser predictions on a loaded split (``label`` column)."""
-    prompts, responses = verbaliser_choices(dataset, spec, tokenizer, max_length)
-    predictions = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0,
-                                         batch_size=batch_size)
+    predictions = task_predictions(model, tokenizer, spec, dataset, max_length, batch_size)
     return compute_metrics(spec, predictions, np.asarray(dataset["label"]))[spec.metric]
 
 

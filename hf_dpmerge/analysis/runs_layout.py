@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
-from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
 
 DEFAULT_MAX_LENGTH = 128
@@ -36,6 +36,11 @@ class TaskRun:
     @property
     def task(self) -> str:
         return self.spec.name
+
+    @property
+    def is_causal_lm(self) -> bool:
+        """Whether the adapter is a causal-LM adapter (``examples/train_causal_lm.py``), scored by its verbalisers."""
+        return self.record.extra.get("model_kind") == CAUSAL_LM
 
 
 def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:

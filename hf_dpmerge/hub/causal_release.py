@@ -3,6 +3,7 @@
     README.md                         the card: privacy statement, merge recipe, evaluation, prompt format
     config.json, model.safetensors, generation_config.json, tokenizer files, mergekit_config.yml
                                       the merged directory's files (mergekit's README replaced)
+    dp_selection.json                 a merge tuned by ``hf-dpmerge tune``: its accounted selection
     <task>/dp_privacy.json            each merged adapter's privacy record, byte for byte
 
 Unlike a merged classifier there is no task head: the merged LM is the whole model, loaded by
@@ -27,6 +28,7 @@ from hf_dpmerge.hub.staging import PushError, load_task_record, place_file
 from hf_dpmerge.records.card import render_card
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.release_files import unlisted_files
+from hf_dpmerge.records.selection_record import SelectionRecord, find_selection_record
 from hf_dpmerge.records.statement import PrivacyStatement, check_unseeded_release
 
 PIPELINE_TAG = "text-generation"
@@ -51,13 +53,17 @@ def _evaluation_rows(evaluation: Mapping) -> list[list[str]]:
 
 def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, merge: MergeRecipe,
                       evaluation: Mapping | None = None, base_model: str | None = None,
-                      license: str = "apache-2.0", local_roots=()) -> ModelCard:
-    """The card of a merged causal LM built from the causal-LM adapters whose privacy ``records`` are given."""
+                      license: str = "apache-2.0", local_roots=(), selection: SelectionRecord | None = None
+                      ) -> ModelCard:
+    """The card of a merged causal LM built from the causal-LM adapters whose privacy ``records`` are given;
+    ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private choice of the merge's
+    hyper-parameters and states the composed total."""
     hub_base = hub_model_id(base_model or _common([r.extra.get("base_model_hub_id") for r in records.values()]),
                             local_roots)
     data = ModelCardData(license=license, base_model=hub_base, base_model_relation="merge" if hub_base else None,
                          pipeline_tag=PIPELINE_TAG, tags=[*CARD_TAGS, "causal-lm"], library_name="transformers")
-    statement = PrivacyStatement.from_records(records)
+    statement = (PrivacyStatement.from_selection(selection, records) if selection is not None
+                 else PrivacyStatement.from_records(records))
     return render_card(
         "causal_merged", data, statement, title=repo_id.split("/")[-1], tasks=list(records),
         kind="differentially private (DP-SGD) LoRA adapters" if statement.private else "LoRA adapters",
@@ -100,7 +106,8 @@ def push_merged_causal_lm(
 ) -> PushResult:
     """Stage the merged causal LM + each task's privacy record + the card, then upload (or, ``dry_run``, keep the
     folder). ``evaluation`` is the causal ``results.json`` of ``hf-dpmerge evaluate`` (``model_kind: causal_lm``).
-    Seeded adapters are refused unless ``allow_seeded`` (the card then warns)."""
+    A merge chosen by ``hf-dpmerge tune`` (its ``dp_selection.json``) is released under the composed total.
+    Seeded adapters or a seeded selection are refused unless ``allow_seeded`` (the card then warns)."""
     from huggingface_hub.utils import validate_repo_id
 
     validate_repo_id(repo_id)
@@ -111,10 +118,11 @@ def push_merged_causal_lm(
         raise PushError("--eval_json holds a classifier evaluation: give the causal-LM runs' results.json")
     adapter_dirs = {str(task): Path(path) for task, path in adapters.items()}
     records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
-    check_unseeded_release(records, allow_seeded, "--allow-seeded")
+    selection = find_selection_record(merged_dir)
+    check_unseeded_release(records, allow_seeded, "--allow-seeded", selection)
     card = causal_model_card(
         records, repo_id=repo_id, merge=MergeRecipe.load(merged_dir, merge_config), evaluation=evaluation,
-        base_model=base_model, license=license,
+        base_model=base_model, license=license, selection=selection,
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
     )
     card_text = str(card)

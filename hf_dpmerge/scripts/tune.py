@@ -3,7 +3,8 @@
 Candidates are a base mergekit config with grid values substituted (``lambda=0.3,0.6`` sets the top-level
 ``parameters.lambda``; ``1.weight=0.5,1`` sets ``models[1].parameters.weight``; the Cartesian product of all
 grids). Each candidate is merged by :func:`hf_dpmerge.merging.run.merge`, each task's head is put
-on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`) and its accuracy counted on a uniform random
+on the merged encoder (:mod:`hf_dpmerge.analysis.task_models`; a merged causal LM answers by its verbalisers'
+likelihood, :mod:`hf_dpmerge.analysis.causal_evaluation`) and its accuracy counted on a uniform random
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
 candidates; a user-level adapter's task first keeps at most ``--rows_per_unit`` rows of each privacy unit). One
 candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 
+from hf_dpmerge.analysis.causal_evaluation import task_predictions
 from hf_dpmerge.analysis.evaluation import predict_logits
 from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split
 from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_device
@@ -102,14 +105,24 @@ def merge_candidate(config: dict[str, Any], out_dir: Path, lora_merge_cache: str
 
 def correct_counts(merged_dir: Path, runs: Sequence[TaskRun], validation: dict[str, Any], tokenizer,
                    batch_size: int, device) -> dict[str, int]:
-    """Per task: how many validation examples the merged encoder with the task's head classifies correctly."""
-    counts = {}
+    """Per task: how many validation examples the merged model classifies correctly: the merged encoder with the
+    task's head, or the merged causal LM by its verbalisers' likelihood (one model for every causal task)."""
+    counts, causal_lm = {}, None
     for run in runs:
-        model = load_merged_with_head(merged_dir, run.adapter_dir, run.spec).to(device)
         data = validation[run.name]
-        predictions = predictions_from_logits(run.spec, predict_logits(model, data, tokenizer, batch_size))
-        counts[run.name] = int(np.sum(np.asarray(predictions) == np.asarray(data["labels"])))
-        del model
+        if run.is_causal_lm:
+            if causal_lm is None:
+                from transformers import AutoModelForCausalLM
+
+                causal_lm = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).to(device).eval()
+            predictions = task_predictions(causal_lm, tokenizer, run.spec, data, run.max_length, batch_size)
+            labels = data["label"]
+        else:
+            model = load_merged_with_head(merged_dir, run.adapter_dir, run.spec).to(device)
+            predictions = predictions_from_logits(run.spec, predict_logits(model, data, tokenizer, batch_size))
+            labels = data["labels"]
+            del model
+        counts[run.name] = int(np.sum(np.asarray(predictions) == np.asarray(labels)))
     return counts
 
 
@@ -156,13 +169,19 @@ def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, in
 
 
 def validation_split(run: TaskRun, tokenizer) -> Any:
-    """The run's tokenized validation split, with its adapter's privacy unit column when it is user-level; refused
-    when that column is missing (a selection on it could not bound one unit's rows)."""
+    """The run's validation split: tokenized as in training for a classifier, its rows as loaded for a causal LM
+    (prompts are built when scoring), with the adapter's privacy unit column when it is user-level; refused when
+    that column is missing (a selection on it could not bound one unit's rows)."""
     column = run.record.unit_column
-    if column is None:
-        return load_split(run, "validation", tokenizer)
     try:
-        return load_split(run, "validation", tokenizer, keep_columns=(column,))
+        if run.is_causal_lm:
+            from hf_dpmerge.data.load import load_task
+
+            rows = load_task(run.task, seed=run.data_seed)[0]["validation"]
+            if column is not None and column not in rows.column_names:
+                raise MissingColumnError(column)
+            return rows
+        return load_split(run, "validation", tokenizer, keep_columns=() if column is None else (column,))
     except MissingColumnError:
         raise ValueError(
             f"{run.name}: its adapter's guarantee is per {run.record.privacy_unit} (user-level), but its validation "
@@ -227,6 +246,10 @@ def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float
 
     if regression := [run.name for run in runs if run.spec.is_regression]:
         raise ValueError(f"{command} scores accuracy; {regression} are regression tasks: leave them out of --tasks")
+    if len({run.is_causal_lm for run in runs}) > 1:
+        causal = [run.name for run in runs if run.is_causal_lm]
+        raise ValueError(f"{command}: {causal} are causal-LM runs and the others classifiers; one merge cannot hold "
+                         "both: choose --tasks of one kind")
     size = public_validation_size(validation_size, [run.name for run in runs])
     check_merge_output(str(output_dir), False)
     records = {run.name: run.record for run in runs}

@@ -157,3 +157,43 @@ def test_push_dry_run_stages_the_merged_llm_with_its_privacy_card(project, monke
         assert (staged / task / "dp_privacy.json").read_bytes() == (
             project / "runs_causal" / task / "adapter" / "dp_privacy.json").read_bytes()
     assert (staged / "model.safetensors").is_file() and (staged / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_tune_chooses_the_causal_merge_with_the_best_validation_accuracy_and_push_states_the_total(
+        project, monkeypatch, capsys):
+    """hf-dpmerge tune on causal-LM runs: every candidate scored by verbaliser likelihood on the whole validation
+    splits (public sizes: no subsampling), so at a huge ε_sel the chosen λ is the one whose merge an independent
+    evaluation scores best; the push card states the composed total."""
+    from hf_dpmerge.analysis.causal_evaluation import evaluate_causal_runs
+
+    monkeypatch.chdir(project)
+    sizes = {task: len(load_task(task)[0]["validation"]) for task in TASKS}
+    lambdas = (0.0, 1.0, 100.0)  # λ = 100 moves predictions even when 3 noisy steps barely moved the adapters
+    assert hf_dpmerge(["tune", "merge_configs/causal_task_arithmetic.yaml", "tuned", "--grid",
+                       "lambda=" + ",".join(map(str, lambdas)), "--epsilon", "1e6", "--runs", "runs_causal",
+                       "--validation_size", ",".join(f"{t}={n}" for t, n in sizes.items()),
+                       "--lora-merge-cache", "runs_causal/lora-cache"]) == 0
+    record = json.loads((project / "tuned" / "dp_selection.json").read_text())
+    chosen = record["candidates"][record["chosen"]]["lambda"]
+
+    utilities = {}
+    for lam in lambdas:
+        config = yaml.safe_load((project / "merge_configs" / "causal_task_arithmetic.yaml").read_text())
+        config["parameters"]["lambda"] = lam
+        (project / f"ta_{lam}.yaml").write_text(yaml.safe_dump(config))
+        assert hf_dpmerge(["merge", f"ta_{lam}.yaml", f"check_{lam}", "--lora-merge-cache", "runs_causal/lora-cache",
+                           "--quiet"]) == 0
+        report = evaluate_causal_runs("runs_causal", f"check_{lam}", list(TASKS), split="validation",
+                                      log=lambda _: None)
+        utilities[lam] = np.mean([row.merged for row in report.tasks])
+    assert len(set(utilities.values())) > 1, utilities  # the grid is informative
+    assert utilities[chosen] == max(utilities.values()), utilities
+    assert record["total_epsilon"] == pytest.approx(max(
+        PrivacyRecord.load(project / "runs_causal" / t / "adapter").epsilon for t in TASKS) + 1e6)
+
+    assert hf_dpmerge(["push", "tuned", "--repo_id", "me/tuned-llm", "--runs", "runs_causal", "--dry-run",
+                       "--staging_dir", "staged-tuned"]) == 0
+    card = (project / "staged-tuned" / "README.md").read_text()
+    assert "chosen on private validation data by the exponential mechanism among 3 candidates" in card
+    assert "(ε = 1e+06, δ = " in card and (project / "staged-tuned" / "dp_selection.json").is_file()

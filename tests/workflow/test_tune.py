@@ -272,3 +272,18 @@ def test_a_user_level_adapter_gets_a_selection_per_unit(tmp_path, monkeypatch, c
     Path("tuned/dp_selection.json").write_text(json.dumps(older))  # a selection made per row, before units
     assert main(["push", "tuned", "--runs", "runs", "--tasks", "bbc_news,rotten_tomatoes", "--dry-run"]) == 2
     assert "made its selection per validation example" in capsys.readouterr().err
+
+
+def test_tune_refuses_a_mix_of_causal_lm_and_classifier_runs(tmp_path) -> None:
+    """One merge is either a causal LM or an encoder with heads: a mixed --tasks is refused before any merge."""
+    from types import SimpleNamespace
+
+    from hf_dpmerge.data.tasks import get_task_spec
+
+    runs = [SimpleNamespace(name="rotten_tomatoes", spec=get_task_spec("rotten_tomatoes"), is_causal_lm=True),
+            SimpleNamespace(name="bbc_news", spec=get_task_spec("bbc_news"), is_causal_lm=False)]
+    with pytest.raises(ValueError, match=r"tune: \['rotten_tomatoes'\] are causal-LM runs .* --tasks of one kind"):
+        tune_script.prepare_scoring(runs, tmp_path / "out", epsilon=1.0, composition="sequential",
+                                    base_dir=tmp_path, validation_size=10, batch_size=8, device="cpu",
+                                    rng=np.random.default_rng(0), seeded=False, command="tune")
+    assert not (tmp_path / "out").exists()
