@@ -11,7 +11,9 @@ step runs the top on it:
 which is the full model's per-sample gradient exactly (dropout off in the bottom): the same mechanism on less
 arithmetic (docs/design.md §16). Sampling, clipping, noise, SAM modes, the alignment penalty, the accountant, the
 record and the release are :class:`DPSAMTrainer`'s. b = L is the head-only floor: the cached rows are the head's
-pooled input and a step runs the head alone. On causal LMs the LM head is applied at the answer positions only
+pooled input (a decoder classifier's: the state at each row's last non-padding token, which its ``score`` reads) and
+a step runs the head alone; below b = L a decoder classifier is not cached (its head finds that token by input id).
+On causal LMs the LM head is applied at the answer positions only
 (every position under ``sam_mode='per_example'``, whose per-example functional pass cannot take a data-dependent
 width): the loss is the same, a 49k-vocabulary head on every prompt token is not.
 """
@@ -30,7 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.modeling.pooled_features import task_head
+from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, reads_last_token, task_head
 from hf_dpmerge.modeling.prefix_split import bottom_skipped, boundary_inputs, layer_stack, trainable_boundary
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 
@@ -98,8 +100,10 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
             rows = order[start : start + batch_size]
             batch = {k: v.to(device) for k, v in collator([tokens[i] for i in rows]).items() if v is not None}
             batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))  # unpadded rows
-            states = boundary_inputs(model, boundary_module, batch).to("cpu", dtype)
-            mask = batch["attention_mask"].bool().cpu()
+            states = boundary_inputs(model, boundary_module, batch)
+            if boundary_module is classifier_head(model):  # the head's input: one vector per row
+                states = head_inputs(model, states, batch["input_ids"])
+            states, mask = states.to("cpu", dtype), batch["attention_mask"].bool().cpu()
             for j, row in enumerate(rows):
                 per_row[row] = states[j][mask[j]] if states.dim() == 3 else states[j][None]
     finally:
@@ -140,15 +144,15 @@ def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
     except ValueError as err:
         return None, str(err)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = getattr(base, "classifier", None)
-    if stack.embeddings_name is None and (head is not None or hasattr(base, "score")):
-        return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
-                      "the cached states do not carry")
+    head = classifier_head(model)
     if head is None and base.get_output_embeddings() is None:
         return None, f"{type(base).__name__} has neither a 'classifier' head nor an LM head"
-    boundary = trainable_boundary(model, head if isinstance(head, nn.Module) else None)
+    boundary = trainable_boundary(model, head)
     if boundary is None:
         return None, "a parameter below the layers (the embeddings) is trainable: no prefix is frozen"
+    if reads_last_token(model) and boundary < len(stack.layers):
+        return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
+                      "the cached states of a trainable layer do not carry (its head alone caches: --train_lora false)")
     if boundary == 0:
         return None, "the lowest layer is trainable: there is no frozen prefix to cache"
     if head is None and boundary == len(stack.layers):
@@ -174,8 +178,7 @@ class CachedPrefixTrainer(DPSAMTrainer):
         if self.prefix_cache_dir is not None and self.prefix_cache_dir.exists() and not self.prefix_cache_dir.is_dir():
             raise ValueError(f"--prefix_cache_dir {prefix_cache_dir}: exists and is not a directory")
         self.num_layers = len(layer_stack(model).layers)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.causal = getattr(base, "classifier", None) is None
+        self.causal = classifier_head(model) is None
         super().__init__(model=model, args=args, train_dataset=train_dataset, **kwargs)
         self.token_collator = self.data_collator
         self.train_dataset = self.cached(self.train_dataset)

@@ -268,13 +268,37 @@ def test_a_cached_release_ships_its_noise_statistics_and_no_cached_state(tmp_pat
     assert not list(tmp_path.rglob("*.npy")) and not list(tmp_path.rglob("*cache*"))  # the states stay in memory
 
 
-def test_a_decoder_used_as_a_classifier_is_not_cached():
-    """Its head finds the last real token by input id, which cached states do not carry: refused, named."""
+def test_a_decoder_used_as_a_classifier_is_not_cached_below_its_head():
+    """Its head finds the last real token by input id, which cached states of a trainable layer do not carry:
+    refused, named; with its LoRA frozen (the head alone trains) the head's input is cached."""
     classifier = LlamaForSequenceClassification(tiny_llama().config)
     model = get_peft_model(classifier, LoraConfig(r=2, target_modules=["q_proj"], layers_to_transform=[1],
                                                   task_type="SEQ_CLS"))
     boundary, why = prefix_boundary(model)
     assert boundary is None and "a decoder's classifier reads the last token" in why
+    assert prefix_boundary(head_only_llama_classifier())[0] == 2
+
+
+def head_only_llama_classifier():
+    """A tiny Llama sequence classifier (pad = the tokenizer's) with frozen LoRA: only its ``score`` head trains."""
+    torch.manual_seed(0)
+    config = tiny_llama(initializer_range=0.5).config
+    config.num_labels, config.pad_token_id = 2, tiny_tokenizer().pad_token_id
+    model = get_peft_model(LlamaForSequenceClassification(config),
+                           LoraConfig(r=2, target_modules=["q_proj"], task_type="SEQ_CLS"))
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(".score." in name and "modules_to_save" in name)
+    return model
+
+
+def test_a_decoder_classifiers_head_only_cached_run_ends_at_the_full_runs_weights(tmp_path):
+    """b = L on a decoder: the cached row is the state at its last non-padding token (right-padded batches of
+    unequal lengths), so the stock model's own pooling and the cache give the same steps."""
+    full, cached = pair(tmp_path, head_only_llama_classifier, text_dataset(), DataCollatorWithPadding(tiny_tokenizer()),
+                        max_steps=3, physical_batch_size=7)
+    assert cached.top_layers == 0 and cached.train_dataset.states.shape == (len(text_dataset()), 32)
+    assert len(set(len(ids) for ids in text_dataset()["input_ids"])) > 1  # padding is exercised
+    assert_same_weights(full, cached)
 
 
 def test_a_prefix_cache_dir_is_reused_by_a_later_run_and_keyed_by_the_bottom(tmp_path, monkeypatch):
