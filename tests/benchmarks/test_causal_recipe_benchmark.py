@@ -30,6 +30,7 @@ def test_an_infinite_epsilon_runs_the_candidate_without_privacy():
     chosen = "b1600_t12_lr1e-2"
     (private_script, private), (plain_script, plain) = parsed(chosen, "test"), parsed(chosen, "test", float("inf"))
     assert private.dp and not plain.dp and plain.sam_mode == "none" and plain.align_lambda == 0
+    assert plain.dataloader_drop_last  # batches of the expected size, never a remainder of a few rows
     for field in ("per_device_train_batch_size", "max_steps", "learning_rate", "lr_scheduler_type", "seed"):
         assert getattr(plain, field) == getattr(private, field)
     assert plain_script.lora_layers == private_script.lora_layers and plain_script.eval_split == "test"
