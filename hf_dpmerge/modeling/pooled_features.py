@@ -3,8 +3,8 @@ head-only training run caches the same input (:func:`~hf_dpmerge.modeling.prefix
 
 An encoder's ``classifier`` takes one pooled vector per row. A decoder's ``score`` (``LlamaForSequenceClassification``
 and kin) is applied at every position and the model keeps the row's last non-padding token, found by input id as
-transformers finds it: i* = argmax_t t·[x_t ≠ pad] (the last position when the model has no pad token); f(x) is the
-state there (:func:`last_token_index`)."""
+transformers finds it: i* = argmax_t t·[x_t ≠ pad] (one row at a time when the model has no pad token); f(x) is
+the state there (:func:`last_token_index`)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,14 @@ def reads_last_token(model: nn.Module) -> bool:
 
 
 def last_token_index(input_ids: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
-    """Each row's last non-padding position, as a decoder classifier picks it (the last position without a pad)."""
+    """Each row's last non-padding position, as a decoder classifier picks it; without a pad token only one row at
+    a time (its last position), as transformers allows."""
     positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
     if pad_token_id is None:
-        return positions[-1].expand(input_ids.shape[0])
+        if input_ids.shape[0] > 1:
+            raise ValueError("a decoder classifier without a pad token (config.pad_token_id) cannot find the last "
+                             "real token of padded rows: set the model's pad_token_id (the tokenizer's)")
+        return positions[-1:]
     return (positions * (input_ids != pad_token_id)).argmax(-1)
 
 

@@ -115,6 +115,16 @@ def test_head_only_cached_run_ends_at_the_full_runs_weights(tmp_path):
     assert_same_weights(full, cached)
 
 
+def test_the_last_token_is_the_stock_decoders_and_needs_a_pad_token_for_padded_rows():
+    from hf_dpmerge.modeling.pooled_features import last_token_index
+
+    ids = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9], [0, 5, 0, 0, 0]])
+    assert last_token_index(ids, pad_token_id=0).tolist() == [2, 4, 1]
+    assert last_token_index(ids[:1], pad_token_id=None).tolist() == [4]
+    with pytest.raises(ValueError, match="pad_token_id"):
+        last_token_index(ids, pad_token_id=None)
+
+
 @pytest.fixture
 def llama_rows(tmp_path):
     base = save_tiny_llama(tmp_path / "base")
