@@ -118,19 +118,26 @@ def task_runs(
     return runs
 
 
-def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None = None,
-               glue_path: str | None = None, keep_columns: tuple[str, ...] = ()):
-    """``split`` of the run's task, tokenized as in training; ``max_samples`` takes a seeded stratified subset;
-    ``keep_columns`` survive tokenization (:class:`~hf_dpmerge.data.tokenize.MissingColumnError` if absent)."""
+def task_rows(run: TaskRun, split: str, *, max_samples: int | None = None, glue_path: str | None = None):
+    """``split`` of the run's task as loaded (untokenized, with its ``label`` column), from the split seed training
+    used; ``max_samples`` takes a seeded stratified subset."""
     from hf_dpmerge.data.load import load_task
-    from hf_dpmerge.data.tokenize import tokenize_task
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     caps = {"max_train_samples": max_samples} if split == "train" else {"max_eval_samples": max_samples}
-    splits, spec = load_task(run.task, seed=run.data_seed, path=glue_path if run.task in GLUE_TASKS else None,
-                             **caps)
-    return tokenize_task(splits[split], spec, tokenizer, run.max_length, keep_columns=keep_columns)
+    splits, _ = load_task(run.task, seed=run.data_seed, path=glue_path if run.task in GLUE_TASKS else None, **caps)
+    return splits[split]
+
+
+def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None = None,
+               glue_path: str | None = None, keep_columns: tuple[str, ...] = ()):
+    """:func:`task_rows` tokenized as in training; ``keep_columns`` survive tokenization
+    (:class:`~hf_dpmerge.data.tokenize.MissingColumnError` if absent)."""
+    from hf_dpmerge.data.tokenize import tokenize_task
+
+    rows = task_rows(run, split, max_samples=max_samples, glue_path=glue_path)
+    return tokenize_task(rows, run.spec, tokenizer, run.max_length, keep_columns=keep_columns)
 
 
 def find_tokenizer(candidates: Sequence[Path]):

@@ -33,12 +33,6 @@ def task_head(model: nn.Module) -> nn.Module:
     return head
 
 
-def reads_last_token(model: nn.Module) -> bool:
-    """Whether the model's head is a decoder's ``score``, which keeps each row's last non-padding token."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base, "classifier", None) is None and isinstance(getattr(base, "score", None), nn.Module)
-
-
 def last_token_index(input_ids: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
     """Each row's last non-padding position, as a decoder classifier picks it; without a pad token only one row at
     a time (its last position), as transformers allows."""
@@ -56,8 +50,7 @@ def head_inputs(model: nn.Module, states: torch.Tensor, input_ids: torch.Tensor)
     decoder's ``score`` (``states`` [b, T, d])."""
     if states.dim() == 2:
         return states
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    index = last_token_index(input_ids, base.config.pad_token_id)
+    index = last_token_index(input_ids, model.config.pad_token_id)
     return states[torch.arange(len(states), device=states.device), index]
 
 

@@ -32,7 +32,7 @@ import yaml
 
 from hf_dpmerge.analysis.causal_evaluation import task_predictions
 from hf_dpmerge.analysis.evaluation import predict_logits
-from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split
+from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split, task_rows
 from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import predictions_from_logits
 from hf_dpmerge.data.tokenize import MissingColumnError
@@ -175,9 +175,7 @@ def validation_split(run: TaskRun, tokenizer) -> Any:
     column = run.record.unit_column
     try:
         if run.is_causal_lm:
-            from hf_dpmerge.data.load import load_task
-
-            rows = load_task(run.task, seed=run.data_seed)[0]["validation"]
+            rows = task_rows(run, "validation")
             if column is not None and column not in rows.column_names:
                 raise MissingColumnError(column)
             return rows

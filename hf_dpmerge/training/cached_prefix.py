@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, reads_last_token, task_head
+from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, task_head
 from hf_dpmerge.modeling.prefix_split import bottom_skipped, boundary_inputs, layer_stack, trainable_boundary
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 
@@ -91,6 +91,7 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
     tokens = dataset.select_columns([c for c in TOKEN_COLUMNS if c in dataset.column_names])
     lengths = torch.as_tensor([len(ids) for ids in dataset["input_ids"]])
     per_row: list[torch.Tensor | None] = [None] * len(dataset)
+    at_head = boundary_module is classifier_head(model)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -101,7 +102,7 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
             batch = {k: v.to(device) for k, v in collator([tokens[i] for i in rows]).items() if v is not None}
             batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))  # unpadded rows
             states = boundary_inputs(model, boundary_module, batch)
-            if boundary_module is classifier_head(model):  # the head's input: one vector per row
+            if at_head:  # the head's input: one vector per row
                 states = head_inputs(model, states, batch["input_ids"])
             states, mask = states.to("cpu", dtype), batch["attention_mask"].bool().cpu()
             for j, row in enumerate(rows):
@@ -150,7 +151,7 @@ def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
     boundary = trainable_boundary(model, head)
     if boundary is None:
         return None, "a parameter below the layers (the embeddings) is trainable: no prefix is frozen"
-    if reads_last_token(model) and boundary < len(stack.layers):
+    if head is not None and stack.embeddings_name is None and boundary < len(stack.layers):  # a decoder's head
         return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
                       "the cached states of a trainable layer do not carry (its head alone caches: --train_lora false)")
     if boundary == 0:
