@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import headroom, lpft, lpft_merge
+from benchmarks.merge_comparison import METHODS
 from benchmarks.quality.significance import holm
 from hf_dpmerge.scripts import train as train_script
 
@@ -138,12 +139,12 @@ def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the
     (merged − head) / (individual − head) on the averaged scores, the head being the same seed's private head."""
     merged = {("dp_sgd", 1): (0.80, 0.88), ("dp_sgd", 2): (0.79, 0.87), ("dp_sgd", 3): (0.81, 0.88),
               ("dp_merging", 1): (0.81, 0.89), ("dp_merging", 2): (0.81, 0.88), ("dp_merging", 3): (0.82, 0.90)}
-    units = [merge_unit(tr, s, m, (0.82, 0.90), merged[(tr, s)]) for (tr, s) in merged for m in lpft_merge.METHODS]
+    units = [merge_unit(tr, s, m, (0.82, 0.90), merged[(tr, s)]) for (tr, s) in merged for m in METHODS]
     heads = {(t, s): h for s in (1, 2, 3) for t, h in zip(lpft_merge.TASKS, (78.0, 88.0))}
     text = lpft_merge.write_report(units, heads, tmp_path / "LPFT_MERGE.md")
     score = {k: 100 * sum(v) / 2 for k, v in merged.items()}
     p = stats.ttest_rel([score[("dp_merging", s)] for s in (1, 2, 3)], [score[("dp_sgd", s)] for s in (1, 2, 3)])
-    adjusted = holm([p.pvalue] * len(lpft_merge.METHODS))
+    adjusted = holm([p.pvalue] * len(METHODS))
     row = next(line for line in text.splitlines() if line.startswith("| ties | 1,2,3 |"))
     assert "+1.00 +1.50 +1.50 | +1.33" in row and f"{p.pvalue:.3g}" in row and f"{adjusted[0]:.3g}" in row
     sgd = next(line for line in text.splitlines() if line.startswith("| ties | dp_sgd |"))

@@ -181,6 +181,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGED = sorted(path.stem for path in (REPO / "merge_configs").glob("*.yaml"))
 NOT_EXACT = {  # packaged config -> the parameter the refusal names and why no merged adapter can equal the dense merge
     "ties": ("merge_method 'ties'", "sign election and magnitude trimming pick dense coordinates"),
+    "causal_ties": ("merge_method 'ties'", "sign election and magnitude trimming pick dense coordinates"),
     "safe_merge": ("percentile=50.0", "its entry mask keeps dense coordinates of each ΔW, not a change of B"),
 }
 

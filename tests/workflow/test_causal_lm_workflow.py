@@ -197,3 +197,32 @@ def test_tune_chooses_the_causal_merge_with_the_best_validation_accuracy_and_pus
     card = (project / "staged-tuned" / "README.md").read_text()
     assert "chosen on private validation data by the exponential mechanism among 3 candidates" in card
     assert "(ε = 1e+06, δ = " in card and (project / "staged-tuned" / "dp_selection.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_merge_benchmark_scores_what_hf_dpmerge_evaluate_scores(project, tmp_path):
+    """``benchmarks.causal_merge`` on this project's adapters, kept as both trainers' seed-0 units: its zero-shot,
+    individual and task-arithmetic units equal ``hf-dpmerge evaluate``'s floor, individual and merged scores of
+    ``mergekit-yaml``'s merge of the same packaged config on the same rows, whichever trainer name holds them."""
+    from benchmarks import causal_merge
+
+    for trainer in causal_merge.TRAINERS:
+        for task in TASKS:
+            shutil.copytree(project / "runs_causal" / task, causal_merge.kept_run(tmp_path / "kept", task, trainer, 0))
+    assert causal_merge.main(["--kept", str(tmp_path / "kept"), "--base", str(project / "runs_causal" / "base"),
+                              "--tasks", ",".join(TASKS), "--methods", "task_arithmetic", "--max-eval-samples", "24",
+                              "--work-dir", str(tmp_path / "work"), "--units-dir", str(tmp_path / "units"),
+                              "--report", str(tmp_path / "MERGE.md")]) == 0
+    units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
+    assert len(units) == 1 + 2 * len(causal_merge.TRAINERS)
+    expected = json.loads((project / "eval" / "causal_task_arithmetic" / "results.json").read_text())["tasks"]
+    for task in TASKS:
+        assert units["zero_shot"]["scores"][task]["accuracy"] == pytest.approx(expected[task]["floor"], abs=1e-12)
+        for trainer in causal_merge.TRAINERS:
+            scores = {what: units[causal_merge.unit_name(trainer, 0, what)]["scores"][task]
+                      for what in ("individual", "task_arithmetic")}
+            assert scores["individual"]["accuracy"] == pytest.approx(expected[task]["individual"], abs=1e-12)
+            assert scores["task_arithmetic"]["accuracy"] == pytest.approx(expected[task]["merged"], abs=1e-12)
+            assert scores["task_arithmetic"]["num_examples"] == expected[task]["num_examples"]
+    assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
+    assert "| task_arithmetic | 0 | +0.00 | +0.00 | — | — |" in (tmp_path / "MERGE.md").read_text()

@@ -1,0 +1,106 @@
+"""The paper's question as a report: DP-SGD vs DP-Merging adapters of the same seeds, merged by each method.
+
+Shared by the encoder (``benchmarks/lpft_merge.py``) and the causal-LM (``benchmarks/causal_merge.py``) benchmarks.
+A merge unit is ``{"trainer", "seed", "method", "tasks", "evaluation": {"tasks": {task: {"individual", "merged"}}}}``
+(accuracies in [0, 1]); the floor of a (task, seed) is what the adapters are measured against (the private head
+for LP-FT, the zero-shot base for a causal LM).
+
+Per method and trainer, means over seeds of the task averages: individual and merged accuracy, interference
+(individual − merged, points), retention (merged / individual) and gain retained (merged − floor) /
+(individual − floor) on the averaged scores. Per method: DP-Merging − DP-SGD in task-averaged merged accuracy,
+paired t over seeds (the seed is the unit: each retrains both trainers' adapters), Holm over the methods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scipy import stats
+
+from hf_dpmerge.utils.io import write_text_atomic
+
+from .markdown import table as markdown_table
+from .quality.significance import ALPHA, holm
+
+TRAINERS = ("dp_sgd", "dp_merging")
+METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
+
+
+def task_average(unit: dict, score: str) -> float:
+    """A merge unit's ``score`` ('individual' or 'merged') averaged over its tasks, in %."""
+    return 100 * statistics.mean(unit["evaluation"]["tasks"][t][score] for t in unit["tasks"])
+
+
+def write_comparison(units: list[dict], floors: Mapping[tuple[str, int], float], path: Path, *, title: str,
+                     preamble: list[str], floor_label: str, footer: str) -> str:
+    """The report (markdown, written to ``path`` and returned) from the stored merge units and each (task, seed)'s
+    floor in %."""
+    by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
+    seeds = sorted({s for (_, s, _) in by})
+    rows, comparisons = [], []
+    for method in METHODS:
+        for trainer in TRAINERS:
+            cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
+            if not cells:
+                continue
+            individual = [task_average(c, "individual") for c in cells]
+            merged = [task_average(c, "merged") for c in cells]
+            floor = [statistics.mean(floors.get((t, c["seed"]), float("nan")) for t in c["tasks"]) for c in cells]
+            ind, mer, fl = statistics.mean(individual), statistics.mean(merged), statistics.mean(floor)
+            gain = (mer - fl) / (ind - fl) if ind > fl else float("nan")
+            rows.append([method, trainer, ",".join(str(c["seed"]) for c in cells), f"{fl:.1f}", f"{ind:.1f}",
+                         f"{mer:.1f}", f"{ind - mer:+.2f}", f"{100 * mer / ind:.1f}",
+                         f"below {floor_label}" if gain != gain else f"{100 * gain:.0f} %"])
+        paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
+        if paired:
+            score = {(tr, s): task_average(by[(tr, s, method)], "merged") for tr in TRAINERS for s in paired}
+            diffs = [score[("dp_merging", s)] - score[("dp_sgd", s)] for s in paired]
+            p = (float(stats.ttest_rel([score[("dp_merging", s)] for s in paired],
+                                       [score[("dp_sgd", s)] for s in paired]).pvalue)
+                 if len(paired) > 1 and len(set(diffs)) > 1 else None)
+            comparisons.append([method, ",".join(map(str, paired)), " ".join(f"{d:+.2f}" for d in diffs),
+                                f"{statistics.mean(diffs):+.2f}", p])
+    tested = [i for i, c in enumerate(comparisons) if c[-1] is not None]
+    adjusted = dict(zip(tested, holm([comparisons[i][-1] for i in tested])))
+    for i, c in enumerate(comparisons):
+        c[-1:] = (["—", "—"] if i not in adjusted else
+                  [f"{c[-1]:.3g}", f"{adjusted[i]:.3g}" + (" *" if adjusted[i] < ALPHA else "")])
+    text = [f"# {title}", "", *preamble, "",
+            "## Per method and trainer", "",
+            markdown_table(["method", "trainer", "seeds", floor_label, "individual", "merged",
+                            "interference (points)", "retention %", "gain retained"], rows), "",
+            "## DP-Merging − DP-SGD, task-averaged merged accuracy (points)", "",
+            markdown_table(["method", "seeds", "per seed", "mean", "p (paired t, seeds)",
+                            f"Holm-adjusted p (* < {ALPHA})"], comparisons), "",
+            footer, ""]
+    write_text_atomic(path, "\n".join(text))
+    return "\n".join(text)
+
+
+def comparison_parser(prog: str, description: str, *, kept: Path, kept_help: str, base: Path, base_help: str,
+                      tasks: Sequence[str], work_dir: Path, units_dir: Path, report: Path) -> argparse.ArgumentParser:
+    """The command line both benchmarks share (their own defaults); :func:`parse_comparison` reads it."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kept", type=Path, default=kept, help=kept_help)
+    parser.add_argument("--base", type=Path, default=base, help=base_help)
+    parser.add_argument("--tasks", default=",".join(tasks))
+    parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the merge methods")
+    parser.add_argument("--work-dir", type=Path, default=work_dir)
+    parser.add_argument("--units-dir", type=Path, default=units_dir)
+    parser.add_argument("--report", type=Path, default=report)
+    parser.add_argument("--report-only", action="store_true")
+    return parser
+
+
+def parse_comparison(parser: argparse.ArgumentParser, argv: list[str] | None
+                     ) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The arguments, the tasks and the methods (an unknown method is a usage error naming ``--methods``)."""
+    args = parser.parse_args(argv)
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    if unknown := sorted(set(methods) - set(METHODS)):
+        parser.error(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
+    return args, tasks, methods
