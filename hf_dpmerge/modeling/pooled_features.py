@@ -14,12 +14,14 @@ import datasets
 import torch
 from torch import nn
 
+from hf_dpmerge.modeling.unwrapped import unwrapped_model
+
 HEAD_NAMES = ("classifier", "score")  # an encoder's head; a decoder's (…ForSequenceClassification.score)
 
 
 def classifier_head(model: nn.Module) -> nn.Module | None:
     """The task head of a (peft) sequence classifier (its ``modules_to_save`` wrapper), or None (a causal LM)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped_model(model)
     return next((head for name in HEAD_NAMES if isinstance(head := getattr(base, name, None), nn.Module)), None)
 
 
@@ -27,7 +29,7 @@ def task_head(model: nn.Module) -> nn.Module:
     """:func:`classifier_head`, refused when there is none."""
     head = classifier_head(model)
     if head is None:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = unwrapped_model(model)
         raise ValueError(f"{type(base).__name__} has no 'classifier' or 'score' module: a head-only run or a probe "
                          "needs one")
     return head

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_dpmerge.modeling.unwrapped import unwrapped_model
+
 
 @dataclass(frozen=True)
 class LayerStack:
@@ -32,7 +34,7 @@ class LayerStack:
 
 def layer_stack(model: nn.Module) -> LayerStack:
     """The :class:`LayerStack` of a (peft-wrapped) BERT-family or Llama-family transformers model."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped_model(model)
     backbone = getattr(base, "base_model", base)
     encoder = getattr(backbone, "encoder", None)
     if isinstance(getattr(encoder, "layer", None), nn.ModuleList) and hasattr(backbone, "embeddings"):

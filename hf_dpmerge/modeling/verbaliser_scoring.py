@@ -18,10 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from hf_dpmerge.modeling.unwrapped import unwrapped_model
+
 
 def _cache_keyword(model: torch.nn.Module) -> str:
     """The forward keyword taking a key/value cache: ``cache`` (transformers ≥ 5.25), else ``past_key_values``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped_model(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, task_head
 from hf_dpmerge.modeling.prefix_split import bottom_skipped, boundary_inputs, layer_stack, trainable_boundary
+from hf_dpmerge.modeling.unwrapped import unwrapped_model
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
 
 CACHE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -127,7 +128,7 @@ def prefix_cache_key(model: nn.Module, boundary: int, dataset: datasets.Dataset,
     """What determines a dataset's cached states: the model class, b, the storage dtype, the tokenised dataset
     (its ``datasets`` fingerprint: the data and every transform that made it) and the bottom's weights (every
     parameter and buffer outside layers[b:] and the head, bytes hashed)."""
-    stack, base = layer_stack(model), model.get_base_model() if hasattr(model, "get_base_model") else model
+    stack, base = layer_stack(model), unwrapped_model(model)
     top = {id(t) for layer in list(stack.layers)[boundary:] for t in [*layer.parameters(), *layer.buffers()]}
     digest = hashlib.sha256(f"{type(base).__name__}|{boundary}|{dtype}|{dataset._fingerprint}".encode())
     for name, tensor in sorted([*stack.backbone.named_parameters(), *stack.backbone.named_buffers()]):
@@ -144,7 +145,7 @@ def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
         stack = layer_stack(model)
     except ValueError as err:
         return None, str(err)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped_model(model)
     head = classifier_head(model)
     if head is None and base.get_output_embeddings() is None:
         return None, f"{type(base).__name__} has neither a 'classifier' head nor an LM head"

@@ -26,6 +26,7 @@ from torch import nn
 from transformers import EarlyStoppingCallback
 
 from hf_dpmerge.lora import UnsupportedAdapterError
+from hf_dpmerge.modeling.unwrapped import unwrapped_model
 
 LABEL_COLUMNS = ("label", "labels", "label_ids")
 
@@ -52,7 +53,7 @@ def check_adapter_type(model: nn.Module, dp: bool, sam_mode: str) -> None:
 
 def _sequence_classes(model: nn.Module) -> int | None:
     """num_labels of a single-label sequence classifier, else None."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped_model(model)
     config = getattr(base, "config", None)
     if not type(base).__name__.endswith("ForSequenceClassification") or config is None:
         return None
