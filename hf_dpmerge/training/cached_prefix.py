@@ -12,7 +12,9 @@ which is the full model's per-sample gradient exactly (dropout off in the bottom
 arithmetic (docs/design.md §16). Sampling, clipping, noise, SAM modes, the alignment penalty, the accountant, the
 record and the release are :class:`DPSAMTrainer`'s. b = L is the head-only floor: the cached rows are the head's
 pooled input (a decoder classifier's: the state at each row's last non-padding token, which its ``score`` reads) and
-a step runs the head alone; below b = L a decoder classifier is not cached (its head finds that token by input id).
+a step runs the head alone. Below b = L a decoder classifier's row is cached up to that token, i* = argmax_t
+t·[x_t ≠ pad], found by input id when the cache is built (causal attention: the tokens after i* change nothing at or
+before it), and the head reads the top's state at the row's last cached token.
 On causal LMs the LM head is applied at the answer positions only
 (every position under ``sam_mode='per_example'``, whose per-example functional pass cannot take a data-dependent
 width): the loss is the same, a 49k-vocabulary head on every prompt token is not.
@@ -32,7 +34,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
-from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, task_head
+from hf_dpmerge.modeling.pooled_features import classifier_head, head_inputs, last_token_index, task_head
 from hf_dpmerge.modeling.prefix_split import bottom_skipped, boundary_inputs, layer_stack, trainable_boundary
 from hf_dpmerge.modeling.unwrapped import unwrapped_model
 from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer
@@ -84,6 +86,12 @@ def _row_labels(dataset: datasets.Dataset) -> list[Any] | None:
     return dataset[name] if name is not None else None
 
 
+def is_decoder_classifier(model: nn.Module) -> bool:
+    """A decoder's sequence classifier (Llama-family ``…ForSequenceClassification``): its head reads one position,
+    the row's last non-padding token."""
+    return classifier_head(model) is not None and layer_stack(model).embeddings_name is None
+
+
 @torch.no_grad()
 def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: datasets.Dataset, collator: Any,
                       batch_size: int, dtype: torch.dtype) -> PrefixRows:
@@ -93,6 +101,7 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
     lengths = torch.as_tensor([len(ids) for ids in dataset["input_ids"]])
     per_row: list[torch.Tensor | None] = [None] * len(dataset)
     at_head = boundary_module is classifier_head(model)
+    up_to_last_token = not at_head and is_decoder_classifier(model)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -106,6 +115,9 @@ def build_prefix_rows(model: nn.Module, boundary_module: nn.Module, dataset: dat
             if at_head:  # the head's input: one vector per row
                 states = head_inputs(model, states, batch["input_ids"])
             states, mask = states.to("cpu", dtype), batch["attention_mask"].bool().cpu()
+            if up_to_last_token:  # causal attention: the tokens after the head's token change nothing up to it
+                last = last_token_index(batch["input_ids"], unwrapped_model(model).config.pad_token_id).cpu()
+                mask &= torch.arange(mask.shape[1])[None, :] <= last[:, None]
             for j, row in enumerate(rows):
                 per_row[row] = states[j][mask[j]] if states.dim() == 3 else states[j][None]
     finally:
@@ -152,9 +164,6 @@ def prefix_boundary(model: nn.Module) -> tuple[int | None, str]:
     boundary = trainable_boundary(model, head)
     if boundary is None:
         return None, "a parameter below the layers (the embeddings) is trainable: no prefix is frozen"
-    if head is not None and stack.embeddings_name is None and boundary < len(stack.layers):  # a decoder's head
-        return None, (f"{type(base).__name__}: a decoder's classifier reads the last token by its input id, which "
-                      "the cached states of a trainable layer do not carry (its head alone caches: --train_lora false)")
     if boundary == 0:
         return None, "the lowest layer is trainable: there is no frozen prefix to cache"
     if head is None and boundary == len(stack.layers):
@@ -176,6 +185,7 @@ class CachedPrefixTrainer(DPSAMTrainer):
         if boundary is None:
             raise ValueError(f"no cached prefix: {why}; train with --cache_prefix false")
         self.boundary, self.cache_dtype = boundary, cache_dtype
+        self.decoder_classifier = is_decoder_classifier(model)
         self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
         if self.prefix_cache_dir is not None and self.prefix_cache_dir.exists() and not self.prefix_cache_dir.is_dir():
             raise ValueError(f"--prefix_cache_dir {prefix_cache_dir}: exists and is not a directory")
@@ -249,8 +259,13 @@ class CachedPrefixTrainer(DPSAMTrainer):
         states, mask = self._states(model, features)
         if self.top_layers == 0:
             return task_head(model)(states[:, 0])
-        with bottom_skipped(model, self.boundary):
-            return model(inputs_embeds=states, attention_mask=mask).logits
+        with bottom_skipped(model, self.boundary) as stack:
+            if not self.decoder_classifier:
+                return model(inputs_embeds=states, attention_mask=mask).logits
+            # a row's cached tokens end at its last non-padding token (build_prefix_rows): the head reads the last
+            hidden = stack.backbone(inputs_embeds=states, attention_mask=mask).last_hidden_state
+        last = mask.sum(dim=1) - 1
+        return task_head(model)(hidden[torch.arange(len(hidden), device=hidden.device), last])
 
     def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
         """Classifiers: DPSAMTrainer's. Causal LMs: the mean answer-token loss, the LM head at answer positions only

@@ -278,15 +278,33 @@ def test_a_cached_release_ships_its_noise_statistics_and_no_cached_state(tmp_pat
     assert not list(tmp_path.rglob("*.npy")) and not list(tmp_path.rglob("*cache*"))  # the states stay in memory
 
 
-def test_a_decoder_used_as_a_classifier_is_not_cached_below_its_head():
-    """Its head finds the last real token by input id, which cached states of a trainable layer do not carry:
-    refused, named; with its LoRA frozen (the head alone trains) the head's input is cached."""
-    classifier = LlamaForSequenceClassification(tiny_llama().config)
-    model = get_peft_model(classifier, LoraConfig(r=2, target_modules=["q_proj"], layers_to_transform=[1],
-                                                  task_type="SEQ_CLS"))
-    boundary, why = prefix_boundary(model)
-    assert boundary is None and "a decoder's classifier reads the last token" in why
-    assert prefix_boundary(head_only_llama_classifier())[0] == 2
+def lora_llama_classifier():
+    """A tiny Llama sequence classifier (pad = the tokenizer's) with LoRA on its top layer's q_proj; the ``score``
+    head trains too (peft's SEQ_CLS ``modules_to_save``)."""
+    torch.manual_seed(0)
+    config = tiny_llama(initializer_range=0.5).config
+    config.num_labels, config.pad_token_id = 2, tiny_tokenizer().pad_token_id
+    return get_peft_model(LlamaForSequenceClassification(config),
+                          LoraConfig(r=2, target_modules=["q_proj"], layers_to_transform=[1], task_type="SEQ_CLS"))
+
+
+def test_a_decoder_classifiers_lora_cached_run_ends_at_the_full_runs_weights(tmp_path):
+    """Below b = L on a decoder: each row is cached up to its last non-padding token and the head reads the top's
+    state there, so the stock model's steps (its own pooling, by input id, on right-padded batches of unequal
+    lengths) and the cached ones agree, also for rows whose real tokens end in the pad token (the stock head then
+    reads an earlier position; a cache that kept every real token would not)."""
+    pad = tiny_tokenizer().pad_token_id
+    ending_in_pad = text_dataset().map(lambda row, i: {k: row[k] + [pad if k == "input_ids" else 1] * (i % 3 == 0)
+                                                       for k in ("input_ids", "attention_mask")}, with_indices=True)
+    full, cached = pair(tmp_path, lora_llama_classifier, ending_in_pad, DataCollatorWithPadding(tiny_tokenizer()),
+                        max_steps=3, physical_batch_size=7, learning_rate=0.05)
+    assert prefix_boundary(full.model)[0] == 1 and cached.top_layers == 1
+    lengths = [len(ids) for ids in ending_in_pad["input_ids"]]
+    cached_lengths = (cached.train_dataset.offsets[1:] - cached.train_dataset.offsets[:-1]).tolist()
+    assert cached_lengths == [n - (i % 3 == 0) for i, n in enumerate(lengths)]  # up to the stock head's token
+    assert any(".lora_B." in name for name in cached._param_names)
+    assert any(".score." in name for name in cached._param_names)
+    assert_same_weights(full, cached)
 
 
 def head_only_llama_classifier():
