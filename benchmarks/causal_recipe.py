@@ -86,10 +86,15 @@ running, for time, once every 10k-pass candidate stayed at or below zero-shot: F
 run's own recipe (its test score is in ``benchmarks/reports/causal-full``)."""
 
 
+FULL_BATCH = "full"
+"""A variant's expected batch that stands for the task's number of training rows (q = 1)."""
 VARIANTS: dict[str, tuple[str, ...]] = {
     # DP-Merging's training step (paper 000: DP-SAT and the alignment penalty, the settings of the encoder's LP-FT
     # candidate and of the full run), on top of a candidate's flags: the paper's question against plain DP-SGD
     "dp_merging": ("--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05"),
+    # the chosen candidate's q ≈ 1 (bbc_news: 1600 of 1602 rows) on every task: the expected batch is the task's
+    # training split (full-batch DP gradient descent), resolved per task by unit_argv
+    "full_batch": ("--per_device_train_batch_size", FULL_BATCH),
 }
 """Report-stage variants of the chosen candidate (``--variant``): its flags, then these (later flags win); the unit's
 candidate is ``<candidate>+<variant>``."""
@@ -124,13 +129,21 @@ def zero_shot_score(work_dir: Path, task: str, split: str) -> float:
     return score
 
 
+def training_rows(task: str) -> int:
+    """The number of rows of ``task``'s training split as the causal script loads it (the whole split)."""
+    from hf_dpmerge.data.load import load_task
+
+    return len(load_task(task)[0]["train"])
+
+
 def unit_argv(task: str, candidate: str, split: str, epsilon: float, seed: int, prefix_cache_dir: Path) -> list[str]:
     """``examples/train_causal_lm.py``'s flags for one unit (ε = inf: the candidate without privacy)."""
     # without privacy: shuffled batches of the expected size, the remainder dropped (at B = 1600 on bbc_news' 1602
     # rows every other step would otherwise be a 2-row batch)
     privacy = ([*NON_PRIVATE, "--dataloader_drop_last", "true"] if math.isinf(epsilon)
                else ["--target_epsilon", f"{epsilon:g}"])
-    return [*candidate_flags(candidate), "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
+    flags = [str(training_rows(task)) if flag == FULL_BATCH else flag for flag in candidate_flags(candidate)]
+    return [*flags, "--task", task, "--runs_dir", "runs_causal", "--prefix_cache_dir",
             str(prefix_cache_dir), "--eval_split", split, *privacy, "--seed", str(seed), "--overwrite", "true",
             "--disable_tqdm", "true"]
 

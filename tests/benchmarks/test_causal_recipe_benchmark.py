@@ -45,6 +45,17 @@ def test_the_dp_merging_variant_is_the_candidate_with_dp_sat_and_alignment():
         assert getattr(variant, field) == getattr(plain, field)
 
 
+def test_the_full_batch_variant_draws_every_training_row_in_every_step():
+    """q = 1 on any task: the expected batch is the task's training split (bbc_news: 1602 rows), the rest is the
+    chosen candidate's."""
+    chosen = "b1600_t12_lr1e-2"
+    (_, plain), (_, full) = parsed(chosen, "test"), parsed(f"{chosen}+full_batch", "test")
+    assert full.per_device_train_batch_size == causal_recipe.training_rows("bbc_news") == 1602
+    assert plain.per_device_train_batch_size == 1600
+    for field in ("max_steps", "learning_rate", "sam_mode", "align_lambda", "target_epsilon", "seed"):
+        assert getattr(full, field) == getattr(plain, field)
+
+
 def unit(candidate, score, task="bbc_news", split="validation", epsilon=8.0, seed=0):
     return {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed, "score": score,
             "seconds": 600.0, "noise_multiplier": 1.0, "sample_rate": 0.1}
