@@ -304,10 +304,11 @@ class CachedPrefixTrainer(DPSAMTrainer):
 
     def _record_extra(self) -> dict[str, Any]:
         """DPSAMTrainer's, plus ``cached_prefix``: where the model was split and how the states were kept."""
+        head = ({"lm_head": "answer positions only" if self.args.sam_mode != "per_example" else "all"} if self.causal
+                else {"head_reads": "the last non-padding token"} if self.decoder_classifier else {})
         return {**super()._record_extra(), "cached_prefix": {
             "boundary_layer": self.boundary, "top_layers": self.top_layers, "cache_dtype": self.cache_dtype,
-            "frozen_part": "evaluation mode (no dropout)",
-            "lm_head": "answer positions only" if self.causal and self.args.sam_mode != "per_example" else "all"}}
+            "frozen_part": "evaluation mode (no dropout)", **head}}
 
 
 def dp_trainer(model: nn.Module, args: Any, *, cache_prefix: str = "auto", cache_dtype: str = "float16",

@@ -152,6 +152,7 @@ def test_record_states_the_cache(tmp_path):
     _, cached = pair(tmp_path, top_layer_classifier, text_dataset(), DataCollatorWithPadding(tiny_tokenizer()))
     extra = cached._record_extra()["cached_prefix"]
     assert extra["boundary_layer"] == 1 and extra["top_layers"] == 1 and extra["cache_dtype"] == "float32"
+    assert "lm_head" not in extra and "head_reads" not in extra  # an encoder's head pools the whole row
 
 
 def test_half_precision_cache_stays_close(tmp_path):
@@ -304,6 +305,7 @@ def test_a_decoder_classifiers_lora_cached_run_ends_at_the_full_runs_weights(tmp
     assert cached_lengths == [n - (i % 3 == 0) for i, n in enumerate(lengths)]  # up to the stock head's token
     assert any(".lora_B." in name for name in cached._param_names)
     assert any(".score." in name for name in cached._param_names)
+    assert cached._record_extra()["cached_prefix"]["head_reads"] == "the last non-padding token"
     assert_same_weights(full, cached)
 
 
