@@ -116,7 +116,7 @@ def scores(runs: Path, tasks: list[str], max_eval_samples: int, model_dir: Path 
     return result
 
 
-def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, what: str, work_dir: Path,
+def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str | None, seed: int, what: str, work_dir: Path,
              max_eval_samples: int, path: Path) -> dict:
     """Score one unit (``what``: ``individual`` or a merge method; the zero-shot base with ``trainer`` None),
     store it at ``path``."""
