@@ -35,7 +35,7 @@ import yaml
 
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import causal_recipe
+from . import causal_recipe, merge_comparison
 from .merge_comparison import comparison_parser, parse_comparison, write_comparison
 from .quality.run import run_merge
 
@@ -57,29 +57,11 @@ def kept_run(kept: Path, task: str, trainer: str, seed: int) -> Path:
 
 def complete_seeds(kept: Path, tasks: list[str]) -> list[int]:
     """Seeds with both trainers' adapters kept on every task."""
-    found = {int(p.name.rsplit("-seed", 1)[1]) for p in kept.glob("*-seed*")} if kept.is_dir() else set()
-    return sorted(s for s in found if all((kept_run(kept, t, tr, s) / "adapter").is_dir()
-                                          for t in tasks for tr in TRAINERS))
+    return merge_comparison.complete_seeds(kept, tasks, lambda t, tr, s: kept_run(kept, t, tr, s) / "adapter")
 
 
 def unit_name(trainer: str, seed: int, what: str) -> str:
     return f"{trainer}-seed{seed}-{what}"
-
-
-def stage_runs(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, cell: Path) -> Path:
-    """``<cell>/runs_causal``: a link to the shared base and copies of the seed's adapters (staged, then renamed,
-    so a killed copy is redone)."""
-    runs = cell / "runs_causal"
-    if not runs.is_dir():
-        staged = cell / "runs_causal.tmp"
-        shutil.rmtree(staged, ignore_errors=True)
-        staged.mkdir(parents=True)
-        (staged / "base").symlink_to(base.resolve(), target_is_directory=True)
-        for task in tasks:
-            shutil.copytree(kept_run(kept, task, trainer, seed), staged / task,
-                            ignore=shutil.ignore_patterns("checkpoints*"))
-        staged.rename(runs)
-    return runs
 
 
 def merge_config(method: str, runs: Path, tasks: list[str]) -> dict:
@@ -103,11 +85,11 @@ def scores(runs: Path, tasks: list[str], max_eval_samples: int, model_dir: Path 
     from hf_dpmerge.analysis.runs_layout import task_rows, task_runs
 
     tokenizer = AutoTokenizer.from_pretrained(runs / "base")
+    shared = None if model_dir is None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     result = {}
     for run in task_runs(runs, tasks):
-        model = AutoModelForCausalLM.from_pretrained(model_dir or runs / "base", dtype=torch.float32)
-        if model_dir is None:
-            model = PeftModel.from_pretrained(model, run.adapter_dir)
+        model = shared or PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(runs / "base", dtype=torch.float32), run.adapter_dir)
         rows = task_rows(run, "test", max_samples=max_eval_samples)
         result[run.task] = {"accuracy": task_score(model.eval(), tokenizer, run.spec, rows, run.max_length),
                             "num_examples": len(rows)}
@@ -122,7 +104,8 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str | None, seed
     store it at ``path``."""
     start = time.perf_counter()
     cell = work_dir / (ZERO_SHOT if trainer is None else f"{trainer}-seed{seed}")
-    runs = stage_runs(kept, base, tasks, trainer or "dp_sgd", seed, cell)  # the zero-shot reads only base/
+    holder = trainer or "dp_sgd"  # the zero-shot reads only base/ (and the adapters' records: split seed, length)
+    runs = merge_comparison.stage_runs(cell / "runs_causal", base, {t: kept_run(kept, t, holder, seed) for t in tasks})
     result: dict = {"trainer": trainer, "seed": seed, "what": what, "tasks": tasks,
                     "max_eval_samples": max_eval_samples}
     if what in (ZERO_SHOT, INDIVIDUAL):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import lpft
+from . import lpft, merge_comparison
 from .merge_comparison import comparison_parser, parse_comparison, write_comparison
 from .quality.run import merge_config, run_merge
 
@@ -46,9 +46,8 @@ def kept_adapter(kept: Path, task: str, trainer: str, seed: int) -> Path:
 
 def complete_seeds(kept: Path, tasks: list[str]) -> list[int]:
     """Seeds with both trainers' adapters kept on every task."""
-    found = {int(p.name.rsplit("-seed", 1)[1]) for p in kept.glob("*-seed*")} if kept.is_dir() else set()
-    return sorted(s for s in found if all((kept_adapter(kept, t, tr, s) / "encoder_adapter").is_dir()
-                                          for t in tasks for tr in TRAINERS))
+    return merge_comparison.complete_seeds(kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s) /
+                                           "encoder_adapter")
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, method: str, work_dir: Path,
@@ -57,15 +56,7 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, 
     from hf_dpmerge.analysis.evaluation import evaluate_runs
 
     cell = work_dir / f"{trainer}-seed{seed}"
-    runs = cell / "runs"
-    if not runs.is_dir():  # the adapters name their base as ../../base: copies beside a link to the shared base
-        staged = cell / "runs.tmp"
-        shutil.rmtree(staged, ignore_errors=True)
-        staged.mkdir(parents=True)
-        (staged / "base").symlink_to(base.resolve(), target_is_directory=True)
-        for task in tasks:
-            shutil.copytree(kept_adapter(kept, task, trainer, seed), staged / task)
-        staged.rename(runs)
+    runs = merge_comparison.stage_runs(cell / "runs", base, {t: kept_adapter(kept, t, trainer, seed) for t in tasks})
     config = merge_config(method, runs / "base", [runs / task / "encoder_adapter" for task in tasks])
     merged = cell / "merged" / method
     start = time.perf_counter()

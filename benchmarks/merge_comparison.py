@@ -14,8 +14,9 @@ paired t over seeds (the seed is the unit: each retrains both trainers' adapters
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from scipy import stats
@@ -27,6 +28,28 @@ from .quality.significance import ALPHA, holm
 
 TRAINERS = ("dp_sgd", "dp_merging")
 METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
+
+
+def complete_seeds(kept: Path, tasks: Sequence[str], adapter: Callable[[str, str, int], Path]) -> list[int]:
+    """Seeds of ``kept`` with both trainers' adapters on every task (``adapter(task, trainer, seed)``: the adapter
+    folder a seed's unit keeps)."""
+    found = {int(p.name.rsplit("-seed", 1)[1]) for p in kept.glob("*-seed*")} if kept.is_dir() else set()
+    return sorted(s for s in found if all(adapter(t, tr, s).is_dir() for t in tasks for tr in TRAINERS))
+
+
+def stage_runs(runs: Path, base: Path, kept_runs: Mapping[str, Path]) -> Path:
+    """``runs``: a link to the shared ``base`` and a copy of each task's kept run folder (checkpoints left out),
+    laid out as training wrote them (the adapters name their base as ../../base); staged beside and renamed, so a
+    killed copy is redone. An existing ``runs`` is reused."""
+    if not runs.is_dir():
+        staged = runs.with_name(runs.name + ".tmp")
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        (staged / "base").symlink_to(base.resolve(), target_is_directory=True)
+        for task, kept_run in kept_runs.items():
+            shutil.copytree(kept_run, staged / task, ignore=shutil.ignore_patterns("checkpoints*"))
+        staged.rename(runs)
+    return runs
 
 
 def task_average(unit: dict, score: str) -> float:
