@@ -9,7 +9,9 @@ Protocol (recipes chosen without the evaluated tasks' test data):
 2. **report** — the head and the chosen candidate on every packaged task at ``--epsilon`` (default 8; the
    candidates' ε₁ keep their share of it) and the seeds of ``--seeds``, scored on the whole test split; the two
    select tasks are marked (the others are held out). Per (task, ε) with ≥ 2 seeds: the paired t-test over seeds
-   (the seed is the unit: each retrains both), Holm-corrected over every tested row.
+   (the seed is the unit: each retrains both), Holm-corrected over every tested row. The targets section judges each
+   row against :data:`FLOOR_TOLERANCE` and, on headroom tasks, :data:`HEADROOM_TARGETS`, with the non-private
+   headroom of ``benchmarks/reports/headroom/`` (:func:`benchmarks.headroom.headroom_points`).
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
@@ -36,6 +38,7 @@ from scipy import stats
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 from hf_dpmerge.utils.io import write_text_atomic
 
+from . import headroom
 from .headroom import run_unit
 from .markdown import table as markdown_table
 from .quality.significance import ALPHA, holm
@@ -47,6 +50,11 @@ FLOOR_GAP_EVIDENCE = REPO / "hf_dpmerge" / "merging" / "data" / "recipe_floor_ga
 SELECT_TASKS = ("rotten_tomatoes", "bbc_news")
 EPSILON = 8.0
 HEAD = "private_head"
+FLOOR_TOLERANCE = 0.3
+"""Points the default adapter may fall below the private head, on every task at every ε (phase 2 starts at it)."""
+HEADROOM_TARGETS = {8.0: (1.0, 0.5), 4.0: (0.5, None)}
+"""On a headroom task, per ε: the mean gain over the private head (points; at ε = 8 Holm-significant over seeds too)
+and the share of the non-private headroom, (DP adapter − private head) / (non-private LoRA − non-private head)."""
 
 
 def _lpft(k: int, batch: int, steps: int, lr: str, head_epsilon: float, sam: bool = True) -> tuple[str, ...]:
@@ -129,8 +137,32 @@ def floor_gap(units: list[dict]) -> dict:
     return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": chosen, "split": "test", "rows": rows}
 
 
-def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GAP_EVIDENCE) -> str:
-    """Write the report to ``path`` and (unless None) the floor gap ``recommend`` reads to ``evidence``."""
+def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_points: float | None) -> list[str]:
+    """The issue's targets for one (task, ε) row of the report: never below the head by more than
+    :data:`FLOOR_TOLERANCE`; on a headroom task (≥ ``headroom.HEADROOM_POINTS`` of non-private headroom), the gain
+    and the captured share of :data:`HEADROOM_TARGETS`. Each cell reads "holds" or "not met" with its value."""
+    def verdict(ok: bool, value: str) -> str:
+        return f"{'holds' if ok else 'not met'} ({value})"
+
+    cells = [verdict(gain >= -FLOOR_TOLERANCE, f"{gain:+.2f}")]
+    if headroom_points is None:
+        return cells + ["—", "—", "—"]
+    share = gain / headroom_points if headroom_points > 0 else None
+    cells += [f"{headroom_points:.1f}", "—" if share is None else f"{100 * share:.0f} %"]
+    if headroom_points < headroom.HEADROOM_POINTS or epsilon not in HEADROOM_TARGETS:
+        return cells + ["— (not a headroom task)" if headroom_points < headroom.HEADROOM_POINTS else "—"]
+    minimum, min_share = HEADROOM_TARGETS[epsilon]
+    parts = [verdict(gain >= minimum and (significant or epsilon != EPSILON), f"≥ +{minimum:g}"
+                     + (", Holm-significant" if epsilon == EPSILON else ""))]
+    if min_share is not None:
+        parts.append(verdict(share is not None and share >= min_share, f"≥ {100 * min_share:.0f} % of the headroom"))
+    return cells + ["; ".join(parts)]
+
+
+def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GAP_EVIDENCE,
+                 headroom_units: list[dict] | None = None) -> str:
+    """Write the report to ``path`` and (unless None) the floor gap ``recommend`` reads to ``evidence``; with
+    ``headroom_units`` (the headroom table's), the targets section too."""
     chosen, gains = chosen_candidate(units)
     select = {(u["task"], u["candidate"]): u for u in units
               if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
@@ -145,7 +177,7 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
             "", f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
     if chosen:
         by = {(u["task"], u["candidate"], u["seed"], target_epsilon(u)): u for u in units}
-        rows, p_values = [], []
+        rows, p_values, cells = [], [], []
         for epsilon in sorted({e for (*_, e) in by}, reverse=True):
             for task in PACKAGED_TASKS:
                 seeds = sorted(s for (t, c, s, e) in by
@@ -157,17 +189,34 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
                 gain = [a - b for a, b in zip(lpft, head)]
                 p = float(stats.ttest_rel(lpft, head).pvalue) if len(seeds) > 1 and len(set(gain)) > 1 else None
                 p_values.append(p)
+                cells.append((task, epsilon, statistics.mean(gain)))
                 rows.append([task + (" (select)" if task in SELECT_TASKS else ""), f"{epsilon:g}",
                              ",".join(map(str, seeds)), f"{statistics.mean(head):.1f}", f"{statistics.mean(lpft):.1f}",
                              " ".join(f"{g:+.1f}" for g in gain), f"{statistics.mean(gain):+.2f}"])
         tested = [i for i, p in enumerate(p_values) if p is not None]
         adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
-        for i, row in enumerate(rows):
+        targets = []
+        points = headroom.headroom_points(headroom_units or [])
+        for i, (row, (task, epsilon, mean_gain)) in enumerate(zip(rows, cells)):
+            targets.append(row[:3] + target_verdicts(epsilon, mean_gain, adjusted.get(i, 1.0) < ALPHA,
+                                                     points.get(task)))
             row += ["—", "—"] if i not in adjusted else [f"{p_values[i]:.3g}", f"{adjusted[i]:.3g}"
                                                          + (" *" if adjusted[i] < ALPHA else "")]
         text += ["## Report (test accuracy %, whole test split; Holm over every tested row)", "",
                  markdown_table(["task", "ε", "seeds", "private head", f"LP-FT `{chosen}`", "paired gain per seed",
                                  "mean gain", "p (paired t, seeds)", f"Holm-adjusted p (* < {ALPHA})"], rows), ""]
+        if headroom_units is not None:
+            text += ["## Targets", "",
+                     f"Per row of the report: the mean gain over the private head against −{FLOOR_TOLERANCE:g} "
+                     "points (every task, every ε); the task's non-private headroom (`benchmarks/reports/headroom/"
+                     "HEADROOM.md`, best LoRA arm − head, test points, its own seeds) and the share of it the mean "
+                     f"gain captures; on headroom tasks (≥ {headroom.HEADROOM_POINTS:g} points) the gain targets: "
+                     + "; ".join(f"ε = {e:g}: ≥ +{g:g}" + (" and Holm-significant" if e == EPSILON else "")
+                                 + (f" and ≥ {100 * sh:.0f} % of the headroom" if sh is not None else "")
+                                 for e, (g, sh) in HEADROOM_TARGETS.items())
+                     + ". A row of one seed is a single measurement, not a test.", "",
+                     markdown_table(["task", "ε", "seeds", f"≥ head − {FLOOR_TOLERANCE:g}", "headroom (points)",
+                                     "share captured", "headroom-task target"], targets), ""]
     text += ["## Candidates", "", f"Flags as run at ε = {EPSILON:g}; at another ε a candidate's `--head_phase_epsilon` "
              "keeps its share of the budget (`benchmarks/lpft.py`, `arguments`).", "",
              *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
@@ -217,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             keep = None if args.keep_adapters is None or candidate == HEAD else args.keep_adapters.resolve()
             run_unit(task, arguments(task, candidate, seed, work_dir / name, epsilon), seed, work_dir, path,
                      keep=keep, candidate=candidate, target_epsilon=epsilon)
-    print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md"))
+    print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md",
+                       headroom_units=load_units(headroom.REPORT_DIR / "units")))
     return 0
 
 

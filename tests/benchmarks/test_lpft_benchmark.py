@@ -127,6 +127,49 @@ def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_po
     assert "Headroom tasks (≥ 2 points): rotten_tomatoes." in text
 
 
+def headroom_unit(task, arm, seed, test):
+    return {"task": task, "arm": arm, "seed": seed, "validation": {"accuracy": test}, "test": {"accuracy": test},
+            "train_seconds": 60.0}
+
+
+def test_the_headroom_is_the_best_lora_arms_seed_mean_over_the_heads():
+    units = [headroom_unit("rotten_tomatoes", "head", s, v) for s, v in ((0, 0.76), (1, 0.78))]
+    units += [headroom_unit("rotten_tomatoes", "lora_top2", s, v) for s, v in ((0, 0.80), (1, 0.81))]
+    units += [headroom_unit("rotten_tomatoes", "lora_all", 0, 0.815), headroom_unit("bbc_news", "head", 0, 0.9)]
+    points = headroom.headroom_points(units)
+    assert points == {"rotten_tomatoes": pytest.approx(100 * (0.815 - 0.77))}  # bbc_news has no LoRA arm
+
+
+@pytest.mark.parametrize(("epsilon", "gain", "significant", "headroom_points", "expected"), [
+    (8.0, -0.31, False, None, ["not met (-0.31)", "—", "—", "—"]),
+    (8.0, -0.3, False, 1.0, ["holds (-0.30)", "1.0", "-30 %", "— (not a headroom task)"]),
+    (8.0, 1.5, True, 3.0, ["holds (+1.50)", "3.0", "50 %",
+                           "holds (≥ +1, Holm-significant); holds (≥ 50 % of the headroom)"]),
+    (8.0, 1.5, False, 3.0, ["holds (+1.50)", "3.0", "50 %",
+                            "not met (≥ +1, Holm-significant); holds (≥ 50 % of the headroom)"]),
+    (8.0, 1.2, True, 3.0, ["holds (+1.20)", "3.0", "40 %",
+                           "holds (≥ +1, Holm-significant); not met (≥ 50 % of the headroom)"]),
+    (4.0, 0.5, False, 2.0, ["holds (+0.50)", "2.0", "25 %", "holds (≥ +0.5)"]),
+    (4.0, 0.49, True, 2.0, ["holds (+0.49)", "2.0", "24 %", "not met (≥ +0.5)"]),
+    (1.0, 0.1, False, 2.0, ["holds (+0.10)", "2.0", "5 %", "—"]),
+])
+def test_each_report_row_is_judged_against_the_issues_targets(epsilon, gain, significant, headroom_points, expected):
+    assert lpft.target_verdicts(epsilon, gain, significant, headroom_points) == expected
+
+
+def test_the_report_states_each_rows_targets_from_the_headroom_units(tmp_path):
+    candidates = [c for c in lpft.CANDIDATES if c != lpft.HEAD]
+    units = select_units({c: 0.01 * (i + 1) for i, c in enumerate(candidates)})
+    chosen = lpft.chosen_candidate(units)[0]
+    units += [unit("20newsgroups", lpft.HEAD, 0, 0.8, 0.74), unit("20newsgroups", chosen, 0, 0.8, 0.73)]
+    stored = [headroom_unit("20newsgroups", "head", 0, 0.75), headroom_unit("20newsgroups", "lora_top2", 0, 0.78)]
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=None, headroom_units=stored)
+    row = next(line for line in text.splitlines() if line.startswith("| 20newsgroups | 8 | 0 | not met"))
+    assert row.split(" | ")[3:] == ["not met (-1.00)", "3.0", "-33 %",
+                                    "not met (≥ +1, Holm-significant); not met (≥ 50 % of the headroom) |"]
+    assert "## Targets" not in lpft.write_report(units, tmp_path / "LPFT.md", evidence=None)
+
+
 def merge_unit(trainer, seed, method, individual, merged):
     tasks = list(lpft_merge.TASKS)
     return {"trainer": trainer, "seed": seed, "method": method, "tasks": tasks,
