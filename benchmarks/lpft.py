@@ -19,18 +19,26 @@ at the phase-1 model) on the top k layers from the cached prefix, head and B tra
 phase 2 takes the package's DP-SAT step and alignment penalty unless the candidate's name ends in ``_dpsgd``.
 Units are stored as JSON under ``benchmarks/reports/lpft/units/``; the report is rewritten from them.
 
+``--base smollm2`` runs the same protocol on the packaged SmolLM2-135M as a sequence classifier (the head reads the
+last non-padding token; LoRA on q/v below it, on the cached prefix): its own candidates
+(:data:`SMOLLM2_CANDIDATES`, its own private head among them), units and report (``benchmarks/reports/lpft-smollm2``);
+it never writes the floor gap of the packaged default.
+
     python -m benchmarks.lpft --stage select
     python -m benchmarks.lpft --stage report --seeds 0,1,2
     python -m benchmarks.lpft --stage report --seeds 0,1,2 --epsilon 4 --tasks rotten_tomatoes
     python -m benchmarks.lpft --report-only
+    python -m benchmarks.lpft --base smollm2 --stage select
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from scipy import stats
@@ -71,16 +79,64 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "k2_b1024_t75_lr3e-3_head6": _lpft(2, 1024, 75, "3e-3", 6),  # the scratch pilot's recipe
     "k2_b1024_t75_lr3e-3_head6_dpsgd": _lpft(2, 1024, 75, "3e-3", 6, sam=False),  # no DP-SAT, no alignment
 }
+SMOLLM2_CANDIDATES: dict[str, tuple[str, ...]] = {
+    HEAD: ("--train_lora", "false"),
+    # MiniLM's chosen recipe moved SmolLM2's phase-2 loss only from 0.68 to 0.66 (docs/causal-lm.md): larger steps
+    "k2_b1024_t75_lr3e-3_head6_dpsgd": _lpft(2, 1024, 75, "3e-3", 6, sam=False),
+    "k2_b1024_t75_lr1e-2_head6_dpsgd": _lpft(2, 1024, 75, "1e-2", 6, sam=False),
+    "k2_b1024_t75_lr3e-2_head6_dpsgd": _lpft(2, 1024, 75, "3e-2", 6, sam=False),
+}
 
 
-def arguments(task: str, candidate: str, seed: int, runs_dir: Path, epsilon: float = EPSILON) -> list[str]:
+@dataclass(frozen=True)
+class Base:
+    """A base model the search runs on: its candidates (the private head among them), the flags every unit adds,
+    where its units and report live, and whether it writes ``recommend``'s floor gap (the packaged default only).
+    A base with ``causal_lm`` set is the packaged SmolLM2, built once under the work folder
+    (:func:`ensure_smollm2_base`) and trained as a sequence classifier, LoRA on q/v below its head."""
+    name: str
+    candidates: dict[str, tuple[str, ...]]
+    report_dir: Path
+    evidence: Path | None
+    causal_lm: bool = False
+
+
+BASES = {"minilm": Base("minilm", CANDIDATES, REPORT_DIR, FLOOR_GAP_EVIDENCE),
+         "smollm2": Base("smollm2", SMOLLM2_CANDIDATES, REPO / "benchmarks" / "reports" / "lpft-smollm2", None,
+                         causal_lm=True)}
+MINILM = BASES["minilm"]
+
+
+def smollm2_base_dir(work_dir: Path) -> Path:
+    return work_dir / "smollm2_base"
+
+
+def ensure_smollm2_base(work_dir: Path) -> Path:
+    """The packaged SmolLM2 as a float32 checkpoint under ``work_dir`` (written once, atomically by rename)."""
+    from hf_dpmerge.data.model_path import default_causal_gguf
+    from hf_dpmerge.modeling.causal_base import save_causal_base
+
+    target = smollm2_base_dir(work_dir)
+    if not target.exists():
+        staged = target.with_name(target.name + ".partial")
+        shutil.rmtree(staged, ignore_errors=True)
+        save_causal_base(default_causal_gguf(), staged)
+        staged.rename(target)
+    return target
+
+
+def arguments(task: str, candidate: str, seed: int, runs_dir: Path, epsilon: float = EPSILON,
+              base: Base = MINILM) -> list[str]:
     """The unit's train_glue.py flags; every unit of a task shares its frozen prefixes (``--prefix_cache_dir``
     beside the runs: the pooled features of the head phase, the states below the LoRA layers). A candidate's ε₁
     is stated at ε = 8 and scales with the target ε (the head phase keeps its share of the budget)."""
-    flags = list(CANDIDATES[candidate])
+    flags = list(base.candidates[candidate])
     if "--head_phase_epsilon" in flags:
         at = flags.index("--head_phase_epsilon") + 1
         flags[at] = f"{float(flags[at]) * epsilon / EPSILON:g}"
+    if base.causal_lm:
+        flags += ["--model_name_or_path", str(smollm2_base_dir(runs_dir.parent)), "--lora_target_modules",
+                  "q_proj,v_proj"]
     return [*flags, "--target_epsilon", f"{epsilon:g}", "--task", task, "--seed", str(seed),
             "--runs_dir", str(runs_dir), "--prefix_cache_dir", str(runs_dir.parent / "prefix_cache"),
             "--overwrite", "true", "--disable_tqdm", "true"]
@@ -100,16 +156,17 @@ def load_units(units_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
 
 
-def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
+def chosen_candidate(units: list[dict], candidates: dict[str, tuple[str, ...]] = CANDIDATES
+                     ) -> tuple[str | None, dict[str, float]]:
     """The candidate with the highest mean validation gain over the head on the select tasks (None until every
     select unit is stored), and each candidate's mean gain in points."""
     score = {(u["task"], u["candidate"]): u["validation"]["accuracy"] for u in units
              if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
     gains = {}
-    for candidate in CANDIDATES:
+    for candidate in candidates:
         if candidate != HEAD and all((t, c) in score for t in SELECT_TASKS for c in (candidate, HEAD)):
             gains[candidate] = statistics.mean(100 * (score[(t, candidate)] - score[(t, HEAD)]) for t in SELECT_TASKS)
-    complete = len(gains) == len(CANDIDATES) - 1
+    complete = len(gains) == len(candidates) - 1
     return (max(gains, key=gains.get) if complete else None), gains
 
 
@@ -160,18 +217,21 @@ def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_poi
 
 
 def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GAP_EVIDENCE,
-                 headroom_units: list[dict] | None = None) -> str:
-    """Write the report to ``path`` and (unless None) the floor gap ``recommend`` reads to ``evidence``; with
-    ``headroom_units`` (the headroom table's), the targets section too."""
-    chosen, gains = chosen_candidate(units)
+                 headroom_units: list[dict] | None = None, base: Base = MINILM) -> str:
+    """Write ``base``'s report to ``path`` and (unless None) the floor gap ``recommend`` reads to ``evidence``;
+    with ``headroom_units`` (the headroom table's, measured on ``base``), the targets section too."""
+    candidates = base.candidates
+    chosen, gains = chosen_candidate(units, candidates)
     select = {(u["task"], u["candidate"]): u for u in units
               if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
     rows = [[c, *(f"{100 * select[(t, c)]['validation']['accuracy']:.1f}" if (t, c) in select else "—"
                   for t in SELECT_TASKS), "—" if c == HEAD else (f"{gains[c]:+.2f}" if c in gains else "—"),
              f"{max((select[(t, c)]['train_seconds'] for t in SELECT_TASKS if (t, c) in select), default=0) / 60:.1f}"]
-            for c in CANDIDATES]
-    text = ["# Private LP-FT vs the private head at the same ε", "",
-            f"Generated by `python -m benchmarks.lpft --report-only` from {len(units)} stored units.", "",
+            for c in candidates]
+    command = "python -m benchmarks.lpft" + ("" if base == MINILM else f" --base {base.name}") + " --report-only"
+    text = ["# Private LP-FT vs the private head at the same ε"
+            + ("" if base == MINILM else f" (base: {base.name})"), "",
+            f"Generated by `{command}` from {len(units)} stored units.", "",
             f"## Select (validation accuracy %, ε = {EPSILON:g}, seed 0)", "",
             markdown_table(["candidate", *SELECT_TASKS, "mean gain over head (points)", "longest unit (min)"], rows),
             "", f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
@@ -219,7 +279,10 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
                                      "share captured", "headroom-task target"], targets), ""]
     text += ["## Candidates", "", f"Flags as run at ε = {EPSILON:g}; at another ε a candidate's `--head_phase_epsilon` "
              "keeps its share of the budget (`benchmarks/lpft.py`, `arguments`).", "",
-             *(f"- `{c}`: `{' '.join(f)}`" for c, f in CANDIDATES.items()), ""]
+             *(f"- `{c}`: `{' '.join(f)}`" for c, f in candidates.items()), ""]
+    if base.causal_lm:
+        text[-1:-1] = ["", "Every unit also takes `--model_name_or_path <work>/smollm2_base --lora_target_modules "
+                       "q_proj,v_proj` (the packaged SmolLM2 as a float32 checkpoint, a sequence classifier)."]
     write_text_atomic(path, "\n".join(text))
     if evidence is not None:
         write_text_atomic(evidence, json.dumps(floor_gap(units), indent=1) + "\n")
@@ -236,38 +299,48 @@ def main(argv: list[str] | None = None) -> int:
                                                                        "ε₁ keep their share of it)")
     parser.add_argument("--candidates", help="report stage: these candidates (comma-separated) instead of the "
                                              "private head and the chosen one")
-    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / "lpft")
-    parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
+    parser.add_argument("--base", choices=sorted(BASES), default=MINILM.name,
+                        help="the base model: the packaged MiniLM (the default's) or SmolLM2 as a sequence "
+                             "classifier (its own candidates, units and report)")
+    parser.add_argument("--work-dir", type=Path, help="default: runs/lpft (runs/lpft-<base> for another base)")
+    parser.add_argument("--units-dir", type=Path, help="default: the base's report folder's units/")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--keep-adapters", type=Path, metavar="DIR",
                         help="keep each LP-FT unit's released adapter in DIR/<unit>/<task>/ (what "
                              "benchmarks/lpft_merge.py merges); the head's units keep none")
     args = parser.parse_args(argv)
-    work_dir = args.work_dir.resolve()
+    base = BASES[args.base]
+    work_dir = (args.work_dir or REPO / "runs" / ("lpft" if base == MINILM else f"lpft-{base.name}")).resolve()
+    units_dir = args.units_dir or base.report_dir / "units"
     if not args.report_only:
         if args.stage == "select":
-            plan = [(task, c, 0) for c in CANDIDATES for task in SELECT_TASKS]
+            plan = [(task, c, 0) for c in base.candidates for task in SELECT_TASKS]
         else:
-            chosen, _ = chosen_candidate(load_units(args.units_dir))
+            chosen, _ = chosen_candidate(load_units(units_dir), base.candidates)
             if chosen is None:
                 parser.error("the select stage is incomplete: run --stage select first")
             candidates = args.candidates.split(",") if args.candidates else [HEAD, chosen]
-            if unknown := sorted(set(candidates) - set(CANDIDATES)):
-                parser.error(f"--candidates: unknown {unknown}; the candidates are {sorted(CANDIDATES)}")
+            if unknown := sorted(set(candidates) - set(base.candidates)):
+                parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are "
+                             f"{sorted(base.candidates)}")
             plan = [(task, c, seed) for seed in map(int, args.seeds.split(",")) for task in args.tasks.split(",")
                     for c in candidates]
         for task, candidate, seed in plan:
             epsilon = args.epsilon if args.stage == "report" else EPSILON
             name = unit_name(task, candidate, seed, epsilon)
-            path = args.units_dir / f"{name}.json"
+            path = units_dir / f"{name}.json"
             if path.exists():
                 continue
-            print(f"[lpft] {name}", file=sys.stderr, flush=True)
+            print(f"[lpft] {base.name} {name}", file=sys.stderr, flush=True)
+            if base.causal_lm:
+                ensure_smollm2_base(work_dir)
             keep = None if args.keep_adapters is None or candidate == HEAD else args.keep_adapters.resolve()
-            run_unit(task, arguments(task, candidate, seed, work_dir / name, epsilon), seed, work_dir, path,
+            run_unit(task, arguments(task, candidate, seed, work_dir / name, epsilon, base), seed, work_dir, path,
                      keep=keep, candidate=candidate, target_epsilon=epsilon)
-    print(write_report(load_units(args.units_dir), REPORT_DIR / "LPFT.md",
-                       headroom_units=load_units(headroom.REPORT_DIR / "units")))
+    # the headroom table was measured on MiniLM: its targets apply to MiniLM's report only
+    print(write_report(load_units(units_dir), base.report_dir / "LPFT.md", evidence=base.evidence,
+                       headroom_units=load_units(headroom.REPORT_DIR / "units") if base == MINILM else None,
+                       base=base))
     return 0
 
 

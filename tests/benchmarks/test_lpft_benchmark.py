@@ -24,6 +24,53 @@ def test_every_candidate_parses_as_a_private_run_at_the_target_epsilon(candidate
         assert script.lora_layers.startswith("top_") and script.cache_prefix == "true"
 
 
+@pytest.mark.parametrize("candidate", list(lpft.SMOLLM2_CANDIDATES))
+def test_a_smollm2_unit_trains_its_built_base_as_a_classifier_with_lora_on_q_and_v(candidate):
+    smollm2 = lpft.BASES["smollm2"]
+    argv = lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x"), base=smollm2)
+    script, config = train_script.parse_arguments(argv)
+    assert script.model_name_or_path == str(lpft.smollm2_base_dir(Path("/r"))) == "/r/smollm2_base"
+    assert script.lora_target_modules == "q_proj,v_proj" and config.dp and config.target_epsilon == lpft.EPSILON
+    assert script.train_lora == (candidate != lpft.HEAD)
+    assert "--model_name_or_path" not in lpft.arguments("rotten_tomatoes", lpft.HEAD, 0, Path("/r/x"))  # MiniLM's
+
+
+def test_the_smollm2_base_is_built_once_and_never_left_half_written(tmp_path, monkeypatch):
+    from hf_dpmerge.data import model_path
+    from hf_dpmerge.modeling import causal_base
+
+    calls = []
+
+    def save(source, directory):
+        calls.append(Path(directory).name)
+        Path(directory).mkdir(parents=True)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        (Path(directory) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(model_path, "default_causal_gguf", lambda: Path("smollm2.gguf"))
+    monkeypatch.setattr(causal_base, "save_causal_base", save)
+    with pytest.raises(OSError):
+        lpft.ensure_smollm2_base(tmp_path)
+    assert not lpft.smollm2_base_dir(tmp_path).exists()  # a failed build leaves no base a later unit would trust
+    assert lpft.ensure_smollm2_base(tmp_path) == lpft.smollm2_base_dir(tmp_path)
+    assert lpft.ensure_smollm2_base(tmp_path) == lpft.smollm2_base_dir(tmp_path)
+    assert calls == ["smollm2_base.partial"] * 2 and (tmp_path / "smollm2_base" / "config.json").exists()
+
+
+def test_a_smollm2_search_chooses_among_its_own_candidates_and_writes_no_floor_gap(tmp_path):
+    smollm2 = lpft.BASES["smollm2"]
+    candidates = [c for c in smollm2.candidates if c != lpft.HEAD]
+    units = [unit(t, lpft.HEAD, 0, 0.80, 0.80) for t in lpft.SELECT_TASKS]
+    units += [unit(t, c, 0, 0.80 + 0.01 * i, 0.81) for i, c in enumerate(candidates) for t in lpft.SELECT_TASKS]
+    assert lpft.chosen_candidate(units)[0] is None  # MiniLM's search lacks its own candidates' units
+    chosen, _ = lpft.chosen_candidate(units, smollm2.candidates)
+    assert chosen == candidates[-1]
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=smollm2.evidence, base=smollm2)
+    assert smollm2.evidence is None and "`python -m benchmarks.lpft --base smollm2 --report-only`" in text
+    assert f"Chosen: `{chosen}`." in text and "--model_name_or_path <work>/smollm2_base" in text
+
+
 def test_a_candidate_at_another_epsilon_keeps_its_head_phase_share():
     candidate = next(c for c in lpft.CANDIDATES if c != lpft.HEAD)
     at = {e: train_script.parse_arguments(lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x"), e))
