@@ -122,8 +122,11 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
 def generation_scores(model, tokenizer, task: str, max_length: int, samples: int) -> dict:
     """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
     ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
-    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser."""
+    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; and, at the
+    answer's first position (the chat as the pipeline renders it), the share where the end-of-sequence token (the
+    trained end of every answer) is the greedy choice, i.e. the answer is empty, and its mean log-probability."""
     import numpy as np
+    import torch
     from transformers import pipeline
 
     from hf_dpmerge.data.instructions import instruction_messages, verbaliser_choices
@@ -139,7 +142,15 @@ def generation_scores(model, tokenizer, task: str, max_length: int, samples: int
     chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
     outputs = generate(chats, max_new_tokens=max(map(len, responses)), do_sample=False, return_full_text=False)
     answers = [o[0]["generated_text"].strip() for o in outputs]
+    first = []
+    with torch.no_grad():
+        for chat in chats:
+            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+            first.append(model(**ids).logits[0, -1].log_softmax(-1))
+    end = tokenizer.eos_token_id
     return {"n": len(answers),
+            "end_of_sequence_first": float(np.mean([int(f.argmax()) == end for f in first])),
+            "end_of_sequence_first_logprob": float(np.mean([float(f[end]) for f in first])),
             "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in zip(answers, ranked)])),
             "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in zip(answers, test["label"])])),
             "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),

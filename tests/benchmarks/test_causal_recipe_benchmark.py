@@ -126,3 +126,33 @@ def test_the_report_lists_each_kept_adapters_stock_generation(tmp_path: Path, mo
     text = causal_recipe.write_report([unit(causal_recipe.ZERO_SHOT, 0.28, epsilon=None)], tmp_path / "R.md")
     assert "## Stock generation of each adapter alone" in text
     assert "| bbc_news-b1600_t12_lr1e-2-test-eps8-seed0 | 200 | 25% | 20% | 50% | 'sports', '' |" in text
+
+
+def test_generation_scores_count_an_answer_that_ends_at_once_as_empty():
+    """A model whose first greedy token is always the end of sequence answers with empty strings; the stored share
+    and mean log-probability of that token at the answer's first position say so (here: a bias on its logit)."""
+    import math
+
+    import torch
+
+    from benchmarks.causal_runs import generation_scores
+    from tests.utils.tiny_models import tiny_causal_tokenizer, tiny_llama
+
+    tokenizer = tiny_causal_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}Answer: {% endif %}")
+    model = tiny_llama(initializer_range=0.5).eval()
+    vocabulary, end = model.config.vocab_size, tokenizer.eos_token_id
+    ends = torch.nn.Linear(model.config.hidden_size, vocabulary, bias=True)
+    with torch.no_grad():
+        ends.weight.zero_()
+        ends.bias.zero_()
+        ends.bias[end] = 5.0
+    model.lm_head = ends
+    scores = generation_scores(model, tokenizer, "rotten_tomatoes", 48, 8)
+    assert scores["n"] == 8 and scores["end_of_sequence_first"] == 1.0
+    assert scores["end_of_sequence_first_logprob"] == pytest.approx(5.0 - math.log(math.exp(5.0) + vocabulary - 1))
+    assert scores["generation_is_a_verbaliser"] == 0.0 and {e["answer"] for e in scores["examples"]} == {""}
+    with torch.no_grad():
+        ends.bias[end] = -5.0  # never first: every answer starts with a word (all logits but one tie at 0)
+    assert generation_scores(model, tokenizer, "rotten_tomatoes", 48, 8)["end_of_sequence_first"] == 0.0
