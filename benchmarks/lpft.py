@@ -195,7 +195,7 @@ def floor_gap(units: list[dict]) -> dict:
 
 
 def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_points: float | None) -> list[str]:
-    """The issue's targets for one (task, ε) row of the report: never below the head by more than
+    """The targets for one (task, ε) row of the report: never below the head by more than
     :data:`FLOOR_TOLERANCE`; on a headroom task (≥ ``headroom.HEADROOM_POINTS`` of non-private headroom), the gain
     and the captured share of :data:`HEADROOM_TARGETS`. Each cell reads "holds" or "not met" with its value."""
     def verdict(ok: bool, value: str) -> str:
