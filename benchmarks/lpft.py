@@ -90,10 +90,10 @@ SMOLLM2_CANDIDATES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Base:
-    """A base model the search runs on: its candidates (the private head among them), the flags every unit adds,
-    where its units and report live, and whether it writes ``recommend``'s floor gap (the packaged default only).
-    A base with ``causal_lm`` set is the packaged SmolLM2, built once under the work folder
-    (:func:`ensure_smollm2_base`) and trained as a sequence classifier, LoRA on q/v below its head."""
+    """A base model the search runs on: its candidates (the private head among them), where its units and report
+    live, and whether it writes ``recommend``'s floor gap (the packaged default only). A base with ``causal_lm`` set
+    is the packaged SmolLM2, built once under the work folder (:func:`ensure_smollm2_base`) and trained as a sequence
+    classifier, LoRA on q/v below its head (:func:`arguments` adds those flags)."""
     name: str
     candidates: dict[str, tuple[str, ...]]
     report_dir: Path
