@@ -146,7 +146,7 @@ def generation_scores(model, tokenizer, task: str, max_length: int, samples: int
     with torch.no_grad():
         for chat in chats:
             ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
-            first.append(model(**ids).logits[0, -1].log_softmax(-1))
+            first.append(model(**ids.to(model.device)).logits[0, -1].log_softmax(-1).cpu())
     end = tokenizer.eos_token_id
     return {"n": len(answers),
             "end_of_sequence_first": float(np.mean([int(f.argmax()) == end for f in first])),
