@@ -95,6 +95,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # the chosen candidate's q ≈ 1 (bbc_news: 1600 of 1602 rows) on every task: the expected batch is the task's
     # training split (full-batch DP gradient descent), resolved per task by unit_argv
     "full_batch": ("--per_device_train_batch_size", FULL_BATCH),
+    # the end-of-sequence token after each verbaliser left out of the loss: every merge of two adapters that learned
+    # to end answers answered with the end of the turn first (docs/causal-lm.md, "Ending the answer")
+    "no_answer_end": ("--train_answer_end", "false"),
 }
 """Report-stage variants of the chosen candidate (``--variant``): its flags, then these (later flags win); the unit's
 candidate is ``<candidate>+<variant>``."""

@@ -119,12 +119,22 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
     target.write_text(json.dumps(scores, indent=2) + "\n")
 
 
+def leading_verbaliser(answer: str, verbalisers: list[str]) -> int | None:
+    """The index of the longest verbaliser that ``answer`` begins with as a whole word (``"Trump."``,
+    ``"Trump is"``: Trump; ``"Trumpet"``: none), or None: what a reader takes from an answer that goes on."""
+    fits = [k for k, v in enumerate(verbalisers)
+            if answer.startswith(v) and (len(answer) == len(v) or not answer[len(v)].isalnum())]
+    return max(fits, key=lambda k: len(verbalisers[k]), default=None)
+
+
 def generation_scores(model, tokenizer, task: str, max_length: int, samples: int) -> dict:
     """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
     ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
-    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; and, at the
-    answer's first position (the chat as the pipeline renders it), the share where the end-of-sequence token (the
-    trained end of every answer) is the greedy choice, i.e. the answer is empty, and its mean log-probability."""
+    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; the share
+    where it begins with the gold verbaliser, and with any (:func:`leading_verbaliser`: an adapter trained without
+    the answer's end goes on after it); and, at the answer's first position (the chat as the pipeline renders it),
+    the share where the end-of-sequence token (the trained end of every answer) is the greedy choice, i.e. the
+    answer is empty, and its mean log-probability."""
     import numpy as np
     import torch
     from transformers import pipeline
@@ -148,12 +158,15 @@ def generation_scores(model, tokenizer, task: str, max_length: int, samples: int
             ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
             first.append(model(**ids.to(model.device)).logits[0, -1].log_softmax(-1).cpu())
     end = tokenizer.eos_token_id
+    leading = [leading_verbaliser(a, verbalisers) for a in answers]
     return {"n": len(answers),
             "end_of_sequence_first": float(np.mean([int(f.argmax()) == end for f in first])),
             "end_of_sequence_first_logprob": float(np.mean([float(f[end]) for f in first])),
             "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in zip(answers, ranked)])),
             "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in zip(answers, test["label"])])),
             "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
+            "generation_begins_with_gold": float(np.mean([k == y for k, y in zip(leading, test["label"])])),
+            "generation_begins_with_a_verbaliser": float(np.mean([k is not None for k in leading])),
             "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
 
 

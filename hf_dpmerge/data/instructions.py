@@ -122,11 +122,16 @@ class InstructionEncoder:
 
 
 def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128,
-                          keep_columns: tuple[str, ...] = ()):
+                          keep_columns: tuple[str, ...] = (), train_answer_end: bool = True):
     """Training rows (``input_ids``, ``attention_mask``, ``labels``) of every split of ``dsd``: prompt + the
     gold label's response, ``labels`` -100 on the prompt. Other columns except ``keep_columns`` are dropped.
-    Pad per batch with ``DataCollatorForSeq2Seq`` (labels padded with -100)."""
+    Pad per batch with ``DataCollatorForSeq2Seq`` (labels padded with -100).
+
+    ``train_answer_end=False`` also labels the response's end-of-sequence token -100 (it stays in the input): the
+    loss is the verbaliser's alone, so the adapter never learns to end an answer, which every task's adapter would
+    otherwise push alike (docs/causal-lm.md, "Ending the answer")."""
     encoder = InstructionEncoder(spec, tokenizer, max_length)
+    untrained_end = not train_answer_end and tokenizer.eos_token_id is not None
 
     def encode(batch: dict) -> dict:
         rows = {"input_ids": [], "attention_mask": [], "labels": []}
@@ -135,7 +140,8 @@ def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBas
             response = encoder.responses[label]
             rows["input_ids"].append(prompt + response)
             rows["attention_mask"].append([1] * (len(prompt) + len(response)))
-            rows["labels"].append([IGNORE_INDEX] * len(prompt) + response)
+            labels = response[:-1] + [IGNORE_INDEX] if untrained_end else response
+            rows["labels"].append([IGNORE_INDEX] * len(prompt) + labels)
         return rows
 
     return dsd.map(encode, batched=True, remove_columns=dropped_columns(dsd, spec, keep_columns),

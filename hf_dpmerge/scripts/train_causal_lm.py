@@ -90,6 +90,9 @@ class CausalScriptArguments(LoraArguments):
     eval_batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
     lora_target_modules: str = field(default="q_proj,v_proj", metadata={"help": "Comma-separated modules given LoRA."})
+    train_answer_end: bool = field(default=True, metadata={
+        "help": "Train the end-of-sequence token after each verbaliser; false leaves it out of the loss, so the "
+                "adapter does not learn to end answers (docs/causal-lm.md, 'Ending the answer')."})
 
     def model_source(self) -> str:
         """The base to load (``--model_name_or_path``, else the packaged GGUF), refused if it is missing."""
@@ -142,7 +145,8 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
             raise ValueError(f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
                              f"{splits['train'].column_names})")
         train = tokenize_instructions(splits["train"], spec, tokenizer, script.max_length,
-                                      keep_columns=(unit,) if unit is not None else ())
+                                      keep_columns=(unit,) if unit is not None else (),
+                                      train_answer_end=script.train_answer_end)
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_causal_lm(base_dir.resolve(), **script.lora_options())
     out = Path(script.runs_dir) / task
@@ -158,6 +162,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
     record.task = task
     record.extra.update(model_kind=CAUSAL_LM, label_names=list(spec.label_names),
                         verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
+                        train_answer_end=script.train_answer_end,
                         base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
     record.save(adapter_dir)
     score = task_score(trainer.model.eval(), tokenizer, spec, splits[script.eval_split], script.max_length,

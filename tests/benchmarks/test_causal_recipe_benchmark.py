@@ -56,6 +56,14 @@ def test_the_full_batch_variant_draws_every_training_row_in_every_step():
         assert getattr(full, field) == getattr(plain, field)
 
 
+def test_the_no_answer_end_variant_leaves_the_end_of_sequence_out_of_the_loss_and_nothing_else():
+    chosen = "b1600_t12_lr1e-2"
+    (plain_script, plain), (script, variant) = parsed(chosen, "test"), parsed(f"{chosen}+no_answer_end", "test")
+    assert plain_script.train_answer_end and not script.train_answer_end
+    assert variant.to_dict() == plain.to_dict()
+    assert {**vars(script), "train_answer_end": True} == vars(plain_script)
+
+
 def unit(candidate, score, task="bbc_news", split="validation", epsilon=8.0, seed=0):
     return {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed, "score": score,
             "seconds": 600.0, "noise_multiplier": 1.0, "sample_rate": 0.1}
@@ -128,6 +136,15 @@ def test_the_report_lists_each_kept_adapters_stock_generation(tmp_path: Path, mo
     assert "| bbc_news-b1600_t12_lr1e-2-test-eps8-seed0 | 200 | 25% | 20% | 50% | 'sports', '' |" in text
 
 
+@pytest.mark.parametrize(("answer", "leading"), [
+    ("crude oil", 1), ("crude oil.", 1), ("crude oil prices", 1), ("crude", 0), ("crude, then", 0),
+    ("crudeness", None), ("", None), ("grain", 2), ("Grain", None)])
+def test_the_leading_verbaliser_is_the_longest_whole_word_prefix(answer, leading):
+    from benchmarks.causal_runs import leading_verbaliser
+
+    assert leading_verbaliser(answer, ["crude", "crude oil", "grain"]) == leading
+
+
 def test_generation_scores_count_an_answer_that_ends_at_once_as_empty():
     """A model whose first greedy token is always the end of sequence answers with empty strings; the stored share
     and mean log-probability of that token at the answer's first position say so (here: a bias on its logit)."""
@@ -153,6 +170,7 @@ def test_generation_scores_count_an_answer_that_ends_at_once_as_empty():
     assert scores["n"] == 8 and scores["end_of_sequence_first"] == 1.0
     assert scores["end_of_sequence_first_logprob"] == pytest.approx(5.0 - math.log(math.exp(5.0) + vocabulary - 1))
     assert scores["generation_is_a_verbaliser"] == 0.0 and {e["answer"] for e in scores["examples"]} == {""}
+    assert scores["generation_begins_with_a_verbaliser"] == scores["generation_begins_with_gold"] == 0.0
     with torch.no_grad():
         ends.bias[end] = -5.0  # never first: every answer starts with a word (all logits but one tie at 0)
     assert generation_scores(model, tokenizer, "rotten_tomatoes", 48, 8)["end_of_sequence_first"] == 0.0

@@ -125,18 +125,19 @@ def test_the_last_token_is_the_stock_decoders_and_needs_a_pad_token_for_padded_r
         last_token_index(ids, pad_token_id=None)
 
 
-@pytest.fixture
-def llama_rows(tmp_path):
+def instruction_rows(tmp_path, train_answer_end: bool = True):
     base = save_tiny_llama(tmp_path / "base")
     tokenizer = AutoTokenizer.from_pretrained(base)
-    rows = tokenize_instructions(reviews(), get_task_spec("rotten_tomatoes"), tokenizer, max_length=40)
+    rows = tokenize_instructions(reviews(), get_task_spec("rotten_tomatoes"), tokenizer, max_length=40,
+                                 train_answer_end=train_answer_end)
     return base, rows, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
 
 
-@pytest.mark.parametrize("sam_mode", ["none", "per_example"])
-def test_causal_cached_run_ends_at_the_full_runs_weights(tmp_path, llama_rows, sam_mode):
-    """LM loss on the answer tokens; the LM head at the answer positions only (every position per_example)."""
-    base, rows, collator = llama_rows
+@pytest.mark.parametrize(("sam_mode", "train_answer_end"), [("none", True), ("per_example", True), ("none", False)])
+def test_causal_cached_run_ends_at_the_full_runs_weights(tmp_path, sam_mode, train_answer_end):
+    """LM loss on the answer tokens; the LM head at the answer positions only (every position per_example), the
+    verbaliser's alone when the answer's end is left out of the loss."""
+    base, rows, collator = instruction_rows(tmp_path, train_answer_end)
 
     def top_layer_lm():
         torch.manual_seed(0)  # the same LoRA A draw in both runs

@@ -27,10 +27,10 @@ def reviews(copies: int = 5) -> Dataset:
     return Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(len(texts))]})
 
 
-def causal_trainer(tmp_path, base, **overrides):
+def causal_trainer(tmp_path, base, train_answer_end: bool = True, **overrides):
     """A trainer of LoRA on the tiny Llama over instruction rows; noise-free (σ silenced) unless told otherwise."""
     tokenizer = AutoTokenizer.from_pretrained(base)
-    rows = tokenize_instructions(reviews(), SPEC, tokenizer, max_length=40)
+    rows = tokenize_instructions(reviews(), SPEC, tokenizer, max_length=40, train_answer_end=train_answer_end)
     model = lora_causal_lm(base, r=4, alpha=8, target_modules=["q_proj", "v_proj"])
     settings = {"sam_mode": "none", "noise_multiplier": 0.0, "physical_batch_size": 3, **overrides}
     trainer = make_trainer(tmp_path, model=model, dataset=rows, **settings)
@@ -38,13 +38,14 @@ def causal_trainer(tmp_path, base, **overrides):
     return trainer, rows
 
 
-def response_only_loss(model, row) -> torch.Tensor:
-    """−mean log p(response tokens | everything before), from the row's ids and its prompt length alone."""
+def response_only_loss(model, row, response_length: int = 2, trained: int = 2) -> torch.Tensor:
+    """−mean log p(the first ``trained`` response tokens | everything before), from the row's ids and the
+    response's length alone (the tiny tokenizer's verbalisers are one token, then the end of sequence)."""
     ids = torch.tensor([row["input_ids"]])
-    prompt = sum(label == IGNORE_INDEX for label in row["labels"])
+    prompt = len(row["input_ids"]) - response_length
     logits = model(input_ids=ids).logits[0]
-    log_probs = torch.log_softmax(logits[prompt - 1:-1], dim=-1)
-    return -log_probs.gather(1, ids[0, prompt:, None]).mean()
+    log_probs = torch.log_softmax(logits[prompt - 1:prompt - 1 + trained], dim=-1)
+    return -log_probs.gather(1, ids[0, prompt:prompt + trained, None]).mean()
 
 
 def test_rows_are_prompt_then_response_with_the_prompt_masked(tiny_base):
@@ -59,6 +60,28 @@ def test_rows_are_prompt_then_response_with_the_prompt_masked(tiny_base):
         assert row["input_ids"][prompt:] == response
         assert len(row["input_ids"]) <= 30
     assert len(rows[0]["input_ids"]) == 30  # the long review was cut to fit, the answer kept
+
+
+def test_an_untrained_answer_end_stays_in_the_input_out_of_the_loss(tiny_base):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_base)
+    trained = tokenize_instructions(reviews(1), SPEC, tokenizer, max_length=40)
+    untrained = tokenize_instructions(reviews(1), SPEC, tokenizer, max_length=40, train_answer_end=False)
+    for row, plain in zip(untrained, trained):
+        assert row["input_ids"] == plain["input_ids"] and row["input_ids"][-1] == tokenizer.eos_token_id
+        assert row["labels"] == plain["labels"][:-1] + [IGNORE_INDEX]
+        assert row["labels"][-2] == plain["labels"][-2] != IGNORE_INDEX  # the verbaliser is still trained
+
+
+def test_without_the_answer_end_the_gradient_is_the_verbalisers_loss(tmp_path, tiny_base):
+    trainer, rows = causal_trainer(tmp_path, tiny_base, train_answer_end=False, per_sample_max_grad_norm=1e6)
+    model = trainer.model
+    model.train()
+    chosen = [0, 1, 2, 3]
+    released, _ = trainer._query(model, trainer._prepare_inputs(trainer.data_collator([rows[i] for i in chosen])))
+    verbaliser = torch.autograd.grad(sum(response_only_loss(model, rows[i], trained=1) for i in chosen),
+                                     trainer._params)
+    for got, expected in zip(released, verbaliser):
+        torch.testing.assert_close(got, expected / trainer.expected_batch_size, rtol=1e-4, atol=1e-9)
 
 
 def test_gradient_is_the_response_loss_only(tmp_path, tiny_base):

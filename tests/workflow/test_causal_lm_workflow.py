@@ -71,6 +71,7 @@ def test_each_release_records_the_accountants_epsilon(project):
         for _ in range(record.steps):
             accountant.step(noise_multiplier=record.effective_noise_multiplier, sample_rate=record.sample_rate)
         assert record.steps == 3 and record.task == task and record.extra["model_kind"] == "causal_lm"
+        assert record.extra["train_answer_end"] is True  # the default: the adapter learns to end its answer
         assert record.epsilon == pytest.approx(accountant.get_epsilon(delta=record.delta), rel=1e-9)
         assert 0 < record.epsilon <= 8.0 and record.sample_rate == pytest.approx(16 / record.num_samples)
         metrics = json.loads((project / "runs_causal" / task / "eval_metrics.json").read_text())

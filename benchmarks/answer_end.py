@@ -1,0 +1,183 @@
+"""Ending the answer: do merged SmolLM2 adapters answer through stock generation once they never learnt to end it?
+
+Every merge of the seed-0 DP-SGD pair (``benchmarks.causal_merge``) answered with an empty string: its first greedy
+token is the end of the turn, which each adapter learnt to put after its verbaliser and pushes, outside its own
+task, at the answer's first position too (docs/causal-lm.md). This trains the same pair with that token left out
+of the loss (``benchmarks.causal_recipe --variant no_answer_end``: ``--train_answer_end false``, nothing else
+changed) and scores, per unit, on the rows ``benchmarks.causal_merge`` scores (each task's seeded stratified test
+subset of ``--max-eval-samples``):
+
+- verbaliser-scoring accuracy (:func:`benchmarks.causal_merge.scores`);
+- stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal_runs.GENERATION_SAMPLES` stratified
+  test examples (:func:`benchmarks.causal_runs.generation_scores`).
+
+Units: ``individual`` (each adapter alone on its task, stock ``peft`` ``merge_and_unload``) and one per merge method
+(the packaged causal config, λ = 1, as ``benchmarks.causal_merge`` merges it). Stored as JSON under
+``benchmarks/reports/causal-recipe/answer-end/units`` (a killed run resumes); ``ANSWER_END.md`` sets them beside the
+stored units of the pair that learnt the answer's end (``merge-units/dp_sgd-seed<s>-*``, ``generation_*.json``).
+
+    python -m benchmarks.causal_recipe --stage report --tasks bbc_news,election_tweets --variant no_answer_end \\
+        --work-dir WORK --keep-adapters KEPT
+    python -m benchmarks.answer_end --kept KEPT --base WORK/runs_causal/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from hf_dpmerge.utils.io import write_text_atomic
+
+from . import causal_merge, causal_recipe, merge_comparison
+from .causal_runs import GENERATION_SAMPLES, generation_scores
+from .markdown import table as markdown_table
+from .quality.run import run_merge
+
+REPORT_DIR = causal_merge.REPORT_DIR / "answer-end"
+VARIANT = f"{causal_merge.CANDIDATE}+no_answer_end"
+INDIVIDUAL = causal_merge.INDIVIDUAL
+# what the pair that learnt the answer's end stored: each merge's stock generation (benchmarks.causal_runs
+# --score_generation of the seed-0 DP-SGD merges) and each adapter alone (benchmarks.causal_recipe --stage generation)
+LEARNT_GENERATION = {"task_arithmetic": "generation_task_arithmetic.json", "ties": "generation_ties.json",
+                     "dp_aware": "generation_dp.json", "cauchy_poe": "generation_cauchy_poe.json"}
+
+
+def kept_run(kept: Path, task: str, seed: int) -> Path:
+    """The kept no-answer-end run folder of ``task`` (``adapter/`` inside)."""
+    return kept / causal_recipe.unit_name(task, VARIANT, "test", causal_merge.EPSILON, seed) / task
+
+
+def generation(model, runs: Path, tasks: list[str]) -> dict:
+    """:func:`generation_scores` of ``model`` on each task (the tokenizer and ``max_length`` of its run)."""
+    from transformers import AutoTokenizer
+
+    from hf_dpmerge.analysis.runs_layout import task_runs
+
+    tokenizer = AutoTokenizer.from_pretrained(runs / "base")
+    return {run.task: generation_scores(model, tokenizer, run.task, run.max_length, GENERATION_SAMPLES)
+            for run in task_runs(runs, tasks)}
+
+
+def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, work_dir: Path, max_eval_samples: int,
+             path: Path) -> dict:
+    """Score one unit (``what``: ``individual`` or a merge method) by verbaliser likelihood and stock generation,
+    store it at ``path``."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    start = time.perf_counter()
+    cell = work_dir / f"no_answer_end-seed{seed}"
+    runs = merge_comparison.stage_runs(cell / "runs_causal", base, {t: kept_run(kept, t, seed) for t in tasks})
+    result: dict = {"seed": seed, "what": what, "tasks": tasks, "max_eval_samples": max_eval_samples}
+    if what == INDIVIDUAL:
+        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
+        result["generation"] = {}
+        for task in tasks:
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(runs / "base", dtype=torch.float32),
+                                              runs / task / "adapter").merge_and_unload().eval()
+            result["generation"] |= generation(model, runs, [task])
+            del model
+            gc.collect()
+    else:
+        config = causal_merge.merge_config(what, runs, tasks)
+        merged = cell / "merged" / what
+        run_merge(config, cell / f"{what}.yaml", merged, cell / "lora_cache")
+        result |= {"merge_parameters": config.get("parameters"),
+                   "scores": causal_merge.scores(runs, tasks, max_eval_samples, merged)}
+        model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+        result["generation"] = generation(model, runs, tasks)
+        del model
+        gc.collect()
+        shutil.rmtree(merged, ignore_errors=True)
+    result["seconds"] = time.perf_counter() - start
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
+    """The stored verbaliser scores and generation of the seed's DP-SGD pair that learnt the answer's end."""
+    scores = causal_merge.REPORT_DIR / "merge-units" / f"{causal_merge.unit_name('dp_sgd', seed, what)}.json"
+    if what == INDIVIDUAL:
+        names = [causal_recipe.unit_name(t, causal_merge.CANDIDATE, "test", causal_merge.EPSILON, seed)
+                 for t in causal_merge.TASKS]
+        alone = [causal_recipe.GENERATION_DIR / f"{name}.json" for name in names]
+        produced = {json.loads(p.read_text())["task"]: json.loads(p.read_text()) for p in alone if p.exists()}
+    else:
+        file = causal_merge.REPORT_DIR / LEARNT_GENERATION[what]
+        produced = json.loads(file.read_text()) if seed == 0 and file.exists() else None
+    return (json.loads(scores.read_text())["scores"] if scores.exists() else None), (produced or None)
+
+
+def _cells(scores: dict | None, produced: dict | None, task: str) -> list[str]:
+    row = (produced or {}).get(task) or {}
+    shares = [f"{100 * row[key]:.0f}" if key in row else "—" for key in (
+        "end_of_sequence_first", "generation_is_a_verbaliser", "generation_begins_with_a_verbaliser",
+        "generation_begins_with_gold")]
+    return ["—" if scores is None or task not in scores else f"{100 * scores[task]['accuracy']:.1f}", *shares]
+
+
+def write_report(units: list[dict], path: Path) -> str:
+    rows = []
+    for unit in sorted(units, key=lambda u: (u["seed"], u["what"] != INDIVIDUAL, u["what"])):
+        learnt_scores, learnt_generation = _learnt(unit["what"], unit["seed"])
+        for task in unit["tasks"]:
+            for label, scores, produced in (("learnt (stored)", learnt_scores, learnt_generation),
+                                            ("left out", unit["scores"], unit["generation"])):
+                rows.append([unit["what"], str(unit["seed"]), task, label, *_cells(scores, produced, task)])
+    text = ["# Ending the answer: merged SmolLM2 adapters through stock generation", "",
+            f"Generated by `python -m benchmarks.answer_end` from {len(units)} stored units (protocol: the module "
+            "docstring). The adapters: the causal recipe's chosen candidate "
+            f"(`{causal_merge.CANDIDATE}`, plain DP-SGD, ε = 8) with the answer's end learnt (stored units of "
+            "`benchmarks.causal_merge`) or left out of the loss (`--train_answer_end false`). Merges: the packaged "
+            "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %. "
+            f"Generation: greedy stock `pipeline(\"text-generation\")` on {GENERATION_SAMPLES} stratified test "
+            "examples per task, % of answers; \"begins with\" counts an answer that goes on after a whole-word "
+            "verbaliser (\"Trump.\").", "",
+            markdown_table(["model", "seed", "task", "answer's end", "accuracy", "end of sequence first",
+                            "answer is a verbaliser", "begins with a verbaliser", "begins with the gold one"], rows),
+            ""]
+    write_text_atomic(path, "\n".join(text))
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.answer_end", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kept", type=Path, required=True, help="benchmarks.causal_recipe's --keep-adapters folder")
+    parser.add_argument("--base", type=Path, required=True, help="the base the kept adapters trained on")
+    parser.add_argument("--tasks", default=",".join(causal_merge.TASKS))
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--methods", default=",".join(merge_comparison.METHODS), help="a subset of the merge methods")
+    parser.add_argument("--max-eval-samples", type=int, default=500,
+                        help="each task's stratified test subset (as benchmarks.causal_merge scores it)")
+    parser.add_argument("--work-dir", type=Path, default=causal_recipe.REPO / "runs_causal" / "answer-end-work")
+    parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    if unknown := sorted(set(methods) - set(merge_comparison.METHODS)):
+        parser.error(f"--methods: unknown {unknown}; the methods are {list(merge_comparison.METHODS)}")
+    if not args.report_only:
+        for seed in map(int, args.seeds.split(",")):
+            missing = [t for t in tasks if not (kept_run(args.kept, t, seed) / "adapter").is_dir()]
+            if missing:
+                parser.error(f"--kept {args.kept}: no kept no-answer-end adapter of seed {seed} on {missing}")
+            for what in (INDIVIDUAL, *methods):
+                path = args.units_dir / f"no_answer_end-seed{seed}-{what}.json"
+                if not path.exists():
+                    print(f"[answer_end] {path.stem}", file=sys.stderr, flush=True)
+                    run_unit(args.kept, args.base, tasks, seed, what, args.work_dir.resolve(), args.max_eval_samples,
+                             path)
+    units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
+    print(write_report(units, REPORT_DIR / "ANSWER_END.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
