@@ -128,8 +128,8 @@ def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBas
     Pad per batch with ``DataCollatorForSeq2Seq`` (labels padded with -100).
 
     ``train_answer_end=False`` also labels the response's end-of-sequence token -100 (it stays in the input): the
-    loss is the verbaliser's alone, so the adapter never learns to end an answer, which every task's adapter would
-    otherwise push alike (docs/causal-lm.md, "Ending the answer")."""
+    loss is the verbaliser's alone, so the adapter never learns to end an answer. Measured on SmolLM2, such an
+    adapter's generated answers run on into further verbalisers (docs/causal-lm.md, "Ending the answer")."""
     encoder = InstructionEncoder(spec, tokenizer, max_length)
     untrained_end = not train_answer_end and tokenizer.eos_token_id is not None
 

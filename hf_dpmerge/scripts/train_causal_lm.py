@@ -91,8 +91,8 @@ class CausalScriptArguments(LoraArguments):
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})
     lora_target_modules: str = field(default="q_proj,v_proj", metadata={"help": "Comma-separated modules given LoRA."})
     train_answer_end: bool = field(default=True, metadata={
-        "help": "Train the end-of-sequence token after each verbaliser; false leaves it out of the loss, so the "
-                "adapter does not learn to end answers (docs/causal-lm.md, 'Ending the answer')."})
+        "help": "Train the end-of-sequence token after each verbaliser; false leaves it out of the loss: the adapter "
+                "then never learns to stop, and generated answers run on (docs/causal-lm.md, 'Ending the answer')."})
 
     def model_source(self) -> str:
         """The base to load (``--model_name_or_path``, else the packaged GGUF), refused if it is missing."""
