@@ -269,8 +269,9 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
             text += ["## Targets", "",
                      f"Per row of the report: the mean gain over the private head against −{FLOOR_TOLERANCE:g} "
                      "points (every task, every ε); the task's non-private headroom (`benchmarks/reports/headroom/"
-                     "HEADROOM.md`, LoRA top 2 (the budget) − head, test points, its own seeds) and the share of it "
-                     f"the mean gain captures; on headroom tasks (≥ {headroom.HEADROOM_POINTS:g} points) the gain targets: "
+                     "HEADROOM.md`, LoRA top 2 (the budget) − head, test points, its own seeds) and the share of "
+                     f"it the mean gain captures; on headroom tasks (≥ {headroom.HEADROOM_POINTS:g} points) the gain "
+                     "targets: "
                      + "; ".join(f"ε = {e:g}: ≥ +{g:g}" + (" and Holm-significant" if e == EPSILON else "")
                                  + (f" and ≥ {100 * sh:.0f} % of the headroom" if sh is not None else "")
                                  for e, (g, sh) in HEADROOM_TARGETS.items())
