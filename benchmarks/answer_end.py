@@ -135,7 +135,9 @@ def write_report(units: list[dict], path: Path) -> str:
             "docstring). The adapters: the causal recipe's chosen candidate "
             f"(`{causal_merge.CANDIDATE}`, plain DP-SGD, ε = 8) with the answer's end learnt (stored units of "
             "`benchmarks.causal_merge`) or left out of the loss (`--train_answer_end false`). Merges: the packaged "
-            "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %. "
+            "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %; it "
+            "sums every response token's log-probability, the end of sequence included, which the \"left out\" "
+            "adapters never learnt, so their accuracies carry an untrained term (docs/causal-lm.md). "
             f"Generation: greedy stock `pipeline(\"text-generation\")` on {GENERATION_SAMPLES} stratified test "
             "examples per task, % of answers; \"begins with\" counts an answer that goes on after a whole-word "
             "verbaliser (\"Trump.\").", "",
