@@ -53,7 +53,8 @@ def kept_run(kept: Path, task: str, seed: int) -> Path:
 
 
 def generation(model, runs: Path, tasks: list[str]) -> dict:
-    """:func:`generation_scores` of ``model`` on each task (the tokenizer and ``max_length`` of its run)."""
+    """:func:`generation_scores` of the merged ``model`` on each task (the tokenizer and ``max_length`` of its
+    run)."""
     from transformers import AutoTokenizer
 
     from hf_dpmerge.analysis.runs_layout import task_runs
@@ -68,7 +69,6 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
     """Score one unit (``what``: ``individual`` or a merge method) by verbaliser likelihood and stock generation,
     store it at ``path``."""
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
@@ -77,13 +77,9 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
     result: dict = {"seed": seed, "what": what, "tasks": tasks, "max_eval_samples": max_eval_samples}
     if what == INDIVIDUAL:
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
-        result["generation"] = {}
-        for task in tasks:
-            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(runs / "base", dtype=torch.float32),
-                                              runs / task / "adapter").merge_and_unload().eval()
-            result["generation"] |= generation(model, runs, [task])
-            del model
-            gc.collect()
+        # each adapter alone as the recipe benchmark's generation stage asks it (stock peft merge_and_unload)
+        result["generation"] = {t: causal_recipe.score_kept_generation(cell, kept_run(kept, t, seed).parent)
+                                for t in tasks}
     else:
         config = causal_merge.merge_config(what, runs, tasks)
         merged = cell / "merged" / what
