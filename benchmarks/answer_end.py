@@ -7,17 +7,24 @@ of the loss (``benchmarks.causal_recipe --variant no_answer_end``: ``--train_ans
 changed) and scores, per unit, on the rows ``benchmarks.causal_merge`` scores (each task's seeded stratified test
 subset of ``--max-eval-samples``):
 
-- verbaliser-scoring accuracy (:func:`benchmarks.causal_merge.scores`);
+- verbaliser-scoring accuracy (:func:`benchmarks.causal_merge.scores`) as ``hf-dpmerge evaluate`` scores these
+  adapters: their records say ``train_answer_end`` false, so the verbaliser's tokens alone, the end they never
+  learnt left out;
 - stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal_runs.GENERATION_SAMPLES` stratified
   test examples (:func:`benchmarks.causal_runs.generation_scores`).
 
-Units: ``individual`` (each adapter alone on its task, stock ``peft`` ``merge_and_unload``) and one per merge method
-(the packaged causal config, λ = 1, as ``benchmarks.causal_merge`` merges it). Stored as JSON under
+Units: ``zero_shot`` (the base, scored the same way: the floor of this scoring), ``individual`` (each adapter alone
+on its task, stock ``peft`` ``merge_and_unload``), one per merge method (the packaged causal config, λ = 1, as
+``benchmarks.causal_merge`` merges it) and, where the variant's non-private adapters are kept (the report stage
+with ``--epsilon inf``), ``non_private`` (each alone on its task, verbaliser scoring only: the DP adapter's share of
+its gain). Stored as JSON under
 ``benchmarks/reports/causal-recipe/answer-end/units`` (a killed run resumes); ``ANSWER_END.md`` sets them beside the
 stored units of the pair that learnt the answer's end (``merge-units/dp_sgd-seed<s>-*``, ``generation_*.json``).
 
     python -m benchmarks.causal_recipe --stage report --tasks bbc_news,election_tweets --variant no_answer_end \\
         --work-dir WORK --keep-adapters KEPT
+    python -m benchmarks.causal_recipe --stage report --tasks bbc_news --variant no_answer_end --epsilon inf \\
+        --work-dir WORK_NP --keep-adapters KEPT        # optional: the non-private twin
     python -m benchmarks.answer_end --kept KEPT --base WORK/runs_causal/base
 """
 
@@ -26,30 +33,32 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shutil
+import math
 import sys
 import time
 from pathlib import Path
 
+from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.utils.io import write_text_atomic
 
 from . import causal_merge, causal_recipe, merge_comparison
 from .causal_runs import GENERATION_SAMPLES, generation_scores
 from .markdown import table as markdown_table
-from .quality.run import run_merge
 
 REPORT_DIR = causal_merge.REPORT_DIR / "answer-end"
 VARIANT = f"{causal_merge.CANDIDATE}+no_answer_end"
 INDIVIDUAL = causal_merge.INDIVIDUAL
+ZERO_SHOT = causal_merge.ZERO_SHOT
+NON_PRIVATE = "non_private"
 # what the pair that learnt the answer's end stored: each merge's stock generation (benchmarks.causal_runs
 # --score_generation of the seed-0 DP-SGD merges) and each adapter alone (benchmarks.causal_recipe --stage generation)
 LEARNT_GENERATION = {"task_arithmetic": "generation_task_arithmetic.json", "ties": "generation_ties.json",
                      "dp_aware": "generation_dp.json", "cauchy_poe": "generation_cauchy_poe.json"}
 
 
-def kept_run(kept: Path, task: str, seed: int) -> Path:
-    """The kept no-answer-end run folder of ``task`` (``adapter/`` inside)."""
-    return kept / causal_recipe.unit_name(task, VARIANT, "test", causal_merge.EPSILON, seed) / task
+def kept_run(kept: Path, task: str, seed: int, epsilon: float = causal_merge.EPSILON) -> Path:
+    """The kept no-answer-end run folder of ``task`` (``adapter/`` inside; ε = inf: its non-private twin)."""
+    return kept / causal_recipe.unit_name(task, VARIANT, "test", epsilon, seed) / task
 
 
 def generation(model, runs: Path, tasks: list[str]) -> dict:
@@ -57,49 +66,55 @@ def generation(model, runs: Path, tasks: list[str]) -> dict:
     run)."""
     from transformers import AutoTokenizer
 
-    from hf_dpmerge.analysis.runs_layout import task_runs
-
     tokenizer = AutoTokenizer.from_pretrained(runs / "base")
-    return {run.task: generation_scores(model, tokenizer, run.task, run.max_length, GENERATION_SAMPLES)
-            for run in task_runs(runs, tasks)}
+    return {run.task: generation_scores(model, tokenizer, run.task, run.max_length, GENERATION_SAMPLES,
+                                        run.record.answer_end_trained) for run in task_runs(runs, tasks)}
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, work_dir: Path, max_eval_samples: int,
              path: Path) -> dict:
-    """Score one unit (``what``: ``individual`` or a merge method) by verbaliser likelihood and stock generation,
-    store it at ``path``."""
+    """Score one unit (``what``: ``zero_shot``, ``individual`` or a merge method) by verbaliser likelihood and, but
+    the zero-shot base, stock generation; store it at ``path``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
     cell = work_dir / f"no_answer_end-seed{seed}"
-    runs = merge_comparison.stage_runs(cell / "runs_causal", base, {t: kept_run(kept, t, seed) for t in tasks})
-    result: dict = {"seed": seed, "what": what, "tasks": tasks, "max_eval_samples": max_eval_samples}
-    if what == INDIVIDUAL:
+    epsilon = math.inf if what == NON_PRIVATE else causal_merge.EPSILON
+    runs = merge_comparison.stage_runs(cell / ("runs_nonprivate" if what == NON_PRIVATE else "runs_causal"), base,
+                                       {t: kept_run(kept, t, seed, epsilon) for t in tasks})
+    result: dict = {"seed": seed, "what": what, "tasks": tasks, "max_eval_samples": max_eval_samples,
+                    "answer_end_scored": {run.task: run.record.answer_end_trained for run in task_runs(runs, tasks)}}
+    if what == ZERO_SHOT:
+        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples, runs / "base")
+    elif what == NON_PRIVATE:
+        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
+    elif what == INDIVIDUAL:
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
         # each adapter alone as the recipe benchmark's generation stage asks it (stock peft merge_and_unload)
         result["generation"] = {t: causal_recipe.score_kept_generation(cell, kept_run(kept, t, seed).parent)
                                 for t in tasks}
     else:
-        config = causal_merge.merge_config(what, runs, tasks)
-        merged = cell / "merged" / what
-        run_merge(config, cell / f"{what}.yaml", merged, cell / "lora_cache")
-        result |= {"merge_parameters": config.get("parameters"),
-                   "scores": causal_merge.scores(runs, tasks, max_eval_samples, merged)}
-        model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
-        result["generation"] = generation(model, runs, tasks)
-        del model
-        gc.collect()
-        shutil.rmtree(merged, ignore_errors=True)
+        with causal_merge.merged_by(what, runs, tasks, cell) as (merged, parameters):
+            result |= {"merge_parameters": parameters,
+                       "scores": causal_merge.scores(runs, tasks, max_eval_samples, merged)}
+            model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+            result["generation"] = generation(model, runs, tasks)
+            del model
+            gc.collect()
     result["seconds"] = time.perf_counter() - start
     write_text_atomic(path, json.dumps(result, indent=1) + "\n")
     return result
 
 
 def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
-    """The stored verbaliser scores and generation of the seed's DP-SGD pair that learnt the answer's end."""
-    scores = causal_merge.REPORT_DIR / "merge-units" / f"{causal_merge.unit_name('dp_sgd', seed, what)}.json"
-    if what == INDIVIDUAL:
+    """The stored verbaliser scores (the end scored) and generation of the seed's DP-SGD pair that learnt the
+    answer's end."""
+    name = ZERO_SHOT if what == ZERO_SHOT else causal_merge.unit_name("dp_sgd", seed, what)
+    scores = causal_merge.REPORT_DIR / "merge-units" / f"{name}.json"
+    if what == ZERO_SHOT:
+        produced = None
+    elif what == INDIVIDUAL:
         names = [causal_recipe.unit_name(t, causal_merge.CANDIDATE, "test", causal_merge.EPSILON, seed)
                  for t in causal_merge.TASKS]
         alone = [causal_recipe.GENERATION_DIR / f"{name}.json" for name in names]
@@ -110,35 +125,71 @@ def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
     return (json.loads(scores.read_text())["scores"] if scores.exists() else None), (produced or None)
 
 
-def _cells(scores: dict | None, produced: dict | None, task: str) -> list[str]:
+def _accuracy(scores: dict | None, task: str) -> float | None:
+    return None if scores is None or task not in scores else 100 * scores[task]["accuracy"]
+
+
+def _share(accuracy: float | None, floor: float | None, reference: float | None) -> str:
+    """(accuracy − floor) / (reference − floor), or — (undefined when the reference does not beat the floor)."""
+    if accuracy is None or floor is None or reference is None or reference <= floor:
+        return "—"
+    return f"{(accuracy - floor) / (reference - floor):.0%}"
+
+
+def _cells(accuracy: float | None, floor: float | None, individual: float | None, non_private: float | None,
+           produced: dict | None, task: str) -> list[str]:
+    """Accuracy, its gain over the zero-shot base scored the same way, the share of the non-private adapter's gain
+    (an adapter alone), the share of the adapter's own gain kept (a merge), and the generation shares."""
     row = (produced or {}).get(task) or {}
     shares = [f"{100 * row[key]:.0f}" if key in row else "—" for key in (
         "end_of_sequence_first", "generation_is_a_verbaliser", "generation_begins_with_a_verbaliser",
         "generation_begins_with_gold")]
-    return ["—" if scores is None or task not in scores else f"{100 * scores[task]['accuracy']:.1f}", *shares]
+    return ["—" if accuracy is None else f"{accuracy:.1f}",
+            "—" if accuracy is None or floor is None else f"{accuracy - floor:+.1f}",
+            _share(accuracy, floor, non_private), _share(accuracy, floor, individual), *shares]
 
 
 def write_report(units: list[dict], path: Path) -> str:
+    """``ANSWER_END.md``: each stored unit's rows beside the learnt-end pair's, each against the zero-shot base
+    scored as the pair is scored (the end included for the learnt pair, the verbaliser alone for the other)."""
+    left_out = {(u["seed"], u["what"]): u for u in units}
+    order = (ZERO_SHOT, INDIVIDUAL, NON_PRIVATE)
     rows = []
-    for unit in sorted(units, key=lambda u: (u["seed"], u["what"] != INDIVIDUAL, u["what"])):
-        learnt_scores, learnt_generation = _learnt(unit["what"], unit["seed"])
+    for unit in sorted(units, key=lambda u: (u["seed"], order.index(u["what"]) if u["what"] in order else 3,
+                                             u["what"])):
+        seed, what = unit["seed"], unit["what"]
+        floor_unit, individual_unit = left_out.get((seed, ZERO_SHOT)), left_out.get((seed, INDIVIDUAL))
+        private_unit = left_out.get((seed, NON_PRIVATE))
+        arms = [("left out", "verbaliser alone", unit["scores"], unit.get("generation"),
+                 floor_unit and floor_unit["scores"], individual_unit and individual_unit["scores"],
+                 private_unit and private_unit["scores"])]
+        if what != NON_PRIVATE:  # the pair that learnt the end has no non-private twin on these rows
+            learnt_scores, learnt_generation = _learnt(what, seed)
+            arms.insert(0, ("learnt (stored)", "with the end", learnt_scores, learnt_generation,
+                            _learnt(ZERO_SHOT, seed)[0], _learnt(INDIVIDUAL, seed)[0], None))
         for task in unit["tasks"]:
-            for label, scores, produced in (("learnt (stored)", learnt_scores, learnt_generation),
-                                            ("left out", unit["scores"], unit["generation"])):
-                rows.append([unit["what"], str(unit["seed"]), task, label, *_cells(scores, produced, task)])
+            for label, scoring, scores, produced, floor, individual, non_private in arms:
+                rows.append([what, str(seed), task, label, scoring, *_cells(
+                    _accuracy(scores, task), _accuracy(floor, task),
+                    _accuracy(individual, task) if what not in order else None,
+                    _accuracy(non_private, task) if what == INDIVIDUAL else None, produced, task)])
     text = ["# Ending the answer: merged SmolLM2 adapters through stock generation", "",
             f"Generated by `python -m benchmarks.answer_end` from {len(units)} stored units (protocol: the module "
             "docstring). The adapters: the causal recipe's chosen candidate "
             f"(`{causal_merge.CANDIDATE}`, plain DP-SGD, ε = 8) with the answer's end learnt (stored units of "
             "`benchmarks.causal_merge`) or left out of the loss (`--train_answer_end false`). Merges: the packaged "
-            "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %; it "
-            "sums every response token's log-probability, the end of sequence included, which the \"left out\" "
-            "adapters never learnt, so their accuracies carry an untrained term (docs/causal-lm.md). "
+            "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %, as "
+            "`hf-dpmerge evaluate` scores each pair: every response token, the end of sequence included, for the "
+            "pair that learnt it; the verbaliser's tokens alone for the pair that did not. Gain: over the zero-shot "
+            "base scored the same way; of the non-private gain: an adapter's gain over its non-private twin's "
+            "(same recipe, `--epsilon inf`, kept by the report stage); kept: a merge's gain over the adapter's own. "
             f"Generation: greedy stock `pipeline(\"text-generation\")` on {GENERATION_SAMPLES} stratified test "
             "examples per task, % of answers; \"begins with\" counts an answer that goes on after a whole-word "
             "verbaliser (\"Trump.\").", "",
-            markdown_table(["model", "seed", "task", "answer's end", "accuracy", "end of sequence first",
-                            "answer is a verbaliser", "begins with a verbaliser", "begins with the gold one"], rows),
+            markdown_table(["model", "seed", "task", "answer's end", "scoring", "accuracy", "gain",
+                            "of the non-private gain", "gain kept",
+                            "end of sequence first", "answer is a verbaliser", "begins with a verbaliser",
+                            "begins with the gold one"], rows),
             ""]
     write_text_atomic(path, "\n".join(text))
     return "\n".join(text)
@@ -166,12 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             missing = [t for t in tasks if not (kept_run(args.kept, t, seed) / "adapter").is_dir()]
             if missing:
                 parser.error(f"--kept {args.kept}: no kept no-answer-end adapter of seed {seed} on {missing}")
-            for what in (INDIVIDUAL, *methods):
+            private = [t for t in tasks if (kept_run(args.kept, t, seed, math.inf) / "adapter").is_dir()]
+            todo = [(what, tasks) for what in (ZERO_SHOT, INDIVIDUAL, *methods)] + (
+                [(NON_PRIVATE, private)] if private else [])
+            for what, unit_tasks in todo:
                 path = args.units_dir / f"no_answer_end-seed{seed}-{what}.json"
                 if not path.exists():
                     print(f"[answer_end] {path.stem}", file=sys.stderr, flush=True)
-                    run_unit(args.kept, args.base, tasks, seed, what, args.work_dir.resolve(), args.max_eval_samples,
-                             path)
+                    run_unit(args.kept, args.base, unit_tasks, seed, what, args.work_dir.resolve(),
+                             args.max_eval_samples, path)
     units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
     print(write_report(units, REPORT_DIR / "ANSWER_END.md"))
     return 0

@@ -29,6 +29,8 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -91,11 +93,25 @@ def scores(runs: Path, tasks: list[str], max_eval_samples: int, model_dir: Path 
         model = shared or PeftModel.from_pretrained(
             AutoModelForCausalLM.from_pretrained(runs / "base", dtype=torch.float32), run.adapter_dir)
         rows = task_rows(run, "test", max_samples=max_eval_samples)
-        result[run.task] = {"accuracy": task_score(model.eval(), tokenizer, run.spec, rows, run.max_length),
+        result[run.task] = {"accuracy": task_score(model.eval(), tokenizer, run.spec, rows, run.max_length,
+                                                   answer_end=run.record.answer_end_trained),
                             "num_examples": len(rows)}
         del model
         gc.collect()
     return result
+
+
+@contextmanager
+def merged_by(method: str, runs: Path, tasks: list[str], cell: Path) -> Iterator[tuple[Path, dict | None]]:
+    """The tasks' adapters merged by ``method``'s packaged causal config (:func:`merge_config`) into
+    ``cell/merged/<method>``, with the merge's parameters; the merged model is deleted on exit."""
+    config = merge_config(method, runs, tasks)
+    merged = cell / "merged" / method
+    run_merge(config, cell / f"{method}.yaml", merged, cell / "lora_cache")
+    try:
+        yield merged, config.get("parameters")
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str | None, seed: int, what: str, work_dir: Path,
@@ -111,12 +127,8 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str | None, seed
     if what in (ZERO_SHOT, INDIVIDUAL):
         result["scores"] = scores(runs, tasks, max_eval_samples, runs / "base" if what == ZERO_SHOT else None)
     else:
-        config = merge_config(what, runs, tasks)
-        merged = cell / "merged" / what
-        run_merge(config, cell / f"{what}.yaml", merged, cell / "lora_cache")
-        result |= {"merge_parameters": config.get("parameters"),
-                   "scores": scores(runs, tasks, max_eval_samples, merged)}
-        shutil.rmtree(merged, ignore_errors=True)
+        with merged_by(what, runs, tasks, cell) as (merged, parameters):
+            result |= {"merge_parameters": parameters, "scores": scores(runs, tasks, max_eval_samples, merged)}
     result["seconds"] = time.perf_counter() - start
     write_text_atomic(path, json.dumps(result, indent=1) + "\n")
     return result

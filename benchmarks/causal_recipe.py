@@ -155,6 +155,8 @@ def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: flo
              prefix_cache_dir: Path, keep: Path | None) -> dict:
     """Train and score one candidate (or score the base for :data:`ZERO_SHOT`); the adapter is deleted afterwards
     unless ``keep`` is given (then moved to ``keep/<unit>/<task>/``)."""
+    from hf_dpmerge.records.record import PrivacyRecord
+
     start = time.perf_counter()
     if candidate == ZERO_SHOT:
         return {"task": task, "candidate": candidate, "split": split, "epsilon": None, "seed": seed,
@@ -164,11 +166,12 @@ def run_unit(work_dir: Path, task: str, candidate: str, split: str, epsilon: flo
     shutil.rmtree(run_dir, ignore_errors=True)  # a killed unit starts again
     run([sys.executable, str(REPO / "examples" / "train_causal_lm.py"), *argv], work_dir, work_dir / "log.txt")
     summary = json.loads((run_dir / "eval_metrics.json").read_text())
-    record = json.loads((run_dir / "adapter" / "dp_privacy.json").read_text())
+    record = PrivacyRecord.load(run_dir / "adapter")
     result = {"task": task, "candidate": candidate, "split": split, "epsilon": epsilon, "seed": seed,
               "score": next(iter(summary[split].values())), "seconds": time.perf_counter() - start,
+              "answer_end_scored": record.answer_end_trained,  # the script scores as hf-dpmerge evaluate does
               "achieved_epsilon": summary["epsilon"], "steps": summary["steps"],
-              "noise_multiplier": record["noise_multiplier"], "sample_rate": record["sample_rate"],
+              "noise_multiplier": record.noise_multiplier, "sample_rate": record.sample_rate,
               "argv": [a.replace(str(prefix_cache_dir), "<prefix_cache>") for a in argv]}
     if keep is not None:
         kept = keep / unit_name(task, candidate, split, epsilon, seed)
@@ -192,9 +195,9 @@ def score_kept_generation(work_dir: Path, kept: Path) -> dict:
     base = work_dir / "runs_causal" / "base"
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
                                       task_dir / "adapter").merge_and_unload().eval()
-    max_length = int(PrivacyRecord.load(task_dir / "adapter").extra["max_length"])
-    scores = generation_scores(model, AutoTokenizer.from_pretrained(base), task_dir.name, max_length,
-                               GENERATION_SAMPLES)
+    record = PrivacyRecord.load(task_dir / "adapter")
+    scores = generation_scores(model, AutoTokenizer.from_pretrained(base), task_dir.name,
+                               int(record.extra["max_length"]), GENERATION_SAMPLES, record.answer_end_trained)
     return {"unit": kept.name, "task": task_dir.name, **scores}
 
 
@@ -206,6 +209,12 @@ def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
               and u["candidate"] != ZERO_SHOT and u["epsilon"] == 8}
     complete = set(CANDIDATES) <= set(scores)
     return (max(scores, key=scores.get) if complete else None), scores
+
+
+def _answer_end_scored(unit: dict) -> bool:
+    """Whether a report unit's score counts the answer's end: units stored before the scoring followed the record
+    (``answer_end_scored`` absent) all counted it."""
+    return unit.get("answer_end_scored", True)
 
 
 def write_report(units: list[dict], path: Path) -> str:
@@ -236,16 +245,23 @@ def write_report(units: list[dict], path: Path) -> str:
             for candidate in sorted(c for t, c, e, s in by if (t, e, s) == (task, epsilon, seed)
                                     and c != ZERO_SHOT):
                 unit = by[(task, candidate, epsilon, seed)]
-                plain = by.get((task, candidate.partition("+")[0], math.inf, seed))  # a variant's: its candidate's
-                share = ("—" if zs is None or plain is None or math.isinf(epsilon) or plain["score"] <= zs
-                         else f"{(unit['score'] - zs) / (plain['score'] - zs):.0%}")
+                # the zero-shot base is scored with the end; a unit scored on the verbaliser alone has no floor here
+                # (benchmarks.answer_end scores one), and a share needs the non-private adapter scored the same way
+                with_end = _answer_end_scored(unit)
+                floor = zs if with_end else None
+                plain = next((p for p in (by.get((task, candidate, math.inf, seed)),
+                                          by.get((task, candidate.partition("+")[0], math.inf, seed)))
+                              if p is not None and _answer_end_scored(p) == with_end), None)
+                share = ("—" if floor is None or plain is None or math.isinf(epsilon) or plain["score"] <= floor
+                         else f"{(unit['score'] - floor) / (plain['score'] - floor):.0%}")
                 rows.append([task + (" (select)" if task == SELECT_TASK else ""),
                              "∞ (non-private)" if math.isinf(epsilon) else f"{epsilon:g}", str(seed), candidate,
-                             "—" if zs is None else f"{100 * zs:.1f}", f"{100 * unit['score']:.1f}",
-                             "—" if zs is None else f"{100 * (unit['score'] - zs):+.1f}", share,
+                             "with the end" if with_end else "verbaliser alone",
+                             "—" if floor is None else f"{100 * floor:.1f}", f"{100 * unit['score']:.1f}",
+                             "—" if floor is None else f"{100 * (unit['score'] - floor):+.1f}", share,
                              f"{unit['seconds'] / 60:.1f}"])
         text += ["## Report (whole test split)", "",
-                 markdown_table(["task", "ε", "seed", "candidate", "zero-shot", "adapter", "gain (points)",
+                 markdown_table(["task", "ε", "seed", "candidate", "scoring", "zero-shot", "adapter", "gain (points)",
                                  "share of the non-private gain", "unit (min)"], rows), ""]
     generation = [json.loads(f.read_text()) for f in sorted(GENERATION_DIR.glob("*.json"))]
     if generation:

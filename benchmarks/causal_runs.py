@@ -113,7 +113,8 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
     for task in tasks:
         record = PrivacyRecord.load(out / "runs_causal" / task / "adapter")
         splits, spec = load_task(task, max_eval_samples=int(max_eval_samples) if max_eval_samples else None)
-        scores[task] = task_score(model, tokenizer, spec, splits["test"], int(record.extra["max_length"]))
+        scores[task] = task_score(model, tokenizer, spec, splits["test"], int(record.extra["max_length"]),
+                                  answer_end=record.answer_end_trained)
     target = out / ("eval_" + merged_name.removeprefix("merged_")) / "merged.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(scores, indent=2) + "\n")
@@ -127,30 +128,32 @@ def leading_verbaliser(answer: str, verbalisers: list[str]) -> int | None:
     return max(fits, key=lambda k: len(verbalisers[k]), default=None)
 
 
-def generation_scores(model, tokenizer, task: str, max_length: int, samples: int) -> dict:
+def generation_scores(model, tokenizer, task: str, max_length: int, samples: int, answer_end: bool = True) -> dict:
     """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
     ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
     the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; the share
     where it begins with the gold verbaliser, and with any (:func:`leading_verbaliser`: an adapter trained without
     the answer's end goes on after it); and, at the answer's first position (the chat as the pipeline renders it),
     the share where the end-of-sequence token (the trained end of every answer) is the greedy choice, i.e. the
-    answer is empty, and its mean log-probability."""
+    answer is empty, and its mean log-probability. ``answer_end``: whether the ranking scores the end after each
+    verbaliser (false for an adapter trained without it)."""
     import numpy as np
     import torch
     from transformers import pipeline
 
-    from hf_dpmerge.data.instructions import instruction_messages, verbaliser_choices
+    from hf_dpmerge.data.instructions import InstructionEncoder, instruction_messages, verbaliser_choices
     from hf_dpmerge.data.load import load_task
     from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
 
     generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
     splits, spec = load_task(task, max_eval_samples=samples)
     test = splits["test"]
-    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length)
+    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length, answer_end=answer_end)
     verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
     ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
     chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
-    outputs = generate(chats, max_new_tokens=max(map(len, responses)), do_sample=False, return_full_text=False)
+    longest_answer = max(map(len, InstructionEncoder(spec, tokenizer, max_length).responses))  # its end included
+    outputs = generate(chats, max_new_tokens=longest_answer, do_sample=False, return_full_text=False)
     answers = [o[0]["generated_text"].strip() for o in outputs]
     first = []
     with torch.no_grad():
@@ -183,8 +186,9 @@ def score_generation(out: Path, merged_name: str, tasks: list[str], samples: int
 
     tokenizer = AutoTokenizer.from_pretrained(out / merged_name)
     model = AutoModelForCausalLM.from_pretrained(out / merged_name, dtype=torch.float32).eval()
-    result = {task: generation_scores(model, tokenizer, task, int(PrivacyRecord.load(
-        out / "runs_causal" / task / "adapter").extra["max_length"]), samples) for task in tasks}
+    records = {task: PrivacyRecord.load(out / "runs_causal" / task / "adapter") for task in tasks}
+    result = {task: generation_scores(model, tokenizer, task, int(record.extra["max_length"]), samples,
+                                      record.answer_end_trained) for task, record in records.items()}
     generation_path(out, merged_name).write_text(json.dumps(result, indent=2) + "\n")
 
 

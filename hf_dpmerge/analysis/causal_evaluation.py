@@ -4,7 +4,9 @@ The runs layout is the one ``examples/train_causal_lm.py`` writes (``<runs>/base
 ``<runs>/<task>/adapter`` LoRA + ``dp_privacy.json``) and the merged model is mergekit's output, a plain causal
 LM. Each model predicts the label whose verbaliser is most likely after the prompt
 (:mod:`hf_dpmerge.modeling.verbaliser_scoring`), scored with the task's primary metric (accuracy for the
-packaged tasks). Per task:
+packaged tasks). A task whose adapter was trained without the answer's end (its record's ``train_answer_end``
+false) has every model scored on the verbaliser's tokens alone, the end of sequence left out, floor and merged
+included (one scoring rule per task). Per task:
 
 - **floor** — the base model zero-shot (the instruct model asked the question, no adapter);
 - **individual** — the base with the task's adapter; **merged** — the merged LM;
@@ -53,17 +55,18 @@ def is_causal_lm_dir(directory: str | os.PathLike) -> bool:
 
 
 def task_predictions(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset, max_length: int,
-                     batch_size: int = 16) -> np.ndarray:
-    """``model``'s label for each row of a loaded split: the one whose verbaliser is most likely after the prompt."""
-    prompts, responses = verbaliser_choices(dataset, spec, tokenizer, max_length)
+                     batch_size: int = 16, answer_end: bool = True) -> np.ndarray:
+    """``model``'s label for each row of a loaded split: the one whose verbaliser is most likely after the prompt
+    (with the end-of-sequence token after it unless ``answer_end`` is false)."""
+    prompts, responses = verbaliser_choices(dataset, spec, tokenizer, max_length, answer_end=answer_end)
     return np.asarray(verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0,
                                              batch_size=batch_size))
 
 
 def task_score(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset, max_length: int,
-               batch_size: int = 16) -> float:
+               batch_size: int = 16, answer_end: bool = True) -> float:
     """The task's primary metric of ``model``'s verbaliser predictions on a loaded split (``label`` column)."""
-    predictions = task_predictions(model, tokenizer, spec, dataset, max_length, batch_size)
+    predictions = task_predictions(model, tokenizer, spec, dataset, max_length, batch_size, answer_end)
     return compute_metrics(spec, predictions, np.asarray(dataset["label"]))[spec.metric]
 
 
@@ -82,6 +85,7 @@ class CausalTaskEvaluation:
     individual: float
     merged: float
     num_examples: int
+    answer_end_scored: bool = True
 
     @property
     def retention(self) -> float:
@@ -127,6 +131,8 @@ class CausalEvaluationReport:
                 "retention": "merged / individual (primary metric; null when individual <= 0)",
                 "gain_retained": "(merged - floor) / (individual - floor) (null when individual <= floor)",
                 "epsilon": "recorded epsilon of the task's adapter (Infinity = non-private)",
+                "answer_end_scored": "whether each response's end-of-sequence token is scored (false where the task's "
+                                     "adapter was trained without it: the verbaliser's tokens alone, for every model)",
             },
         }
 
@@ -148,12 +154,15 @@ class CausalEvaluationReport:
         lines = [header, "-" * len(header)]
         for t in self.tasks:
             eps = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.2f}"
-            lines.append(f"{t.task:<18} {eps:>6} {t.floor:>8.4f} {t.individual:>10.4f} {t.merged:>8.4f} "
+            name = t.task if t.answer_end_scored else f"{t.task} †"
+            lines.append(f"{name:<18} {eps:>6} {t.floor:>8.4f} {t.individual:>10.4f} {t.merged:>8.4f} "
                          f"{cell(t.retention, '.1%'):>9} {cell(t.gain_retained, '.1%'):>9}")
         avg = self.averages()
         lines.append(f"{'average':<18} {'':>6} {cell(avg['floor'], '.4f'):>8} {cell(avg['individual'], '.4f'):>10} "
                      f"{cell(avg['merged'], '.4f'):>8} {cell(avg['retention'], '.1%'):>9} "
                      f"{cell(avg['gain_retained'], '.1%'):>9}")
+        if not all(t.answer_end_scored for t in self.tasks):
+            lines.append("† scored on the verbaliser's tokens alone: its adapter was trained without the answer's end")
         return "\n".join(lines)
 
 
@@ -191,7 +200,7 @@ def evaluate_causal_runs(
         model.to(device).eval()
         for run in runs if only is None else [only]:
             scores[run.name][kind] = task_score(model, tokenizer, run.spec, splits[run.name], run.max_length,
-                                                batch_size)
+                                                batch_size, answer_end=run.record.answer_end_trained)
 
     score_all("floor", AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32))
     score_all("merged", AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32))
@@ -203,9 +212,11 @@ def evaluate_causal_runs(
         row = scores[run.name]
         result = CausalTaskEvaluation(
             task=run.task, metric=run.spec.metric, epsilon=float(run.record.epsilon if run.record.dp else math.inf),
-            num_examples=len(splits[run.name]), **row)
+            num_examples=len(splits[run.name]), answer_end_scored=run.record.answer_end_trained, **row)
+        scoring = ("" if run.record.answer_end_trained
+                   else "; the verbaliser's tokens alone: its adapter never learnt the end")
         log(f"{run.task}: floor {result.floor:.4f}, individual {result.individual:.4f}, merged {result.merged:.4f} "
-            f"({run.spec.metric}, n={result.num_examples})")
+            f"({run.spec.metric}, n={result.num_examples}{scoring})")
         results.append(result)
     return CausalEvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
                                   max_eval_samples=max_eval_samples, split=split)

@@ -6,7 +6,9 @@ tokenizer's chat template when it has one, else ``<question>\\nAnswer:``), the r
 tokens are -100, so the causal-LM loss is the response's alone; one example (prompt + response) is one row,
 hence one privacy unit unless a unit column says otherwise. For evaluation, :func:`verbaliser_choices` gives
 each example's prompt and every label's response, which the model scores by log-likelihood
-(:func:`hf_dpmerge.modeling.verbaliser_scoring.verbaliser_predictions`).
+(:func:`hf_dpmerge.modeling.verbaliser_scoring.verbaliser_predictions`). An adapter trained without the answer's end
+(``train_answer_end=False``) is scored on the verbaliser's tokens alone (``answer_end=False``): the end is a term it
+never learnt.
 
 The text is truncated (in tokens) so that prompt + the longest response fit in ``max_length``.
 """
@@ -93,10 +95,22 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str) -> list[int]:
-    """The response's tokens: the verbaliser, then the end-of-sequence token (when the tokenizer has one)."""
-    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str, answer_end: bool = True) -> list[int]:
+    """The response's tokens: the verbaliser, then (``answer_end``, when the tokenizer has one) the end-of-sequence
+    token."""
+    end = [tokenizer.eos_token_id] if answer_end and tokenizer.eos_token_id is not None else []
     return _ids(tokenizer, verbaliser) + end
+
+
+def check_distinct_without_end(verbalisers: Sequence[str], responses: Sequence[Sequence[int]]) -> None:
+    """Refuse verbalisers one of whose tokens begins another's: scored without the answer's end,
+    log p(a) ≥ log p(a + more) for every model, so the longer label could never be predicted."""
+    for i, shorter in enumerate(responses):
+        for j, longer in enumerate(responses):
+            if i != j and len(shorter) <= len(longer) and list(longer[:len(shorter)]) == list(shorter):
+                raise ValueError(f"verbaliser {verbalisers[j]!r} begins with verbaliser {verbalisers[i]!r} (tokens "
+                                 f"{list(shorter)}): scored without the answer's end it could never be predicted; "
+                                 "train with --train_answer_end true")
 
 
 class InstructionEncoder:
@@ -106,6 +120,7 @@ class InstructionEncoder:
         self.spec, self.format = spec, instruction_format(spec)
         self.parts = [_ids(tokenizer, part) for part in _prompt_parts(tokenizer, self.format)]
         self.responses = [response_ids(tokenizer, word) for word in self.format.verbalisers]
+        self.verbaliser_tokens = [response_ids(tokenizer, word, answer_end=False) for word in self.format.verbalisers]
         self.tokenizer = tokenizer
         self.text_budget = max_length - sum(map(len, self.parts)) - max(map(len, self.responses))
         if self.text_budget < len(self.format.fields):
@@ -149,8 +164,13 @@ def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBas
 
 
 def verbaliser_choices(dataset: datasets.Dataset, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase,
-                       max_length: int = 128) -> tuple[list[list[int]], list[list[int]]]:
-    """(each example's prompt ids, each label's response ids) of a loaded split, for scoring."""
+                       max_length: int = 128, answer_end: bool = True) -> tuple[list[list[int]], list[list[int]]]:
+    """(each example's prompt ids, each label's response ids) of a loaded split, for scoring. ``answer_end=False``
+    drops the end-of-sequence token from every response (the prompts are unchanged): the scoring for an adapter
+    trained with ``train_answer_end=False``."""
     encoder = InstructionEncoder(spec, tokenizer, max_length)
     prompts = [encoder.prompt([row[column] for column in spec.text_columns]) for row in dataset]
-    return prompts, encoder.responses
+    if answer_end:
+        return prompts, encoder.responses
+    check_distinct_without_end(encoder.format.verbalisers, encoder.verbaliser_tokens)
+    return prompts, encoder.verbaliser_tokens

@@ -102,6 +102,12 @@ class PrivacyRecord:
         self.validate()
 
     @property
+    def answer_end_trained(self) -> bool:
+        """Whether a causal adapter learnt the end of sequence after its verbaliser (``extra["train_answer_end"]``;
+        records written before that option did): where it did not, it is scored on the verbaliser alone."""
+        return bool(self.extra.get("train_answer_end", True))
+
+    @property
     def unit_column(self) -> str | None:
         """The column whose values are the privacy units, or None for example-level records."""
         return self.privacy_unit.removeprefix(UNIT_PREFIX) if self.privacy_unit != EXAMPLE_UNIT else None

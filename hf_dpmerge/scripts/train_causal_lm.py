@@ -166,12 +166,13 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                         base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
     record.save(adapter_dir)
     score = task_score(trainer.model.eval(), tokenizer, spec, splits[script.eval_split], script.max_length,
-                       script.eval_batch_size)
+                       script.eval_batch_size, answer_end=script.train_answer_end)
     summary = {"task": task, script.eval_split: {spec.metric: score}, "epsilon": record.epsilon, "delta": record.delta,
                "privacy_unit": record.privacy_unit, "steps": record.steps, "num_samples": record.num_samples,
                "num_units": record.num_units}
     (out / EVAL_METRICS_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{task}] {script.eval_split} {spec.metric} = {score:.4f} (verbaliser scoring), ε = {record.epsilon:.3g}, "
+    scoring = "verbaliser scoring" + ("" if script.train_answer_end else ", the answer's end left out")
+    print(f"[{task}] {script.eval_split} {spec.metric} = {score:.4f} ({scoring}), ε = {record.epsilon:.3g}, "
           f"δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
     return summary
 

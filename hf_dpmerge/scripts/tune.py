@@ -115,7 +115,8 @@ def correct_counts(merged_dir: Path, runs: Sequence[TaskRun], validation: dict[s
                 from transformers import AutoModelForCausalLM
 
                 causal_lm = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).to(device).eval()
-            predictions = task_predictions(causal_lm, tokenizer, run.spec, data, run.max_length, batch_size)
+            predictions = task_predictions(causal_lm, tokenizer, run.spec, data, run.max_length, batch_size,
+                                           answer_end=run.record.answer_end_trained)
             labels = data["label"]
         else:
             model = load_merged_with_head(merged_dir, run.adapter_dir, run.spec).to(device)

@@ -304,3 +304,22 @@ def test_the_floor_is_the_private_head_when_floor_runs_are_given(fake_runs, tmp_
     runs_record("bbc_news", epsilon=8.0, max_length=MAX_LENGTH, train_lora=False).save(floor_runs / "bbc" / "adapter")
     with pytest.raises(ValueError, match="--floor_runs .*bbc's private head cannot be its floor: its ε = 8"):
         evaluate_runs(fake_runs["runs"], fake_runs["merged"], ["bbc"], floor_runs=floor_runs, **settings)
+
+
+def test_a_causal_task_scored_without_the_answers_end_is_marked_in_the_table_and_results():
+    from hf_dpmerge.analysis.causal_evaluation import CausalEvaluationReport, CausalTaskEvaluation
+
+    tasks = [CausalTaskEvaluation("bbc_news", "accuracy", 8.0, 0.2, 0.6, 0.5, 445, answer_end_scored=False),
+             CausalTaskEvaluation("election_tweets", "accuracy", 8.0, 0.5, 0.6, 0.55, 500)]
+    report = CausalEvaluationReport(tasks, merged_model="merged", base_model="base")
+    lines = report.table().splitlines()
+    assert lines[2].startswith("bbc_news †") and lines[3].startswith("election_tweets ")
+    assert lines[-1].startswith("† scored on the verbaliser's tokens alone")
+    rows = report.to_dict()["tasks"]
+    assert rows["bbc_news"]["answer_end_scored"] is False and rows["election_tweets"]["answer_end_scored"] is True
+    assert rows["bbc_news"]["gain_retained"] == pytest.approx(0.75)
+
+
+def test_a_record_written_before_the_answer_end_option_learnt_the_end():
+    assert runs_record("bbc_news").answer_end_trained is True
+    assert runs_record("bbc_news", train_answer_end=False).answer_end_trained is False

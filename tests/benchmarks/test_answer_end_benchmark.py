@@ -2,6 +2,7 @@
 sets each unit beside the stored units of the pair that learnt the answer's end."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,41 @@ def test_the_report_sets_each_unit_beside_the_pair_that_learnt_the_answers_end(t
     report_dir = tmp_path / "causal-recipe"
     (report_dir / "merge-units").mkdir(parents=True)
     monkeypatch.setattr(causal_merge, "REPORT_DIR", report_dir)
-    learnt = {"seed": 0, "what": "ties", "scores": {t: {"accuracy": 0.5, "num_examples": 9} for t in TASKS}}
-    (report_dir / "merge-units" / "dp_sgd-seed0-ties.json").write_text(json.dumps(learnt))
+
+    def scores(accuracy: float) -> dict:
+        return {t: {"accuracy": accuracy, "num_examples": 9} for t in TASKS}
+
+    for name, accuracy in (("zero_shot", 0.4), ("dp_sgd-seed0-individual", 0.6), ("dp_sgd-seed0-ties", 0.5)):
+        (report_dir / "merge-units" / f"{name}.json").write_text(json.dumps({"scores": scores(accuracy)}))
     (report_dir / "generation_ties.json").write_text(json.dumps({t: generation(1.0, 0.0) for t in TASKS}))
-    unit = {"seed": 0, "what": "ties", "tasks": TASKS,
-            "scores": {t: {"accuracy": 0.62, "num_examples": 9} for t in TASKS},
-            "generation": {t: generation(0.0, 0.8) for t in TASKS}}
-    text = answer_end.write_report([unit], tmp_path / "ANSWER_END.md")
-    assert "| ties | 0 | bbc_news | learnt (stored) | 50.0 | 100 | 0 | 0 | 0 |" in text
-    assert "| ties | 0 | bbc_news | left out | 62.0 | 0 | 40 | 80 | 20 |" in text
+    units = [{"seed": 0, "what": "zero_shot", "tasks": TASKS, "scores": scores(0.3)},
+             {"seed": 0, "what": "individual", "tasks": TASKS, "scores": scores(0.7)},
+             {"seed": 0, "what": "ties", "tasks": TASKS, "scores": scores(0.62),
+              "generation": {t: generation(0.0, 0.8) for t in TASKS}},
+             {"seed": 0, "what": "non_private", "tasks": ["bbc_news"], "scores": {"bbc_news": scores(0.8)["bbc_news"]}}]
+    text = answer_end.write_report(units, tmp_path / "ANSWER_END.md")
+    # each pair's gain is over the zero-shot base scored its way (0.4 with the end, 0.3 without), a merge's share of
+    # it is against that pair's own adapters (0.6, 0.7), an adapter's against its non-private twin's (0.8)
+    assert "| ties | 0 | bbc_news | learnt (stored) | with the end | 50.0 | +10.0 | — | 50% | 100 | 0 | 0 | 0 |" in text
+    assert "| ties | 0 | bbc_news | left out | verbaliser alone | 62.0 | +32.0 | — | 80% | 0 | 40 | 80 | 20 |" in text
+    assert "| individual | 0 | bbc_news | left out | verbaliser alone | 70.0 | +40.0 | 80% | — |" in text
+    assert "| individual | 0 | election_tweets | left out | verbaliser alone | 70.0 | +40.0 | — | — |" in text
+    assert "| zero_shot | 0 | bbc_news | learnt (stored) | with the end | 40.0 | +0.0 | — | — |" in text
+    assert "| non_private | 0 | bbc_news | left out | verbaliser alone | 80.0 | +50.0 | — | — |" in text
+    assert "| non_private | 0 | bbc_news | learnt" not in text and "| non_private | 0 | election_tweets" not in text
+    assert (text.index("| zero_shot |") < text.index("| individual |") < text.index("| non_private |")
+            < text.index("| ties |"))
     assert (tmp_path / "ANSWER_END.md").read_text() == text
+
+
+def test_the_non_private_unit_scores_only_the_tasks_whose_twin_is_kept(tmp_path: Path, monkeypatch):
+    for task in TASKS:
+        (answer_end.kept_run(tmp_path, task, 0) / "adapter").mkdir(parents=True)
+    (answer_end.kept_run(tmp_path, "bbc_news", 0, math.inf) / "adapter").mkdir(parents=True)
+    calls = []
+    monkeypatch.setattr(answer_end, "run_unit", lambda kept, base, tasks, seed, what, *_: calls.append((what, tasks)))
+    monkeypatch.setattr(answer_end, "REPORT_DIR", tmp_path)
+    assert answer_end.main(["--kept", str(tmp_path), "--base", str(tmp_path / "base"), "--methods", "ties",
+                            "--units-dir", str(tmp_path / "units")]) == 0
+    assert calls == [("zero_shot", TASKS), ("individual", TASKS), ("ties", TASKS), ("non_private", ["bbc_news"])]
+    assert answer_end.kept_run(tmp_path, "bbc_news", 0, math.inf).parent.name.endswith("-test-epsinf-seed0")

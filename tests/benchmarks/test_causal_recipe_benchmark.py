@@ -88,15 +88,22 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
               unit(causal_recipe.ZERO_SHOT, 0.28, epsilon=None)]
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
     assert f"Chosen: `{names[-1]}`." in text and "Zero-shot base: 28.0." in text
-    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 |" in text
-    assert f"| election_tweets | 8 | 0 | {names[-1]} | 55.0 | 60.0 | +5.0 | — |" in text
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | with the end | 25.0 | 40.0 | +15.0 |" in text
+    assert f"| election_tweets | 8 | 0 | {names[-1]} | with the end | 55.0 | 60.0 | +5.0 | — |" in text
     units += [unit(names[-1], 0.55, split="test", epsilon=float("inf"))]
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")  # DP gain 15 of the non-private 30
-    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | 25.0 | 40.0 | +15.0 | 50% |" in text
-    assert f"| bbc_news (select) | ∞ (non-private) | 0 | {names[-1]} | 25.0 | 55.0 | +30.0 | — |" in text
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]} | with the end | 25.0 | 40.0 | +15.0 | 50% |" in text
+    assert f"| bbc_news (select) | ∞ (non-private) | 0 | {names[-1]} | with the end | 25.0 | 55.0 | +30.0 | — |" in text
     units += [unit(f"{names[-1]}+dp_merging", 0.37, split="test")]  # its share: of its candidate's non-private gain
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
-    assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+dp_merging | 25.0 | 37.0 | +12.0 | 40% |" in text
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+dp_merging | with the end | 25.0 | 37.0 | +12.0 | 40% |" in text
+    # scored on the verbaliser alone (trained without the answer's end): no floor scored that way here, and no
+    # share of a gain measured with the end
+    alone = {"answer_end_scored": False}
+    units += [unit(f"{names[-1]}+no_answer_end", 0.5, split="test") | alone,
+              unit(f"{names[-1]}+no_answer_end", 0.6, split="test", epsilon=float("inf")) | alone]
+    text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
+    assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+no_answer_end | verbaliser alone | — | 50.0 | — | — |" in text
 
 
 def test_the_script_default_is_the_chosen_candidate():

@@ -3,7 +3,13 @@
 import pytest
 from datasets import Dataset
 
-from hf_dpmerge.data.instructions import InstructionEncoder, instruction_format, tokenize_instructions
+from hf_dpmerge.data.instructions import (
+    InstructionEncoder,
+    check_distinct_without_end,
+    instruction_format,
+    tokenize_instructions,
+    verbaliser_choices,
+)
 from hf_dpmerge.data.tasks import TASKS, get_task_spec
 from tests.utils.tiny_models import tiny_causal_tokenizer
 
@@ -34,3 +40,21 @@ def test_sentence_pairs_share_the_text_budget_and_keep_both_texts():
     ids = rows[0]["input_ids"]
     assert len(ids) <= 40
     assert tokenizer.convert_tokens_to_ids("delight") in ids and tokenizer.convert_tokens_to_ids("markets") in ids
+
+
+def test_scoring_without_the_answers_end_drops_only_the_end_of_sequence_token():
+    tokenizer = tiny_causal_tokenizer()
+    spec = get_task_spec("rotten_tomatoes")
+    rows = Dataset.from_dict({"text": ["a fine film", "a dull one"], "label": [1, 0]})
+    prompts, responses = verbaliser_choices(rows, spec, tokenizer, max_length=40)
+    same_prompts, verbalisers = verbaliser_choices(rows, spec, tokenizer, max_length=40, answer_end=False)
+    assert same_prompts == prompts  # the prompt (and its text's truncation) does not depend on the scoring
+    assert all(r[-1] == tokenizer.eos_token_id for r in responses)
+    assert verbalisers == [r[:-1] for r in responses]
+
+
+def test_verbalisers_whose_tokens_begin_another_are_refused_without_the_answers_end():
+    with pytest.raises(ValueError, match=r"'positive!' begins with verbaliser 'positive'.*--train_answer_end true"):
+        check_distinct_without_end(["positive", "positive!"], [[5, 6], [5, 6, 7]])
+    check_distinct_without_end(["yes", "no"], [[5, 6], [5, 7]])  # a shared first token is fine
+

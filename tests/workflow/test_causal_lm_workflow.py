@@ -29,11 +29,12 @@ TINY_TRAINING = ["--max_train_samples", "64", "--max_eval_samples", "24", "--per
 CONFIGS = ("causal_task_arithmetic", "causal_dp", "causal_cauchy_poe")
 
 
-def naive_accuracy(model, tokenizer, task: str, samples: int, max_length: int, split: str = "test") -> float:
+def naive_accuracy(model, tokenizer, task: str, samples: int, max_length: int, split: str = "test",
+                   answer_end: bool = True) -> float:
     """One (example, label) sequence at a time, unpadded: the summed log-probability of the label's response."""
     splits, spec = load_task(task, max_eval_samples=samples)
     test = splits[split]
-    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length)
+    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length, answer_end=answer_end)
     correct = 0
     for prompt, label in zip(prompts, test["label"]):
         scores = []
@@ -140,6 +141,36 @@ def test_eval_split_validation_scores_the_validation_split_instead_of_test(proje
                                         runs / "election_tweets" / "adapter").eval()
     expected = naive_accuracy(adapter, tokenizer, "election_tweets", 24, 48, split="validation")
     assert metrics["validation"]["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_an_adapter_that_never_learnt_the_answers_end_is_scored_without_it(project, tmp_path):
+    """``--train_answer_end false``: the script's score and every model of ``hf-dpmerge evaluate`` (floor,
+    adapter, merged) sum the verbaliser's tokens alone, the end of sequence it never learnt left out."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.scripts.train_causal_lm import main as train_causal_lm
+
+    runs = tmp_path / "runs"
+    train_causal_lm(["--task", "election_tweets", "--model_name_or_path", str(project / "tiny-llama"),
+                     "--runs_dir", str(runs), "--train_answer_end", "false", *TINY_TRAINING])
+    assert PrivacyRecord.load(runs / "election_tweets" / "adapter").extra["train_answer_end"] is False
+    tokenizer = AutoTokenizer.from_pretrained(runs / "base")
+    base = AutoModelForCausalLM.from_pretrained(runs / "base").eval()
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(runs / "base"),
+                                        runs / "election_tweets" / "adapter").eval()
+    individual = naive_accuracy(adapter, tokenizer, "election_tweets", 24, 48, answer_end=False)
+    floor = naive_accuracy(base, tokenizer, "election_tweets", 24, 48, answer_end=False)
+    metrics = json.loads((runs / "election_tweets" / "eval_metrics.json").read_text())
+    assert metrics["test"]["accuracy"] == pytest.approx(individual, abs=1e-12)
+    # the base itself as the "merge" (nothing changed): merged must then score as the floor, both without the end
+    assert hf_dpmerge(["evaluate", "--runs", str(runs), "--merged", str(runs / "base"), "--max_eval_samples", "24",
+                       "--output", str(tmp_path / "eval")]) == 0
+    row = json.loads((tmp_path / "eval" / "results.json").read_text())["tasks"]["election_tweets"]
+    assert row["answer_end_scored"] is False
+    assert row["individual"] == pytest.approx(individual, abs=1e-12)
+    assert row["floor"] == pytest.approx(floor, abs=1e-12) and row["merged"] == pytest.approx(floor, abs=1e-12)
 
 
 @pytest.mark.slow
