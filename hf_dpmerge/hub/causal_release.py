@@ -46,7 +46,10 @@ def _evaluation_rows(evaluation: Mapping) -> list[list[str]]:
     def share(value) -> str:
         return "–" if value is None else f"{value:.1%}"
 
-    return [[task, row["metric"], "∞" if math.isinf(row["epsilon"]) else f"{row['epsilon']:.3g}",
+    def name(task: str, row: Mapping) -> str:  # † : scored on the verbaliser alone (the template's note)
+        return task if row.get("answer_end_scored", True) else f"{task} †"
+
+    return [[name(task, row), row["metric"], "∞" if math.isinf(row["epsilon"]) else f"{row['epsilon']:.3g}",
              f"{row['floor']:.4f}", f"{row['individual']:.4f}", f"{row['merged']:.4f}", share(row["gain_retained"]),
              share(row["retention"]), str(row["num_examples"])] for task, row in evaluation["tasks"].items()]
 
@@ -71,6 +74,9 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
         merge_source=merge.source, fingerprint_text=_fingerprint_text(records), evaluation=evaluation,
         evaluation_rows=_evaluation_rows(evaluation) if evaluation else [], repo_id=repo_id,
         verbalisers={task: r.extra.get("verbalisers") or [] for task, r in records.items()},
+        unended_tasks=[task for task, r in records.items() if not r.answer_end_trained],
+        scored_without_end=[task for task, row in (evaluation or {}).get("tasks", {}).items()
+                            if row.get("answer_end_scored") is False],
         base_source=_common([r.extra.get("base_model_source") for r in records.values()]),
     )
 

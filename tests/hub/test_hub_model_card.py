@@ -169,3 +169,23 @@ def test_base_model_comes_from_the_encoder_training_started_from():
     card = ModelCard(str(build_model_card(records, repo_id="bob/m")))
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert card.data.base_model_relation == "merge" and "/home/me" not in str(card)
+
+
+def test_a_task_trained_without_the_answers_end_is_marked_in_the_table_and_under_usage():
+    records = {"sst2": privacy_record("sst2", extra={"model_kind": "causal_lm", "verbalisers": ["bad", "good"],
+                                                     "train_answer_end": False}),
+               "rte": privacy_record("rte", extra={"model_kind": "causal_lm", "verbalisers": ["yes", "no"]})}
+    evaluation = _causal_evaluation("test")
+    evaluation["tasks"] = {"sst2": {**evaluation["tasks"]["sst2"], "answer_end_scored": False},
+                           "rte": evaluation["tasks"]["sst2"]}
+    text = causal_model_card(records, repo_id="bob/c", merge=MergeRecipe(text=None, method=None, source=None),
+                             evaluation=evaluation).text
+    assert "| sst2 † | accuracy |" in text and "| rte | accuracy |" in text
+    assert "† Scored on the verbaliser's tokens alone, for every model" in text
+    usage = text.partition("## Usage")[2]
+    assert "- `sst2`: bad, good (its adapter was trained without the end of the answer" in usage
+    assert "- `rte`: yes, no\n" in usage
+    plain = causal_model_card({"rte": records["rte"]}, repo_id="bob/c",
+                              merge=MergeRecipe(text=None, method=None, source=None),
+                              evaluation=_causal_evaluation("test")).text
+    assert "†" not in plain and "without the end of the answer" not in plain
