@@ -73,8 +73,8 @@ def generation(model, runs: Path, tasks: list[str]) -> dict:
 
 def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, work_dir: Path, max_eval_samples: int,
              path: Path) -> dict:
-    """Score one unit (``what``: ``zero_shot``, ``individual`` or a merge method) by verbaliser likelihood and, but
-    the zero-shot base, stock generation; store it at ``path``."""
+    """Score one unit (``what``: ``zero_shot``, ``individual``, ``non_private`` or a merge method) by verbaliser
+    likelihood and, for ``individual`` and the merges, stock generation; store it at ``path``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -87,13 +87,11 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
                     "answer_end_scored": {run.task: run.record.answer_end_trained for run in task_runs(runs, tasks)}}
     if what == ZERO_SHOT:
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples, runs / "base")
-    elif what == NON_PRIVATE:
+    elif what in (INDIVIDUAL, NON_PRIVATE):
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
-    elif what == INDIVIDUAL:
-        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
-        # each adapter alone as the recipe benchmark's generation stage asks it (stock peft merge_and_unload)
-        result["generation"] = {t: causal_recipe.score_kept_generation(cell, kept_run(kept, t, seed).parent)
-                                for t in tasks}
+        if what == INDIVIDUAL:  # each adapter alone as the recipe benchmark's generation stage asks it (stock peft)
+            result["generation"] = {t: causal_recipe.score_kept_generation(cell, kept_run(kept, t, seed).parent)
+                                    for t in tasks}
     else:
         with causal_merge.merged_by(what, runs, tasks, cell) as (merged, parameters):
             result |= {"merge_parameters": parameters,
