@@ -95,11 +95,14 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str, answer_end: bool = True) -> list[int]:
-    """The response's tokens: the verbaliser, then (``answer_end``, when the tokenizer has one) the end-of-sequence
-    token."""
-    end = [tokenizer.eos_token_id] if answer_end and tokenizer.eos_token_id is not None else []
-    return _ids(tokenizer, verbaliser) + end
+def _answer_end(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokens that end an answer: the end-of-sequence token, when the tokenizer has one."""
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str) -> list[int]:
+    """The response's tokens: the verbaliser, then the end-of-sequence token (when the tokenizer has one)."""
+    return _ids(tokenizer, verbaliser) + _answer_end(tokenizer)
 
 
 def check_distinct_without_end(verbalisers: Sequence[str], responses: Sequence[Sequence[int]]) -> None:
@@ -119,8 +122,8 @@ class InstructionEncoder:
     def __init__(self, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int):
         self.spec, self.format = spec, instruction_format(spec)
         self.parts = [_ids(tokenizer, part) for part in _prompt_parts(tokenizer, self.format)]
-        self.responses = [response_ids(tokenizer, word) for word in self.format.verbalisers]
-        self.verbaliser_tokens = [response_ids(tokenizer, word, answer_end=False) for word in self.format.verbalisers]
+        self.verbaliser_tokens = [_ids(tokenizer, word) for word in self.format.verbalisers]
+        self.responses = [tokens + _answer_end(tokenizer) for tokens in self.verbaliser_tokens]  # as response_ids
         self.tokenizer = tokenizer
         self.text_budget = max_length - sum(map(len, self.parts)) - max(map(len, self.responses))
         if self.text_budget < len(self.format.fields):
