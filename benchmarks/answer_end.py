@@ -1,4 +1,5 @@
-"""Ending the answer: do merged SmolLM2 adapters answer through stock generation once they never learnt to end it?
+"""Ending the answer: do merged SmolLM2 adapters answer through stock generation once they never learnt to end it,
+or once a public anchor holds their answers elsewhere at the base's?
 
 Every merge of the seed-0 DP-SGD pair (``benchmarks.causal_merge``) answered with an empty string: its first greedy
 token is the end of the turn, which each adapter learnt to put after its verbaliser and pushes, outside its own
@@ -13,7 +14,13 @@ subset of ``--max-eval-samples``):
 - stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal_runs.GENERATION_SAMPLES` stratified
   test examples (:func:`benchmarks.causal_runs.generation_scores`).
 
-Units: ``zero_shot`` (the base, scored the same way: the floor of this scoring), ``individual`` (each adapter alone
+``--variant public_anchor`` asks the second question of the pair trained with the public anchor instead
+(``benchmarks.causal_recipe --variant public_anchor``: ``--anchor_lambda 1``, the answer's end learnt; docs/design.md
+§14.1): its adapters are scored with the end, as the learnt pair's stored units are, whose zero-shot unit is then the
+floor.
+
+Units: ``zero_shot`` (the base, scored the same way: the floor of this scoring; not run for a variant that learnt
+the end), ``individual`` (each adapter alone
 on its task, stock ``peft`` ``merge_and_unload``), one per merge method (the packaged causal config, λ = 1, as
 ``benchmarks.causal_merge`` merges it) and, where the variant's non-private adapters are kept (the report stage
 with ``--epsilon inf``), ``non_private`` (each alone on its task, verbaliser scoring only: the DP adapter's share of
@@ -26,6 +33,7 @@ stored units of the pair that learnt the answer's end (``merge-units/dp_sgd-seed
     python -m benchmarks.causal_recipe --stage report --tasks bbc_news --variant no_answer_end --epsilon inf \\
         --work-dir WORK_NP --keep-adapters KEPT        # optional: the non-private twin
     python -m benchmarks.answer_end --kept KEPT --base WORK/runs_causal/base
+    python -m benchmarks.answer_end --variant public_anchor --kept KEPT --base WORK/runs_causal/base
 """
 
 from __future__ import annotations
@@ -46,7 +54,9 @@ from .causal_runs import GENERATION_SAMPLES, generation_scores
 from .markdown import table as markdown_table
 
 REPORT_DIR = causal_merge.REPORT_DIR / "answer-end"
-VARIANT = f"{causal_merge.CANDIDATE}+no_answer_end"
+VARIANTS = {"no_answer_end": "left out", "public_anchor": "learnt, anchored"}
+"""The ``benchmarks.causal_recipe`` variants this compares with the pair that learnt the answer's end, and how the
+report names each one's answer's end."""
 INDIVIDUAL = causal_merge.INDIVIDUAL
 ZERO_SHOT = causal_merge.ZERO_SHOT
 NON_PRIVATE = "non_private"
@@ -56,9 +66,11 @@ LEARNT_GENERATION = {"task_arithmetic": "generation_task_arithmetic.json", "ties
                      "dp_aware": "generation_dp.json", "cauchy_poe": "generation_cauchy_poe.json"}
 
 
-def kept_run(kept: Path, task: str, seed: int, epsilon: float = causal_merge.EPSILON) -> Path:
-    """The kept no-answer-end run folder of ``task`` (``adapter/`` inside; ε = inf: its non-private twin)."""
-    return kept / causal_recipe.unit_name(task, VARIANT, "test", epsilon, seed) / task
+def kept_run(kept: Path, task: str, seed: int, epsilon: float = causal_merge.EPSILON,
+             variant: str = "no_answer_end") -> Path:
+    """The kept run folder of ``task`` trained with ``variant`` (``adapter/`` inside; ε = inf: its non-private
+    twin)."""
+    return kept / causal_recipe.unit_name(task, f"{causal_merge.CANDIDATE}+{variant}", "test", epsilon, seed) / task
 
 
 def generation(model, runs: Path, tasks: list[str]) -> dict:
@@ -72,26 +84,28 @@ def generation(model, runs: Path, tasks: list[str]) -> dict:
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, work_dir: Path, max_eval_samples: int,
-             path: Path) -> dict:
-    """Score one unit (``what``: ``zero_shot``, ``individual``, ``non_private`` or a merge method) by verbaliser
-    likelihood and, for ``individual`` and the merges, stock generation; store it at ``path``."""
+             path: Path, variant: str = "no_answer_end") -> dict:
+    """Score one unit of ``variant``'s pair (``what``: ``zero_shot``, ``individual``, ``non_private`` or a merge
+    method) by verbaliser likelihood and, for ``individual`` and the merges, stock generation; store it at
+    ``path``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
-    cell = work_dir / f"no_answer_end-seed{seed}"
+    cell = work_dir / f"{variant}-seed{seed}"
     epsilon = math.inf if what == NON_PRIVATE else causal_merge.EPSILON
     runs = merge_comparison.stage_runs(cell / ("runs_nonprivate" if what == NON_PRIVATE else "runs_causal"), base,
-                                       {t: kept_run(kept, t, seed, epsilon) for t in tasks})
-    result: dict = {"seed": seed, "what": what, "tasks": tasks, "max_eval_samples": max_eval_samples,
+                                       {t: kept_run(kept, t, seed, epsilon, variant) for t in tasks})
+    result: dict = {"variant": variant, "seed": seed, "what": what, "tasks": tasks,
+                    "max_eval_samples": max_eval_samples,
                     "answer_end_scored": {run.task: run.record.answer_end_trained for run in task_runs(runs, tasks)}}
     if what == ZERO_SHOT:
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples, runs / "base")
     elif what in (INDIVIDUAL, NON_PRIVATE):
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
         if what == INDIVIDUAL:  # each adapter alone as the recipe benchmark's generation stage asks it (stock peft)
-            result["generation"] = {t: causal_recipe.score_kept_generation(cell, kept_run(kept, t, seed).parent)
-                                    for t in tasks}
+            result["generation"] = {t: causal_recipe.score_kept_generation(
+                cell, kept_run(kept, t, seed, variant=variant).parent) for t in tasks}
     else:
         with causal_merge.merged_by(what, runs, tasks, cell) as (merged, parameters):
             result |= {"merge_parameters": parameters,
@@ -147,21 +161,42 @@ def _cells(accuracy: float | None, floor: float | None, individual: float | None
             _share(accuracy, floor, non_private), _share(accuracy, floor, individual), *shares]
 
 
+def _variant(unit: dict) -> str:
+    return unit.get("variant", "no_answer_end")  # units stored before the public anchor were all no_answer_end
+
+
+def learns_the_end(variant: str) -> bool:
+    """Whether ``variant``'s flags keep the answer's end in the loss (``hf-dpmerge evaluate`` then scores it)."""
+    flags = causal_recipe.VARIANTS[variant]
+    return not any(a == "--train_answer_end" and b == "false" for a, b in zip(flags, flags[1:]))
+
+
+def _scoring(unit: dict) -> str:
+    ended = unit["answer_end_scored"].values() if "answer_end_scored" in unit else [learns_the_end(_variant(unit))]
+    return "with the end" if all(ended) else "verbaliser alone"
+
+
 def write_report(units: list[dict], path: Path) -> str:
     """``ANSWER_END.md``: each stored unit's rows beside the learnt-end pair's, each against the zero-shot base
-    scored as the pair is scored (the end included for the learnt pair, the verbaliser alone for the other)."""
-    left_out = {(u["seed"], u["what"]): u for u in units}
+    scored as the pair is scored (the end included for a pair that learnt it, the verbaliser alone for the other)."""
+    stored = {(_variant(u), u["seed"], u["what"]): u for u in units}
     order = (ZERO_SHOT, INDIVIDUAL, NON_PRIVATE)
     rows = []
+    first = {}  # the learnt pair's rows go once, beside the first variant's unit of each seed and model
+    for unit in sorted(units, key=lambda u: list(VARIANTS).index(_variant(u))):
+        first.setdefault((unit["seed"], unit["what"]), _variant(unit))
     for unit in sorted(units, key=lambda u: (u["seed"], order.index(u["what"]) if u["what"] in order else 3,
-                                             u["what"])):
-        seed, what = unit["seed"], unit["what"]
-        floor_unit, individual_unit = left_out.get((seed, ZERO_SHOT)), left_out.get((seed, INDIVIDUAL))
-        private_unit = left_out.get((seed, NON_PRIVATE))
-        arms = [("left out", "verbaliser alone", unit["scores"], unit.get("generation"),
-                 floor_unit and floor_unit["scores"], individual_unit and individual_unit["scores"],
-                 private_unit and private_unit["scores"])]
-        if what != NON_PRIVATE:  # the pair that learnt the end has no non-private twin on these rows
+                                             u["what"], list(VARIANTS).index(_variant(u)))):
+        variant, seed, what = _variant(unit), unit["seed"], unit["what"]
+        scoring = _scoring(unit)
+        floor_unit, individual_unit = stored.get((variant, seed, ZERO_SHOT)), stored.get((variant, seed, INDIVIDUAL))
+        private_unit = stored.get((variant, seed, NON_PRIVATE))
+        floor = floor_unit and floor_unit["scores"]
+        if floor_unit is None and scoring == "with the end":  # scored as the learnt pair: its zero-shot floor
+            floor = _learnt(ZERO_SHOT, seed)[0]
+        arms = [(VARIANTS[variant], scoring, unit["scores"], unit.get("generation"), floor,
+                 individual_unit and individual_unit["scores"], private_unit and private_unit["scores"])]
+        if what != NON_PRIVATE and first[(seed, what)] == variant:  # the learnt pair: no non-private twin here
             learnt_scores, learnt_generation = _learnt(what, seed)
             arms.insert(0, ("learnt (stored)", "with the end", learnt_scores, learnt_generation,
                             _learnt(ZERO_SHOT, seed)[0], _learnt(INDIVIDUAL, seed)[0], None))
@@ -175,7 +210,9 @@ def write_report(units: list[dict], path: Path) -> str:
             f"Generated by `python -m benchmarks.answer_end` from {len(units)} stored units (protocol: the module "
             "docstring). The adapters: the causal recipe's chosen candidate "
             f"(`{causal_merge.CANDIDATE}`, plain DP-SGD, ε = 8) with the answer's end learnt (stored units of "
-            "`benchmarks.causal_merge`) or left out of the loss (`--train_answer_end false`). Merges: the packaged "
+            "`benchmarks.causal_merge`), left out of the loss (`--train_answer_end false`), or learnt with the "
+            "public anchor (`--anchor_lambda 1`: KL to the base's answers on the packaged public prompts, after the "
+            "noise; docs/design.md §14.1). Merges: the packaged "
             "causal configs, λ = 1. Accuracy: verbaliser scoring on each task's stratified test subset, %, as "
             "`hf-dpmerge evaluate` scores each pair: every response token, the end of sequence included, for the "
             "pair that learnt it; the verbaliser's tokens alone for the pair that did not. Gain: over the zero-shot "
@@ -196,6 +233,8 @@ def write_report(units: list[dict], path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.answer_end", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="no_answer_end",
+                        help="the benchmarks.causal_recipe variant whose kept pair is scored")
     parser.add_argument("--kept", type=Path, required=True, help="benchmarks.causal_recipe's --keep-adapters folder")
     parser.add_argument("--base", type=Path, required=True, help="the base the kept adapters trained on")
     parser.add_argument("--tasks", default=",".join(causal_merge.TASKS))
@@ -212,18 +251,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--methods: unknown {unknown}; the methods are {list(merge_comparison.METHODS)}")
     if not args.report_only:
         for seed in map(int, args.seeds.split(",")):
-            missing = [t for t in tasks if not (kept_run(args.kept, t, seed) / "adapter").is_dir()]
-            if missing:
-                parser.error(f"--kept {args.kept}: no kept no-answer-end adapter of seed {seed} on {missing}")
-            private = [t for t in tasks if (kept_run(args.kept, t, seed, math.inf) / "adapter").is_dir()]
-            todo = [(what, tasks) for what in (ZERO_SHOT, INDIVIDUAL, *methods)] + (
+            runs = {t: kept_run(args.kept, t, seed, variant=args.variant) for t in tasks}
+            if missing := [t for t, run in runs.items() if not (run / "adapter").is_dir()]:
+                parser.error(f"--kept {args.kept}: no kept {args.variant} adapter of seed {seed} on {missing}")
+            private = [t for t in tasks if (kept_run(args.kept, t, seed, math.inf, args.variant) / "adapter").is_dir()]
+            # a pair that learnt the end is scored as the learnt pair, whose stored zero-shot unit is the floor
+            floor = () if learns_the_end(args.variant) else (ZERO_SHOT,)
+            todo = [(what, tasks) for what in (*floor, INDIVIDUAL, *methods)] + (
                 [(NON_PRIVATE, private)] if private else [])
             for what, unit_tasks in todo:
-                path = args.units_dir / f"no_answer_end-seed{seed}-{what}.json"
+                path = args.units_dir / f"{args.variant}-seed{seed}-{what}.json"
                 if not path.exists():
                     print(f"[answer_end] {path.stem}", file=sys.stderr, flush=True)
                     run_unit(args.kept, args.base, unit_tasks, seed, what, args.work_dir.resolve(),
-                             args.max_eval_samples, path)
+                             args.max_eval_samples, path, args.variant)
     units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
     print(write_report(units, REPORT_DIR / "ANSWER_END.md"))
     return 0

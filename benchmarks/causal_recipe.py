@@ -98,6 +98,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # the end-of-sequence token after each verbaliser left out of the loss: every merge of two adapters that learned
     # to end answers answered with the end of the turn first (docs/causal-lm.md, "Ending the answer")
     "no_answer_end": ("--train_answer_end", "false"),
+    # the public anchor (docs/design.md §14.1): μ·KL(base ‖ adapter) on the base's answers to the packaged public
+    # prompts, weighted as the task's loss (μ = 1, fixed, not tuned), added after the noise
+    "public_anchor": ("--anchor_lambda", "1"),
 }
 """Report-stage variants of the chosen candidate (``--variant``): its flags, then these (later flags win); the unit's
 candidate is ``<candidate>+<variant>``."""

@@ -80,15 +80,18 @@ def instruction_messages(spec: TaskSpec, texts: Sequence[str]) -> list[dict[str,
     return [{"role": "user", "content": _content(instruction_format(spec), texts)}]
 
 
+def render_prompt(tokenizer: PreTrainedTokenizerBase, content: str) -> str:
+    """A user turn ``content`` as the model is asked it: through the tokenizer's chat template (with the generation
+    prompt) when it has one, else ``<content>\nAnswer: ``."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    return f"{content}\nAnswer: "
+
+
 def _prompt_parts(tokenizer: PreTrainedTokenizerBase, fmt: InstructionFormat) -> list[str]:
     """The rendered prompt cut at each text: ``[before, between…, after]`` (one more part than fields)."""
-    content = _content(fmt, [_TEXT_SLOT] * len(fmt.fields))
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                 add_generation_prompt=True)
-    else:
-        rendered = f"{content}\nAnswer: "
-    return rendered.split(_TEXT_SLOT)
+    return render_prompt(tokenizer, _content(fmt, [_TEXT_SLOT] * len(fmt.fields))).split(_TEXT_SLOT)
 
 
 def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -33,6 +33,7 @@ from hf_dpmerge.analysis.causal_evaluation import task_score
 from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, tokenize_instructions
 from hf_dpmerge.data.load import load_task
 from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_gguf
+from hf_dpmerge.data.public_prompts import PACKAGED, load_public_prompts, prompts_digest
 from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec, parse_task_list
 from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
@@ -42,6 +43,7 @@ from hf_dpmerge.scripts.train import parse_arguments, resume_point
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
+from hf_dpmerge.training.public_anchor import anchor_rows
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import require_model_source, staged_directory
 
@@ -93,6 +95,20 @@ class CausalScriptArguments(LoraArguments):
     train_answer_end: bool = field(default=True, metadata={
         "help": "Train the end-of-sequence token after each verbaliser; false leaves it out of the loss: the adapter "
                 "then never learns to stop, and generated answers run on (docs/causal-lm.md, 'Ending the answer')."})
+    anchor_prompts: str | None = field(default=None, metadata={
+        "help": "With --anchor_lambda > 0: the public anchor's prompts, 'packaged' (the default) or a file (a JSON "
+                "list, or one prompt per line) of public prompts, none from the private data (docs/design.md §14.1)."})
+    anchor_max_new_tokens: int = field(default=24, metadata={
+        "help": "The longest base answer the public anchor reads, in tokens (it ends earlier at the end of sequence)."})
+
+    def public_prompts(self, anchor_lambda: float) -> list[str] | None:
+        """The public anchor's prompts when ``anchor_lambda`` > 0, else None (``--anchor_prompts`` refused then)."""
+        if anchor_lambda > 0:
+            return load_public_prompts(self.anchor_prompts or PACKAGED)
+        if self.anchor_prompts is not None:
+            raise ValueError("--anchor_prompts is read only by the public anchor: set --anchor_lambda > 0, or drop "
+                             "--anchor_prompts")
+        return None
 
     def model_source(self) -> str:
         """The base to load (``--model_name_or_path``, else the packaged GGUF), refused if it is missing."""
@@ -134,8 +150,9 @@ def shared_causal_base(script: CausalScriptArguments) -> Path:
 
 
 def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMConfig, base_dir: Path,
-                      resume: str | bool | None = None) -> dict | None:
-    """Train one task; returns its summary on the process that writes the outputs, None on the others."""
+                      resume: str | bool | None = None, prompts: list[str] | None = None) -> dict | None:
+    """Train one task (``prompts``: the public anchor's, with ``--anchor_lambda`` > 0); returns its summary on the
+    process that writes the outputs, None on the others."""
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
         splits, spec = load_task(task, max_train_samples=script.max_train_samples,
                                  max_eval_samples=script.max_eval_samples)
@@ -149,10 +166,11 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                                       train_answer_end=script.train_answer_end)
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_causal_lm(base_dir.resolve(), **script.lora_options())
+    anchor = None if prompts is None else anchor_rows(model, tokenizer, prompts, script.anchor_max_new_tokens)
     out = Path(script.runs_dir) / task
     trainer = dp_trainer(model, dataclasses.replace(config, output_dir=str(out / "checkpoints")), train_dataset=train,
                          data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
-                         **script.trainer_options())
+                         anchor_rows=anchor, **script.trainer_options())
     trainer.train(resume_from_checkpoint=resume)
     adapter_dir = out / ADAPTER_DIR
     trainer.save_model(str(adapter_dir), overwrite=script.overwrite)
@@ -164,6 +182,11 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                         verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
                         train_answer_end=script.train_answer_end,
                         base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
+    if prompts is not None:  # what the anchor read, named without a path of this machine
+        record.extra["public_anchor"].update(
+            prompts=PACKAGED if script.anchor_prompts in (None, PACKAGED) else "a file of the user's",
+            prompts_sha256=prompts_digest(prompts), max_new_tokens=script.anchor_max_new_tokens,
+            answer_tokens=sum(label != IGNORE_INDEX for row in anchor["labels"] for label in row))
     record.save(adapter_dir)
     score = task_score(trainer.model.eval(), tokenizer, spec, splits[script.eval_split], script.max_length,
                        script.eval_batch_size, answer_end=script.train_answer_end)
@@ -184,13 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     for task in tasks:  # a regression task is refused before any training
         instruction_format(get_task_spec(task))
+    prompts = script.public_prompts(config.anchor_lambda)  # refused before any training
     resume = resume_point(config, tasks)
     for task in tasks:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_causal_base(script)
     for task in tasks:
-        train_causal_task(task, script, config, base_dir, resume)
+        train_causal_task(task, script, config, base_dir, resume, prompts)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
 

@@ -196,6 +196,8 @@ class CachedPrefixTrainer(DPSAMTrainer):
         self.train_dataset = self.cached(self.train_dataset)
         if isinstance(self.eval_dataset, datasets.Dataset):
             self.eval_dataset = self.cached(self.eval_dataset)
+        if self.anchor_rows is not None:  # the public anchor's rows run the top only, like the training rows
+            self.anchor_rows = self.cached(self.anchor_rows)
         self.data_collator = collate_prefix_rows
 
     @property
@@ -267,11 +269,10 @@ class CachedPrefixTrainer(DPSAMTrainer):
         last = mask.sum(dim=1) - 1
         return task_head(model)(hidden[torch.arange(len(hidden), device=hidden.device), last])
 
-    def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
-        """Classifiers: DPSAMTrainer's. Causal LMs: the mean answer-token loss, the LM head at answer positions only
-        (at every position under ``per_example``)."""
-        if not self.causal or self.args.sam_mode == "per_example":
-            return super()._example_losses(model, features, labels)
+    def _answer_logits(self, model: nn.Module, features: dict[str, Any],
+                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal LMs: the LM head at the answer positions only: logits [b, w, V] and the tokens they predict
+        [b, w], w the most answer tokens of a row (-100 past a row's own)."""
         states, mask = self._states(model, features)
         with bottom_skipped(model, self.boundary) as stack:
             hidden = stack.backbone(inputs_embeds=states, attention_mask=mask).last_hidden_state
@@ -280,11 +281,17 @@ class CachedPrefixTrainer(DPSAMTrainer):
         width = max(int(answer.sum(dim=1).max()), 1) if len(labels) else 1
         positions = torch.sort(answer.int(), dim=1, descending=True, stable=True).indices[:, :width]
         chosen = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = model.get_base_model().get_output_embeddings()(chosen)
-        chosen_targets = targets.gather(1, positions)
-        token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chosen_targets.reshape(-1),
-                                     ignore_index=IGNORE_INDEX, reduction="none").view(chosen_targets.shape)
-        return token_loss.sum(dim=1) / (chosen_targets != IGNORE_INDEX).sum(dim=1).clamp(min=1)
+        return model.get_base_model().get_output_embeddings()(chosen), targets.gather(1, positions)
+
+    def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
+        """Classifiers: DPSAMTrainer's. Causal LMs: the mean answer-token loss, the LM head at answer positions only
+        (at every position under ``per_example``)."""
+        if not self.causal or self.args.sam_mode == "per_example":
+            return super()._example_losses(model, features, labels)
+        logits, targets = self._answer_logits(model, features, labels)
+        token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                     ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+        return token_loss.sum(dim=1) / (targets != IGNORE_INDEX).sum(dim=1).clamp(min=1)
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None):

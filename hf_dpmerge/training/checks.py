@@ -163,3 +163,26 @@ def check_no_model_selection(callbacks: Sequence[Any]) -> None:
             "when that data is private; remove the callback, or set eval_data_is_public=True if the evaluation "
             "data is public (the privacy record says so)"
         )
+
+
+def check_anchor_rows(anchor_rows: Any, anchor_lambda: float, train_dataset: Any) -> None:
+    """The public anchor needs its rows, and rows need a weight: tokenised causal-LM rows (token labels), for a
+    causal LM's training (its training rows have token labels too)."""
+    if anchor_lambda > 0 and anchor_rows is None:
+        raise ValueError(f"anchor_lambda={anchor_lambda:g} needs the public anchor's rows (anchor_rows=, built by "
+                         "hf_dpmerge.training.public_anchor.anchor_rows; examples/train_causal_lm.py builds them from "
+                         "--anchor_prompts): set --anchor_lambda 0 to train without the anchor")
+    if anchor_rows is None:
+        return
+    if anchor_lambda == 0:
+        raise ValueError("anchor_rows were given but anchor_lambda is 0, so they would not be used: set "
+                         "--anchor_lambda > 0")
+    if (not isinstance(anchor_rows, datasets.Dataset) or "labels" not in anchor_rows.column_names
+            or not len(anchor_rows)):
+        raise ValueError("anchor_rows must be a non-empty datasets.Dataset with input_ids and labels")
+    check_tokenized(anchor_rows, "anchor_rows")
+    train_row = train_dataset[0] if isinstance(train_dataset, datasets.Dataset) and len(train_dataset) else {}
+    train_labels = train_row.get("labels", train_row.get("label", []))
+    if not isinstance(anchor_rows[0]["labels"], list) or not isinstance(train_labels, list):
+        raise ValueError("the public anchor is for causal LMs: anchor_rows need one label per token "
+                         "(set --anchor_lambda 0 for a sequence classifier)")

@@ -69,6 +69,13 @@ class DPSAMConfig(TrainingArguments):
                   "the first step (in a federation: the round's global adapter); its gradient μ·(θ − θ₀) is "
                   "data-free and added after the noise, like the alignment penalty's (0 disables)."},
     )
+    anchor_lambda: float = field(
+        default=0.0,
+        metadata={"help": "Causal LMs: the public anchor's weight μ, μ·KL(base ‖ adapter) on the base's own answers to "
+                  "public prompts of other formats (examples/train_causal_lm.py --anchor_prompts); its gradient "
+                  "uses public data and the weights only and is added after the noise (docs/design.md §14.1; "
+                  "0 disables)."},
+    )
     head_learning_rate: float | None = field(
         default=None,
         metadata={"help": "Learning rate of the task head (peft modules_to_save); default: learning_rate. "
@@ -116,6 +123,8 @@ class DPSAMConfig(TrainingArguments):
             problems.append(f"align_lambda must be a finite number ≥ 0, got {self.align_lambda}")
         if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0):
             problems.append(f"proximal_mu must be a finite number ≥ 0, got {self.proximal_mu}")
+        if not (math.isfinite(self.anchor_lambda) and self.anchor_lambda >= 0):
+            problems.append(f"anchor_lambda must be a finite number ≥ 0, got {self.anchor_lambda}")
         if self.clipping not in CLIPPING_MODES:
             problems.append(f"clipping must be one of {CLIPPING_MODES}, got {self.clipping!r}")
         if not (math.isfinite(self.clipping_gamma) and self.clipping_gamma > 0):

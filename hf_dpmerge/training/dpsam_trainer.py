@@ -5,7 +5,10 @@ One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example varian
     B ~ Poisson(q) over the training set                         (one draw per step)
     e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)
     g̃ = (Σ_{i∈B} clip_C(∇ℓ_i(w + e)) + N(0, σ²C²I)) / B_exp    (per_example: each i ascends on its own)
-    w ← optimizer(w, g̃ + ∇R(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
+    w ← optimizer(w, g̃ + ∇R(w) + ∇A(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
+
+A is the public anchor of a causal LM (``anchor_lambda`` > 0 with ``anchor_rows``; :mod:`.public_anchor`): public
+data and the weights only, so, like R, it is added after the noise.
 
 With ``head_warmup_steps`` K, steps 1..K clip, noise and update the task head only (the LoRA factors are frozen
 for the step) and skip R; every step is still one query at the same (σ, q) for the one accountant
@@ -49,6 +52,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.utils import hf_api
 
+from hf_dpmerge.data.instructions import IGNORE_INDEX
 from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.lora import lora_factors, penalty_curvature
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY
@@ -62,6 +66,7 @@ from hf_dpmerge.records.statement import check_unseeded_release
 from hf_dpmerge.training.alignment import alignment_penalty
 from hf_dpmerge.training.checks import (
     check_adapter_type,
+    check_anchor_rows,
     check_finite_step,
     check_full_precision_trainable,
     check_labels,
@@ -87,6 +92,7 @@ from hf_dpmerge.training.dp.state import (
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.noise_response import AdamNoiseResponse, supports_noise_response
 from hf_dpmerge.training.noise_stats import write_noise_stats
+from hf_dpmerge.training.public_anchor import anchor_divergence
 from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads
 from hf_dpmerge.training.shared_lora_a import frozen_lora_a_record
@@ -139,9 +145,12 @@ class DPSAMTrainer(Trainer):
     needs_token_ids: bool = True  # the training rows are token ids (a subclass may train on other inputs)
 
     def __init__(self, model: nn.Module, args: DPSAMConfig, train_dataset: Any = None, *,
-                 earlier_phases: Sequence[Mapping[str, Any]] = (), **kwargs: Any):
+                 earlier_phases: Sequence[Mapping[str, Any]] = (), anchor_rows: datasets.Dataset | None = None,
+                 **kwargs: Any):
         """``earlier_phases``: :meth:`privacy_phase` of earlier runs of the same training on the same data (private
-        LP-FT's head phase, docs/design.md §15.6): the accountant composes them with this run's steps."""
+        LP-FT's head phase, docs/design.md §15.6): the accountant composes them with this run's steps.
+        ``anchor_rows``: the public anchor's tokenised rows (:func:`~hf_dpmerge.training.public_anchor.anchor_rows`),
+        needed by and only by ``anchor_lambda`` > 0."""
         if not isinstance(args, DPSAMConfig):
             raise TypeError(f"DPSAMTrainer needs a DPSAMConfig, got {type(args).__name__}")
         self.earlier_phases = [dict(phase) for phase in earlier_phases]
@@ -175,6 +184,9 @@ class DPSAMTrainer(Trainer):
         self.align_lambda = args.align_lambda if args.align_lambda > 0 and any(
             f.lora_a.requires_grad or f.lora_b.requires_grad for f in lora_factors(self.model)) else 0.0
         self._proximal_anchor: list[torch.Tensor] | None = None  # θ₀ of FedProx's term, taken at the first step
+        self.anchor_lambda, self.anchor_rows = args.anchor_lambda, anchor_rows
+        self._anchor_batches: list[dict[str, torch.Tensor]] | None = None  # the anchor rows, collated once
+        check_anchor_rows(anchor_rows, args.anchor_lambda, train_dataset)
         self.noise_response: AdamNoiseResponse | None = None  # set by create_optimizer under DP with Adam(W)
 
         self.num_samples = len(train_dataset)
@@ -464,6 +476,8 @@ class DPSAMTrainer(Trainer):
                 penalty = alignment_penalty(model, self.align_lambda)
                 penalty_grads = torch.autograd.grad(penalty, self._params, allow_unused=True)
             gradient = [g if pg is None else g + pg for g, pg in zip(gradient, penalty_grads)]
+        if self.anchor_lambda > 0 and not warmup:  # public data and the weights only: after the noise
+            gradient = [g if a is None else g + a for g, a in zip(gradient, self._anchor_gradient(model))]
         if self._proximal_anchor is not None:  # FedProx: μ·(θ − θ₀), data-free, after the noise
             mu = self.args.proximal_mu
             gradient = [g + mu * (p.detach() - anchor) for g, p, anchor in
@@ -530,6 +544,53 @@ class DPSAMTrainer(Trainer):
     def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
         """The loss of each example of one micro-batch, shape [b] (its per-sample gradients are clipped)."""
         return per_example_loss(self._logits(model, features), labels)
+
+    def _answer_logits(self, model: nn.Module, features: dict[str, Any],
+                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A causal LM's next-token logits on one micro-batch and the tokens they predict: [b, w, V] and [b, w]
+        (-100 where no answer token is predicted)."""
+        return self._logits(model, features)[:, :-1], labels[:, 1:]
+
+    def _anchor_inputs(self) -> list[dict[str, torch.Tensor]]:
+        """The anchor rows as micro-batches of ``physical_batch_size`` (collated once, on the device)."""
+        if self._anchor_batches is None:
+            rows, size = len(self.anchor_rows), self.args.physical_batch_size
+            self._anchor_batches = [
+                self._prepare_inputs(self.data_collator([self.anchor_rows[i] for i in range(start, min(start + size,
+                                                                                                         rows))]))
+                for start in range(0, rows, size)]
+        return self._anchor_batches
+
+    def _anchor_gradient(self, model: nn.Module) -> list[torch.Tensor | None]:
+        """∇A(θ) per trainable parameter (None when frozen), A = μ·mean over the anchor rows of
+        :func:`~hf_dpmerge.training.public_anchor.anchor_divergence`: the adapter and the base (its adapter disabled)
+        both in evaluation mode, opacus' per-sample hooks off (no public row enters a clipped sum)."""
+        active = [i for i, p in enumerate(self._params) if p.requires_grad]
+        totals: list[torch.Tensor | None] = [None] * len(self._params)
+        hooks = self._grad_sample_module
+        was_training = model.training
+        model.eval()
+        if hooks is not None:
+            hooks.disable_hooks()
+        try:
+            for inputs in self._anchor_inputs():
+                labels = inputs["labels"]
+                features = {k: v for k, v in inputs.items() if k != "labels"}
+                with torch.no_grad(), model.disable_adapter():
+                    base_logits, _ = self._answer_logits(model, features, labels)
+                with torch.enable_grad():
+                    logits, targets = self._answer_logits(model, features, labels)
+                    divergence = anchor_divergence(logits, base_logits, targets != IGNORE_INDEX).sum()
+                    grads = torch.autograd.grad(self.anchor_lambda * divergence / len(self.anchor_rows),
+                                                [self._params[i] for i in active], allow_unused=True)
+                for i, g in zip(active, grads):
+                    if g is not None:
+                        totals[i] = g if totals[i] is None else totals[i] + g
+        finally:
+            if hooks is not None:
+                hooks.enable_hooks()
+            model.train(was_training)
+        return totals
 
     def _sum_over_processes(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return sum_over_processes(self.accelerator, tensors)
@@ -615,6 +676,10 @@ class DPSAMTrainer(Trainer):
             extra["clipping"] = {"mode": "automatic", "gamma": self.args.clipping_gamma}
         if self.args.proximal_mu > 0:
             extra["proximal_mu"] = self.args.proximal_mu
+        if self.anchor_lambda > 0:
+            extra["public_anchor"] = {"lambda": self.anchor_lambda, "rows": len(self.anchor_rows),
+                                      "privacy": "public prompts and the weights only: its gradient is added after "
+                                                 "the noise (no privacy cost)"}
         if self.earlier_phases and self.dp_state.accountant is not None:
             extra["phases"] = [*self.earlier_phases, self.privacy_phase("lora")]
         return extra
