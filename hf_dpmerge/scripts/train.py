@@ -352,6 +352,9 @@ def main(argv: list[str] | None = None) -> None:
     """Train every task of ``argv`` (default: the command line) from one shared base."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
+    if config.anchor_lambda > 0:
+        raise ValueError("--anchor_lambda is not used by train_glue.py: the public anchor holds a causal LM's answers "
+                         "(examples/train_causal_lm.py); a sequence classifier has none to hold")
     script = script.with_pooling()
     tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     resume = resume_point(config, tasks)

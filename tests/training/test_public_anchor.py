@@ -148,6 +148,14 @@ def test_the_anchor_needs_its_rows_and_a_causal_lm(tmp_path, tiny_base):
         anchor_rows(top_layer_lm(tiny_base), tokenizer, PROMPTS, max_new_tokens=0)
 
 
+def test_the_classifier_script_refuses_the_anchor_before_writing_anything(tmp_path):
+    from hf_dpmerge.scripts.train import main as train_glue
+
+    with pytest.raises(ValueError, match="--anchor_lambda is not used by train_glue.py"):
+        train_glue(["--task", "rotten_tomatoes", "--runs_dir", str(tmp_path / "runs"), "--anchor_lambda", "1"])
+    assert not (tmp_path / "runs").exists()
+
+
 def test_public_prompts_packaged_or_a_users_file_and_bad_files_are_refused(tmp_path):
     packaged = load_public_prompts(PACKAGED)
     assert len(packaged) >= 40 and len(set(packaged)) == len(packaged)
