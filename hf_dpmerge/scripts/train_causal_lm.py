@@ -27,7 +27,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq
+import datasets
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_dpmerge.analysis.causal_evaluation import task_score
 from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, tokenize_instructions
@@ -149,10 +151,17 @@ def shared_causal_base(script: CausalScriptArguments) -> Path:
     return base_dir
 
 
+def base_anchor_rows(script: CausalScriptArguments, base_dir: Path, prompts: list[str]) -> datasets.Dataset:
+    """The public anchor's rows (the base's greedy answers to ``prompts``), built once per run for every task."""
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return anchor_rows(base, AutoTokenizer.from_pretrained(base_dir), prompts, script.anchor_max_new_tokens)
+
+
 def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMConfig, base_dir: Path,
-                      resume: str | bool | None = None, prompts: list[str] | None = None) -> dict | None:
-    """Train one task (``prompts``: the public anchor's, with ``--anchor_lambda`` > 0); returns its summary on the
-    process that writes the outputs, None on the others."""
+                      resume: str | bool | None = None, prompts: list[str] | None = None,
+                      anchor: datasets.Dataset | None = None) -> dict | None:
+    """Train one task (``prompts`` and ``anchor``: the public anchor's prompts and rows, with ``--anchor_lambda``
+    > 0); returns its summary on the process that writes the outputs, None on the others."""
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
         splits, spec = load_task(task, max_train_samples=script.max_train_samples,
                                  max_eval_samples=script.max_eval_samples)
@@ -166,7 +175,6 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
                                       train_answer_end=script.train_answer_end)
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_causal_lm(base_dir.resolve(), **script.lora_options())
-    anchor = None if prompts is None else anchor_rows(model, tokenizer, prompts, script.anchor_max_new_tokens)
     out = Path(script.runs_dir) / task
     trainer = dp_trainer(model, dataclasses.replace(config, output_dir=str(out / "checkpoints")), train_dataset=train,
                          data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
@@ -213,8 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_causal_base(script)
+    anchor = None if prompts is None else base_anchor_rows(script, base_dir, prompts)
     for task in tasks:
-        train_causal_task(task, script, config, base_dir, resume, prompts)
+        train_causal_task(task, script, config, base_dir, resume, prompts, anchor)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
 

@@ -14,21 +14,24 @@ answers early pushes that end at every answer's first position too (docs/causal-
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import datasets
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from hf_dpmerge.data.instructions import IGNORE_INDEX, render_prompt
 
 
 @torch.no_grad()
-def anchor_rows(model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+def anchor_rows(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
                 max_new_tokens: int) -> datasets.Dataset:
-    """The anchor's rows: each prompt rendered, then the base's greedy answer (the adapter disabled), up to and
+    """The anchor's rows: each prompt rendered, then the base's greedy answer (``model``: the base, or a peft model
+    whose adapter is disabled while it answers), up to and
     including its end-of-sequence token, at most ``max_new_tokens`` tokens: ``input_ids``, ``attention_mask`` and
     ``labels`` (-100 on the prompt, so the divergence is read at the answer's positions)."""
     if max_new_tokens < 1:
@@ -39,7 +42,7 @@ def anchor_rows(model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompts: S
     was_training = model.training
     model.eval()
     try:
-        with model.disable_adapter():
+        with model.disable_adapter() if isinstance(model, PeftModel) else contextlib.nullcontext():
             for prompt in prompts:
                 ids = tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
                 generated = model.generate(input_ids=torch.tensor([ids], device=device),
