@@ -10,6 +10,8 @@ Protocol (recipe chosen without the reported tasks' test data):
    the candidate's recipe without privacy (``--dp false``): the non-private adapter at the same budget, whose gain
    over zero-shot the DP rows' "share of the non-private gain" divides by. ``--variant dp_merging`` trains the
    chosen candidate with DP-Merging's step (DP-SAT + alignment, :data:`VARIANTS`) instead of plain DP-SGD.
+3. **anchor** — the chosen candidate with the public anchor at each μ of :data:`ANCHOR_GRID` on :data:`SELECT_TASK`'s
+   validation split (ε = 8, seed 0), against μ = 0 (its select unit): the μ a report's ``--variant`` should take.
 
 Every candidate is ``examples/train_causal_lm.py`` with LoRA on q/v of the top 4 of 30 layers on the cached prefix
 (A and B trained, or FFA-LoRA: A frozen from the public seed, fewer noised coordinates), plain DP-SGD (no SAM, no
@@ -25,11 +27,12 @@ unit is stored as JSON under ``benchmarks/reports/causal-recipe/units/`` and the
 
     python -m benchmarks.causal_recipe --stage select --work-dir causal-search \
         --prefix-cache-dir causal-full/prefix_cache
+    python -m benchmarks.causal_recipe --stage anchor --work-dir causal-search
     python -m benchmarks.causal_recipe --stage report --tasks rotten_tomatoes,election_tweets,bbc_news
     python -m benchmarks.causal_recipe --stage generation --keep-adapters causal-search/kept
     python -m benchmarks.causal_recipe --report-only
 
-3. **generation** — each adapter kept by the report stage, alone (stock ``peft`` ``merge_and_unload`` onto the
+4. **generation** — each adapter kept by the report stage, alone (stock ``peft`` ``merge_and_unload`` onto the
    base), asked through stock ``pipeline("text-generation")`` on ``GENERATION_SAMPLES`` stratified test examples of
    its task: how often its greedy answer is the verbaliser its scoring ranks first, the gold one, any verbaliser
    (``generation/<unit>.json``).
@@ -99,11 +102,16 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # to end answers answered with the end of the turn first (docs/causal-lm.md, "Ending the answer")
     "no_answer_end": ("--train_answer_end", "false"),
     # the public anchor (docs/design.md §14.1): μ·KL(base ‖ adapter) on the base's answers to the packaged public
-    # prompts, weighted as the task's loss (μ = 1, fixed, not tuned), added after the noise
+    # prompts, added after the noise; μ = 1 weighs it as the task's loss
     "public_anchor": ("--anchor_lambda", "1"),
+    "public_anchor_mu3": ("--anchor_lambda", "3"),
 }
 """Report-stage variants of the chosen candidate (``--variant``): its flags, then these (later flags win); the unit's
 candidate is ``<candidate>+<variant>``."""
+
+ANCHOR_GRID: dict[str, float] = {"public_anchor": 1.0, "public_anchor_mu3": 3.0}
+"""The anchor stage's variants and their μ, each trained on :data:`SELECT_TASK`'s validation split at ε = 8, seed 0;
+μ = 0 is the chosen candidate's own select unit."""
 
 
 def candidate_flags(candidate: str) -> tuple[str, ...]:
@@ -209,9 +217,21 @@ def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
     candidate's select unit is stored), and every stored candidate's score."""
     scores = {u["candidate"]: u["score"] for u in units
               if u["task"] == SELECT_TASK and u["split"] == "validation" and u["seed"] == 0
-              and u["candidate"] != ZERO_SHOT and u["epsilon"] == 8}
+              and u["candidate"] in CANDIDATES and u["epsilon"] == 8}  # not a variant of the anchor stage
     complete = set(CANDIDATES) <= set(scores)
     return (max(scores, key=scores.get) if complete else None), scores
+
+
+def chosen_anchor(units: list[dict], chosen: str) -> tuple[float | None, dict[float, float]]:
+    """The public anchor's μ with the highest validation accuracy on :data:`SELECT_TASK` at ε = 8, seed 0, among
+    μ = 0 (``chosen``'s own select unit) and :data:`ANCHOR_GRID` (None until every one is stored; a tie keeps the
+    smaller μ), and every stored μ's score."""
+    select = {u["candidate"]: u["score"] for u in units if u["task"] == SELECT_TASK and u["split"] == "validation"
+              and u["seed"] == 0 and u["epsilon"] == 8}
+    scores = {0.0: select[chosen]} if chosen in select else {}
+    scores |= {mu: select[f"{chosen}+{variant}"] for variant, mu in ANCHOR_GRID.items()
+               if f"{chosen}+{variant}" in select}
+    return (max(scores, key=scores.get) if len(scores) == len(ANCHOR_GRID) + 1 else None), scores
 
 
 def _answer_end_scored(unit: dict) -> bool:
@@ -238,6 +258,18 @@ def write_report(units: list[dict], path: Path) -> str:
             f"`{' '.join(COMMON)}`.", "",
             markdown_table(["candidate", "flags", "validation accuracy", "σ / q", "unit (min)"], rows), "",
             f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
+    mu, anchor_scores = chosen_anchor(units, chosen) if chosen else (None, {})
+    if len(anchor_scores) > 1:
+        seconds = {u["candidate"]: u["seconds"] for u in units if u["task"] == SELECT_TASK
+                   and u["split"] == "validation" and u["seed"] == 0 and u["epsilon"] == 8}
+        variant_of = {0.0: None, **{m: v for v, m in ANCHOR_GRID.items()}}
+        rows = [[f"{m:g}", f"{100 * score:.1f}",
+                 f"{seconds[chosen if variant_of[m] is None else f'{chosen}+{variant_of[m]}'] / 60:.1f}"]
+                for m, score in sorted(anchor_scores.items())]
+        text += [f"## The public anchor's weight ({SELECT_TASK}, validation split, ε = 8, seed 0)", "",
+                 f"`{chosen}` with `--anchor_lambda μ` (`--stage anchor`; μ = 0 is its select unit above).", "",
+                 markdown_table(["μ", "validation accuracy", "unit (min)"], rows), "",
+                 f"Chosen: μ = {mu:g}." if mu is not None else "Chosen: — (anchor stage incomplete).", ""]
     tested = sorted({(u["task"], u["epsilon"], u["seed"]) for u in units if u["split"] == "test"
                      and u["candidate"] != ZERO_SHOT}, key=lambda k: (k[0], -k[1], k[2]))
     if tested:
@@ -283,7 +315,7 @@ def write_report(units: list[dict], path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.causal_recipe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=("select", "report", "generation"), default="select")
+    parser.add_argument("--stage", choices=("select", "anchor", "report", "generation"), default="select")
     parser.add_argument("--tasks", default="rotten_tomatoes,election_tweets,bbc_news", help="report stage: the tasks")
     parser.add_argument("--seeds", default="0", help="report stage: the seeds")
     parser.add_argument("--epsilon", type=float, default=8.0,
@@ -320,9 +352,12 @@ def main(argv: list[str] | None = None) -> int:
             chosen, _ = chosen_candidate(load_units(args.units_dir))
             if chosen is None:
                 parser.error("the select stage is incomplete: run --stage select first")
-            trained = f"{chosen}+{args.variant}" if args.variant else chosen
-            plan = [(task, c, "test", args.epsilon, seed) for seed in map(int, args.seeds.split(","))
-                    for task in args.tasks.split(",") for c in (trained, ZERO_SHOT)]
+            if args.stage == "anchor":
+                plan = [(SELECT_TASK, f"{chosen}+{variant}", "validation", 8.0, 0) for variant in ANCHOR_GRID]
+            else:
+                trained = f"{chosen}+{args.variant}" if args.variant else chosen
+                plan = [(task, c, "test", args.epsilon, seed) for seed in map(int, args.seeds.split(","))
+                        for task in args.tasks.split(",") for c in (trained, ZERO_SHOT)]
         (work_dir / "runs_causal").mkdir(parents=True, exist_ok=True)
         for task, candidate, split, epsilon, seed in plan:
             if candidate == ZERO_SHOT:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 
 import datasets
 import torch
@@ -78,17 +78,10 @@ class FederatedSetup:
         every round (rounds·local_steps steps at q = batch_size/N) spends at most ``target_epsilon``."""
         if self.noise_multiplier is not None:
             return self.noise_multiplier
-        return _calibrated(
-            self.target_epsilon, resolve_delta(self.target_delta, num_samples), self.batch_size / num_samples,
-            self.rounds * self.local_steps, self.accountant,
+        return calibrate_noise_multiplier(
+            target_epsilon=self.target_epsilon, target_delta=resolve_delta(self.target_delta, num_samples),
+            sample_rate=self.batch_size / num_samples, steps=self.rounds * self.local_steps, accountant=self.accountant,
         )
-
-
-@cache
-def _calibrated(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
-    return calibrate_noise_multiplier(
-        target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps, accountant=accountant
-    )
 
 
 @lru_cache(maxsize=4)

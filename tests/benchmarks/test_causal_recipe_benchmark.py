@@ -1,6 +1,7 @@
 """The causal recipe search: candidates parse as the causal script runs them, the choice reads the select task's
 validation split only, and the report scores the chosen recipe against zero-shot on test."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,50 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
               unit(f"{names[-1]}+no_answer_end", 0.6, split="test", epsilon=float("inf")) | alone]
     text = causal_recipe.write_report(units, tmp_path / "CAUSAL_RECIPE.md")
     assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+no_answer_end | verbaliser alone | — | 50.0 | — | — |" in text
+
+
+def test_the_anchor_variants_are_the_candidate_with_the_public_anchor_at_their_weight_and_nothing_else():
+    chosen = "b1600_t12_lr1e-2"
+    plain_script, plain = parsed(chosen)
+    for variant, mu in causal_recipe.ANCHOR_GRID.items():
+        script, anchored = parsed(f"{chosen}+{variant}")
+        assert anchored.anchor_lambda == mu > 0 == plain.anchor_lambda
+        assert {**anchored.to_dict(), "anchor_lambda": 0.0} == plain.to_dict()
+        assert vars(script) == vars(plain_script)
+
+
+def test_the_anchor_weight_is_chosen_on_the_select_tasks_validation_split_once_every_weight_is_stored(tmp_path):
+    chosen = "b1600_t12_lr1e-2"
+    names = list(causal_recipe.CANDIDATES)
+    units = [unit(c, 0.5 if c == chosen else 0.3) for c in names]
+    grid = [unit(f"{chosen}+{variant}", score) for variant, score in zip(causal_recipe.ANCHOR_GRID, (0.6, 0.7))]
+    assert causal_recipe.chosen_anchor(units + grid[:-1], chosen)[0] is None
+    decoys = [unit(f"{chosen}+{variant}", 0.99, split="test") for variant in causal_recipe.ANCHOR_GRID]
+    decoys += [unit(f"{chosen}+{variant}", 0.99, task="election_tweets") for variant in causal_recipe.ANCHOR_GRID]
+    assert causal_recipe.chosen_candidate(units + grid)[0] == chosen  # an anchored unit is no select candidate
+    mu, scores = causal_recipe.chosen_anchor(units + grid + decoys, chosen)
+    assert mu == max(causal_recipe.ANCHOR_GRID.values()) and scores[0.0] == 0.5
+    tied = [unit(f"{chosen}+{variant}", 0.5) for variant in causal_recipe.ANCHOR_GRID]
+    assert causal_recipe.chosen_anchor(units + tied, chosen)[0] == 0.0  # a tie keeps the smaller weight
+    text = causal_recipe.write_report(units + grid, tmp_path / "R.md")
+    assert "| 0 | 50.0 | 10.0 |" in text and "| 3 | 70.0 | 10.0 |" in text and "Chosen: μ = 3." in text
+
+
+def test_the_anchor_stage_trains_each_weight_on_the_select_tasks_validation_split(tmp_path, monkeypatch):
+    names = list(causal_recipe.CANDIDATES)
+    units_dir = tmp_path / "units"
+    units_dir.mkdir()
+    for i, name in enumerate(names):
+        (units_dir / f"{causal_recipe.unit_name('bbc_news', name, 'validation', 8.0, 0)}.json").write_text(
+            json.dumps(unit(name, 0.3 + 0.01 * i)))
+    calls = []
+    monkeypatch.setattr(causal_recipe, "run_unit", lambda work_dir, task, candidate, split, epsilon, seed, *_: (
+        calls.append((task, candidate, split, epsilon, seed)) or unit(candidate, 0.4)))
+    monkeypatch.setattr(causal_recipe, "write_report", lambda units, path: "")
+    assert causal_recipe.main(["--stage", "anchor", "--work-dir", str(tmp_path / "work"),
+                               "--units-dir", str(units_dir)]) == 0
+    assert calls == [("bbc_news", f"{names[-1]}+{variant}", "validation", 8.0, 0)
+                     for variant in causal_recipe.ANCHOR_GRID]
 
 
 def test_the_script_default_is_the_chosen_candidate():

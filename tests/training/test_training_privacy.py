@@ -201,11 +201,46 @@ def test_release_ships_noise_statistics_the_merge_uses(tmp_path):
     assert variance.shape == (32, 32) and bool((variance > 0).all())
 
 
+def test_memoised_accounting_answers_as_a_fresh_accountant_for_each_history_and_delta():
+    """ε and σ are memoised per process; every answer is still the one a fresh accountant gives its arguments."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from hf_dpmerge.training.dp.accounting import (
+        PLD_DISCRETIZATION,
+        calibrate_noise_multiplier,
+        history_epsilon,
+        replace_one_epsilon,
+    )
+
+    cases = [([(1.0, 0.1, 20)], 1e-5), ([(1.0, 0.1, 20)], 1e-3), ([(1.0, 0.1, 20), (2.0, 0.2, 5)], 1e-5),
+             ([(1.0, 0.1, 20)], 1e-5)]  # the last one asked again: a hit
+    for history, delta in cases:
+        fresh = create_accountant("rdp")
+        fresh.history = list(history)
+        assert history_epsilon("rdp", [list(entry) for entry in history], delta) == fresh.get_epsilon(delta=delta)
+    for (sigma, q, steps), delta in [((1.0, 0.1, 20), 1e-5), ((1.0, 0.1, 20), 1e-3), ((1.0, 0.1, 20), 1e-5)]:
+        fresh = PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=PLD_DISCRETIZATION)
+        fresh.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+        assert replace_one_epsilon(effective_noise_multiplier=sigma, sample_rate=q, steps=steps,
+                                   delta=delta) == fresh.get_epsilon(delta)
+    for epsilon in (8.0, 4.0, 8.0):
+        assert calibrate_noise_multiplier(target_epsilon=epsilon, target_delta=1e-5, sample_rate=0.1, steps=20,
+                                          accountant="rdp") == get_noise_multiplier(
+            target_epsilon=epsilon, target_delta=1e-5, sample_rate=0.1, steps=20, accountant="rdp",
+            epsilon_tolerance=0.01)
+
+
 def test_prv_accounting_prints_no_rdp_order_warning():
     import warnings
 
+    from hf_dpmerge.training.dp import accounting
     from hf_dpmerge.training.dp.accounting import PrivacyAccountant, calibrate_noise_multiplier
 
+    accounting._opacus_noise_multiplier.cache_clear()  # an earlier test's calibration would hide the warning
+    accounting._accountant_epsilon.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sigma = calibrate_noise_multiplier(target_epsilon=8, target_delta=1e-5, sample_rate=0.032, steps=40,

@@ -24,6 +24,7 @@ upper bound).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterator
@@ -78,25 +79,35 @@ def calibrate_noise_multiplier(
         return calibrate_after(prior_history, target_epsilon=target_epsilon, target_delta=target_delta,
                                sample_rate=sample_rate, steps=steps, accountant=accountant,
                                epsilon_tolerance=epsilon_tolerance) * math.sqrt(queries_per_step)
-    with quiet_prv_domain_bound(accountant):
-        effective = get_noise_multiplier(
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=accountant,
-            epsilon_tolerance=epsilon_tolerance,
-        )
+    effective = _opacus_noise_multiplier(target_epsilon, target_delta, sample_rate, steps, accountant,
+                                         epsilon_tolerance)
     return effective * math.sqrt(queries_per_step)
+
+
+@functools.lru_cache(maxsize=256)
+def _opacus_noise_multiplier(target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
+                             accountant: str, epsilon_tolerance: float) -> float:
+    """opacus' σ_eff for (ε, δ, q, T), memoised per process: a pure function of its arguments whose bisection costs
+    seconds (tens of accountant calls), asked again by every run of the same recipe."""
+    with quiet_prv_domain_bound(accountant):
+        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                          sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                          epsilon_tolerance=epsilon_tolerance))
 
 
 def history_epsilon(mechanism: str, history: History, delta: float) -> float:
     """ε of an opacus accountant (``mechanism``) over ``history`` (stretches of any (σ_eff, q))."""
-    history = [tuple(entry) for entry in history if entry[2] > 0]
-    if not history:
-        return 0.0
+    history = tuple(tuple(entry) for entry in history if entry[2] > 0)
+    return _accountant_epsilon(mechanism, history, delta) if history else 0.0
+
+
+@functools.lru_cache(maxsize=1024)
+def _accountant_epsilon(mechanism: str, history: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """:func:`history_epsilon` of a non-empty history, memoised per process: a pure function of its arguments
+    whose RDP or PRV call costs up to seconds, asked again at every log, by every bisection step of
+    :func:`calibrate_after` and by every run of the same recipe."""
     probe = create_accountant(mechanism)
-    probe.history = history
+    probe.history = list(history)
     with quiet_prv_domain_bound(mechanism):
         return float(probe.get_epsilon(delta=delta))
 
@@ -139,11 +150,18 @@ def pld_history_epsilon(relation: str, history: History, delta: float) -> float:
     accountant: heterogeneous stretches compose by convolving their privacy-loss distributions)."""
     if relation not in _PLD_RELATIONS:
         raise ValueError(f"neighbouring relation must be one of {tuple(_PLD_RELATIONS)}, got {relation!r}")
-    history = [(sigma, q, n) for sigma, q, n in history if n > 0 and q > 0]
+    history = tuple((sigma, q, n) for sigma, q, n in history if n > 0 and q > 0)
     if not history:
         return 0.0
     if any(sigma == 0 for sigma, _, _ in history):
         return math.inf
+    return _pld_epsilon(relation, history, delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pld_epsilon(relation: str, history: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """:func:`pld_history_epsilon` of a non-empty, noised history, memoised per process (a pure function of its
+    arguments; the FFT composition costs up to seconds)."""
     accountant = PLDAccountant(_PLD_RELATIONS[relation], value_discretization_interval=PLD_DISCRETIZATION)
     for sigma, q, n in history:
         accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), n)
