@@ -7,8 +7,9 @@ phase): the workflow behind ``examples/train_glue.py`` (:func:`shared_base`, :fu
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
 
 Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…), each
-honoured or refused (docs/bad-inputs.md has the table): the flags of :data:`REFUSED_FLAGS` are meaningless here
-(``--output_dir``: use ``--runs_dir``; ``--push_to_hub``/``--hub_*``: ``hf-dpmerge push``), DPSAMConfig refuses
+honoured or refused (docs/bad-inputs.md has the table): the flags of :data:`TRAIN_GLUE_REFUSED_FLAGS` are
+meaningless here (``--output_dir``: use ``--runs_dir``; ``--push_to_hub``/``--hub_*``: ``hf-dpmerge push``;
+``--anchor_lambda``: a causal LM's), DPSAMConfig refuses
 those that break the DP guarantee, and with ``--no_dp`` those DPSAMTrainer's step does not implement;
 ``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
 ``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
@@ -97,6 +98,12 @@ REFUSED_FLAGS = {
     "batch_eval_metrics": "the script's metrics take the whole split's predictions at once",
     "include_for_metrics": "the script's metrics use the predictions and labels only",
 }
+TRAIN_GLUE_REFUSED_FLAGS = {
+    **REFUSED_FLAGS,
+    "anchor_lambda": "the public anchor holds a causal LM's answers (examples/train_causal_lm.py); a sequence "
+                     "classifier has none to hold",
+}
+"""train_glue.py's refused flags: :data:`REFUSED_FLAGS` (every training script's) and the causal LM's own."""
 
 
 def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS) -> list[str]:
@@ -112,13 +119,13 @@ def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[st
 
 
 def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,
-                         script: str = "train_glue.py") -> None:
-    """Refuse a non-default value of a flag of :data:`REFUSED_FLAGS` instead of silently ignoring it (the
+                         script: str = "train_glue.py", refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS) -> None:
+    """Refuse a non-default value of a flag of ``refused`` (name → why) instead of silently ignoring it (the
     values as parsed, before DPSAMConfig checks combinations)."""
     defaults = recipe_defaults(parser, argv, defaults)
     given = vars(parser.parse_known_args([*defaults, *argv])[0])  # an unknown flag: refused by the full parse
     default = vars(parser.parse_known_args(defaults)[0])
-    for name, why in REFUSED_FLAGS.items():
+    for name, why in refused.items():
         if given[name] != default[name]:
             raise ValueError(f"--{name} is not used by {script}: {why}")
 
@@ -321,10 +328,11 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
-def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS) -> HfArgumentParser:
+def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
+                    refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS) -> HfArgumentParser:
     """The script's command-line parser: ``arguments`` (:class:`ScriptArguments`) and :class:`DPSAMConfig`, its
     defaults the values the script runs with (the recipe of ``defaults``, not TrainingArguments'), so ``--help``
-    shows them, and the refused flags of :data:`REFUSED_FLAGS` left out of ``--help``."""
+    shows them, and the ``refused`` flags left out of ``--help``."""
     import argparse
 
     parser = HfArgumentParser((arguments, DPSAMConfig))
@@ -332,17 +340,18 @@ def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_
     given = {action.dest for action in parser._actions if set(action.option_strings) & set(defaults)}
     parser.set_defaults(**{name: getattr(recipe, name) for name in given})
     for action in parser._actions:
-        if action.dest in REFUSED_FLAGS:
+        if action.dest in refused:
             action.help = argparse.SUPPRESS
     return parser
 
 
 def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
-                    script_name: str = "train_glue.py") -> tuple[ScriptArguments, DPSAMConfig]:
+                    script_name: str = "train_glue.py", refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS,
+                    ) -> tuple[ScriptArguments, DPSAMConfig]:
     """The script's flags after the defaults (``defaults`` first — for train_glue.py ``HEAD_ONLY_DEFAULTS`` with
-    ``--train_lora false`` — so every later flag overrides them)."""
-    parser = argument_parser(arguments, defaults)
-    refuse_ignored_flags(parser, argv, defaults, script_name)
+    ``--train_lora false`` — so every later flag overrides them), the ``refused`` ones refused."""
+    parser = argument_parser(arguments, defaults, refused)
+    refuse_ignored_flags(parser, argv, defaults, script_name, refused)
     script, config = parser.parse_args_into_dataclasses(args=[*recipe_defaults(parser, argv, defaults), *argv])
     refuse_non_private_step_flags(config, script_name)
     return script, config
@@ -352,9 +361,6 @@ def main(argv: list[str] | None = None) -> None:
     """Train every task of ``argv`` (default: the command line) from one shared base."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
-    if config.anchor_lambda > 0:
-        raise ValueError("--anchor_lambda is not used by train_glue.py: the public anchor holds a causal LM's answers "
-                         "(examples/train_causal_lm.py); a sequence classifier has none to hold")
     script = script.with_pooling()
     tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     resume = resume_point(config, tasks)

@@ -31,9 +31,9 @@ from hf_dpmerge.data.instructions import IGNORE_INDEX, render_prompt
 def anchor_rows(model: nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
                 max_new_tokens: int) -> datasets.Dataset:
     """The anchor's rows: each prompt rendered, then the base's greedy answer (``model``: the base, or a peft model
-    whose adapter is disabled while it answers), up to and
-    including its end-of-sequence token, at most ``max_new_tokens`` tokens: ``input_ids``, ``attention_mask`` and
-    ``labels`` (-100 on the prompt, so the divergence is read at the answer's positions)."""
+    whose adapter is disabled while it answers), up to and including its end-of-sequence token, at most
+    ``max_new_tokens`` tokens: ``input_ids``, ``attention_mask`` and ``labels`` (-100 on the prompt, so the
+    divergence is read at the answer's positions)."""
     if max_new_tokens < 1:
         raise ValueError(f"--anchor_max_new_tokens must be ≥ 1, got {max_new_tokens}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -80,14 +80,14 @@ def test_a_bad_head_phase_is_refused_naming_the_flag(argv, message) -> None:
 
 
 def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() -> None:
-    from hf_dpmerge.scripts.train import REFUSED_FLAGS, argument_parser
+    from hf_dpmerge.scripts.train import TRAIN_GLUE_REFUSED_FLAGS, argument_parser
 
     help_text = " ".join(argument_parser().format_help().split("options:", 1)[1].split())
     for flag in ("per_device_train_batch_size", "learning_rate", "max_steps", "save_strategy"):
         value = recipe_value([*DP_RECIPE, *LPFT_RECIPE], f"--{flag}")  # LPFT_RECIPE's last word
         shown = re.search(rf"--{flag} .*?\(default: ([^)]*)\)", help_text).group(1)
         assert shown == value or float(shown) == float(value), (flag, shown, value)
-    assert not [name for name in REFUSED_FLAGS if f"--{name} " in help_text]
+    assert not [name for name in TRAIN_GLUE_REFUSED_FLAGS if f"--{name} " in help_text]
 
 
 def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
