@@ -346,10 +346,12 @@ def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_
 
 
 def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
-                    script_name: str = "train_glue.py", refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS,
+                    script_name: str = "train_glue.py", refused: dict[str, str] | None = None,
                     ) -> tuple[ScriptArguments, DPSAMConfig]:
     """The script's flags after the defaults (``defaults`` first — for train_glue.py ``HEAD_ONLY_DEFAULTS`` with
     ``--train_lora false`` — so every later flag overrides them), the ``refused`` ones refused."""
+    if refused is None:  # train_glue.py's table for its own arguments, the shared one for another script's
+        refused = TRAIN_GLUE_REFUSED_FLAGS if arguments is ScriptArguments else REFUSED_FLAGS
     parser = argument_parser(arguments, defaults, refused)
     refuse_ignored_flags(parser, argv, defaults, script_name, refused)
     script, config = parser.parse_args_into_dataclasses(args=[*recipe_defaults(parser, argv, defaults), *argv])

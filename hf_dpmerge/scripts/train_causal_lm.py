@@ -41,7 +41,7 @@ from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments
-from hf_dpmerge.scripts.train import REFUSED_FLAGS, parse_arguments, resume_point
+from hf_dpmerge.scripts.train import parse_arguments, resume_point
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
@@ -211,7 +211,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
 def main(argv: list[str] | None = None) -> None:
     """Train every task of ``argv`` (default: the command line) from one shared causal-LM base."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    script, config = parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT, REFUSED_FLAGS)
+    script, config = parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
     tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
     for task in tasks:  # a regression task is refused before any training
         instruction_format(get_task_spec(task))
