@@ -107,6 +107,23 @@ def test_the_report_gives_each_test_unit_its_gain_over_zero_shot(tmp_path: Path)
     assert f"| bbc_news (select) | 8 | 0 | {names[-1]}+no_answer_end | verbaliser alone | — | 50.0 | — | — |" in text
 
 
+def test_the_report_treats_each_seed_as_one_adapter_against_the_gain_target(tmp_path: Path):
+    chosen = list(causal_recipe.CANDIDATES)[-1]
+    units = [unit(causal_recipe.ZERO_SHOT, 0.25, split="test", epsilon=None),
+             unit(chosen, 0.40, split="test"), unit(chosen, 0.30, split="test", seed=1),
+             unit(chosen, 0.50, split="test", seed=2), unit(chosen, 0.45, split="test", epsilon=4.0),
+             unit(chosen, 0.60, split="test", epsilon=float("inf")), unit(chosen, 0.60, split="test", seed=1,
+                                                                         epsilon=float("inf"))]
+    text = causal_recipe.write_report(units, tmp_path / "R.md")
+    # gains +15, +5, +25 over the zero-shot 25: two of three seeds reach +10; ε = 4 and the non-private twin have one
+    # and two seeds (the latter not private): no row
+    assert f"| bbc_news | 8 | {chosen} | 0,1,2 | 40.0 30.0 50.0 | 40.0 | +15.0 (+5.0) | 2 of 3 |" in text
+    assert text.count(f"| bbc_news | 8 | {chosen} |") == 1 and "| bbc_news | 4 |" not in text
+    assert "| bbc_news | inf |" not in text and "| bbc_news | ∞" not in text
+    alone = unit(chosen, 0.9, split="test", seed=3) | {"answer_end_scored": False}  # scored another way: left out
+    assert "| 0,1,2 | 40.0 30.0 50.0 |" in causal_recipe.write_report(units + [alone], tmp_path / "R.md")
+
+
 def test_the_anchor_variants_are_the_candidate_with_the_public_anchor_at_their_weight_and_nothing_else():
     chosen = "b1600_t12_lr1e-2"
     plain_script, plain = parsed(chosen)
