@@ -213,12 +213,18 @@ def score_kept_generation(work_dir: Path, kept: Path) -> dict:
     return {"unit": kept.name, "task": task_dir.name, **scores}
 
 
+def select_units(units: list[dict]) -> dict[str, dict]:
+    """The units the recipe is chosen from, by candidate: :data:`SELECT_TASK`'s validation split at ε = 8, seed 0
+    (the zero-shot base, every candidate and every anchor-stage variant)."""
+    return {u["candidate"]: u for u in units
+            if u["task"] == SELECT_TASK and u["split"] == "validation" and u["seed"] == 0 and u["epsilon"] == 8}
+
+
 def chosen_candidate(units: list[dict]) -> tuple[str | None, dict[str, float]]:
     """The candidate with the highest validation accuracy on :data:`SELECT_TASK` at ε = 8, seed 0 (None until every
     candidate's select unit is stored), and every stored candidate's score."""
-    scores = {u["candidate"]: u["score"] for u in units
-              if u["task"] == SELECT_TASK and u["split"] == "validation" and u["seed"] == 0
-              and u["candidate"] in CANDIDATES and u["epsilon"] == 8}  # not a variant of the anchor stage
+    scores = {candidate: u["score"] for candidate, u in select_units(units).items()
+              if candidate in CANDIDATES}  # not the zero-shot base, nor a variant of the anchor stage
     complete = set(CANDIDATES) <= set(scores)
     return (max(scores, key=scores.get) if complete else None), scores
 
@@ -227,8 +233,7 @@ def chosen_anchor(units: list[dict], chosen: str) -> tuple[float | None, dict[fl
     """The public anchor's μ with the highest validation accuracy on :data:`SELECT_TASK` at ε = 8, seed 0, among
     μ = 0 (``chosen``'s own select unit) and :data:`ANCHOR_GRID` (None until every one is stored; a tie keeps the
     smaller μ), and every stored μ's score."""
-    select = {u["candidate"]: u["score"] for u in units if u["task"] == SELECT_TASK and u["split"] == "validation"
-              and u["seed"] == 0 and u["epsilon"] == 8}
+    select = {candidate: u["score"] for candidate, u in select_units(units).items()}
     scores = {0.0: select[chosen]} if chosen in select else {}
     scores |= {mu: select[f"{chosen}+{variant}"] for variant, mu in ANCHOR_GRID.items()
                if f"{chosen}+{variant}" in select}
@@ -264,8 +269,7 @@ def seed_rows(by: dict[tuple[str, str, float, int], dict], zero: dict[tuple[str,
 def write_report(units: list[dict], path: Path) -> str:
     chosen, scores = chosen_candidate(units)
     zero = {(u["task"], u["split"]): u["score"] for u in units if u["candidate"] == ZERO_SHOT}
-    select = {u["candidate"]: u for u in units if u["task"] == SELECT_TASK and u["split"] == "validation"
-              and u["seed"] == 0 and u["epsilon"] == 8 and u["candidate"] != ZERO_SHOT}
+    select = select_units(units)
     rows = [[c, " ".join(CANDIDATES[c][len(COMMON):]),
              f"{100 * select[c]['score']:.1f}" if c in select else "—",
              f"{select[c]['noise_multiplier']:.2f} / {select[c]['sample_rate']:.3f}" if c in select else "—",
@@ -281,8 +285,7 @@ def write_report(units: list[dict], path: Path) -> str:
             f"Chosen: `{chosen}`." if chosen else "Chosen: — (select stage incomplete).", ""]
     mu, anchor_scores = chosen_anchor(units, chosen) if chosen else (None, {})
     if len(anchor_scores) > 1:
-        seconds = {u["candidate"]: u["seconds"] for u in units if u["task"] == SELECT_TASK
-                   and u["split"] == "validation" and u["seed"] == 0 and u["epsilon"] == 8}
+        seconds = {candidate: u["seconds"] for candidate, u in select.items()}
         variant_of = {0.0: None, **{m: v for v, m in ANCHOR_GRID.items()}}
         rows = [[f"{m:g}", f"{100 * score:.1f}",
                  f"{seconds[chosen if variant_of[m] is None else f'{chosen}+{variant_of[m]}'] / 60:.1f}"]

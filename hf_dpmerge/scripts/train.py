@@ -40,6 +40,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from transformers import (
@@ -118,8 +119,8 @@ def recipe_defaults(parser: HfArgumentParser, argv: list[str], defaults: list[st
     return ONE_PHASE_DEFAULTS if given.lora_recipe == "one_phase" else defaults
 
 
-def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str] = DP_DEFAULTS,
-                         script: str = "train_glue.py", refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS) -> None:
+def refuse_ignored_flags(parser: HfArgumentParser, argv: list[str], defaults: list[str], script: str,
+                         refused: dict[str, str]) -> None:
     """Refuse a non-default value of a flag of ``refused`` (name → why) instead of silently ignoring it (the
     values as parsed, before DPSAMConfig checks combinations)."""
     defaults = recipe_defaults(parser, argv, defaults)
@@ -195,6 +196,8 @@ class TrainArguments:
 @dataclass
 class ScriptArguments(TrainArguments, LoraArguments, TaskArguments):
     """Every flag of the training script besides DPSAMConfig's: task and base, LoRA, and the run's outputs."""
+
+    refused_flags: ClassVar[dict[str, str]] = TRAIN_GLUE_REFUSED_FLAGS  # what parse_arguments refuses (name → why)
 
 
 def shared_base(script: ScriptArguments) -> Path:
@@ -328,11 +331,10 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
-def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
-                    refused: dict[str, str] = TRAIN_GLUE_REFUSED_FLAGS) -> HfArgumentParser:
+def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS) -> HfArgumentParser:
     """The script's command-line parser: ``arguments`` (:class:`ScriptArguments`) and :class:`DPSAMConfig`, its
     defaults the values the script runs with (the recipe of ``defaults``, not TrainingArguments'), so ``--help``
-    shows them, and the ``refused`` flags left out of ``--help``."""
+    shows them, and the flags ``arguments.refused_flags`` refuses left out of ``--help``."""
     import argparse
 
     parser = HfArgumentParser((arguments, DPSAMConfig))
@@ -340,20 +342,17 @@ def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_
     given = {action.dest for action in parser._actions if set(action.option_strings) & set(defaults)}
     parser.set_defaults(**{name: getattr(recipe, name) for name in given})
     for action in parser._actions:
-        if action.dest in refused:
+        if action.dest in arguments.refused_flags:
             action.help = argparse.SUPPRESS
     return parser
 
 
 def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
-                    script_name: str = "train_glue.py", refused: dict[str, str] | None = None,
-                    ) -> tuple[ScriptArguments, DPSAMConfig]:
+                    script_name: str = "train_glue.py") -> tuple[ScriptArguments, DPSAMConfig]:
     """The script's flags after the defaults (``defaults`` first — for train_glue.py ``HEAD_ONLY_DEFAULTS`` with
-    ``--train_lora false`` — so every later flag overrides them), the ``refused`` ones refused."""
-    if refused is None:  # train_glue.py's table for its own arguments, the shared one for another script's
-        refused = TRAIN_GLUE_REFUSED_FLAGS if arguments is ScriptArguments else REFUSED_FLAGS
-    parser = argument_parser(arguments, defaults, refused)
-    refuse_ignored_flags(parser, argv, defaults, script_name, refused)
+    ``--train_lora false`` — so every later flag overrides them), those of ``arguments.refused_flags`` refused."""
+    parser = argument_parser(arguments, defaults)
+    refuse_ignored_flags(parser, argv, defaults, script_name, arguments.refused_flags)
     script, config = parser.parse_args_into_dataclasses(args=[*recipe_defaults(parser, argv, defaults), *argv])
     refuse_non_private_step_flags(config, script_name)
     return script, config

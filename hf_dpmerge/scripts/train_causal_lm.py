@@ -26,6 +26,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import datasets
 import torch
@@ -41,7 +42,7 @@ from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import LoraArguments
-from hf_dpmerge.scripts.train import parse_arguments, resume_point
+from hf_dpmerge.scripts.train import REFUSED_FLAGS, parse_arguments, resume_point
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
@@ -78,6 +79,8 @@ CAUSAL_DP_DEFAULTS: list[str] = [
 class CausalScriptArguments(LoraArguments):
     """The causal-LM script's flags besides DPSAMConfig's: tasks and base, LoRA, and the run's outputs."""
 
+    refused_flags: ClassVar[dict[str, str]] = REFUSED_FLAGS  # what parse_arguments refuses (name → why)
+
     task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
     tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
     model_name_or_path: str | None = field(default=None, metadata={
@@ -89,7 +92,7 @@ class CausalScriptArguments(LoraArguments):
     max_eval_samples: int | None = field(default=None, metadata={
         "help": "Score a seeded stratified subset of the scored split of this size."})
     eval_split: str = field(default="test", metadata={
-        "help": "The split scored after training: test, or validation (10 % of train, seeded) to choose a recipe.",
+        "help": "The split scored after training: test, or validation (a seeded tenth of train) to choose a recipe.",
         "choices": ("test", "validation")})
     eval_batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     overwrite: bool = field(default=False, metadata={"help": "Replace adapters already released in <runs_dir>/<task>."})

@@ -90,6 +90,23 @@ def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() ->
     assert not [name for name in TRAIN_GLUE_REFUSED_FLAGS if f"--{name} " in help_text]
 
 
+
+def test_each_script_hides_and_refuses_its_own_arguments_table() -> None:
+    from hf_dpmerge.scripts.train import REFUSED_FLAGS, TRAIN_GLUE_REFUSED_FLAGS, argument_parser
+    from hf_dpmerge.scripts.train_causal_lm import CAUSAL_DP_DEFAULTS, SCRIPT, CausalScriptArguments
+
+    assert ScriptArguments.refused_flags is TRAIN_GLUE_REFUSED_FLAGS
+    assert CausalScriptArguments.refused_flags is REFUSED_FLAGS
+    causal_help = " ".join(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS).format_help().split())
+    assert "--anchor_lambda " in causal_help  # the causal LM's own flag: shown, and taken
+    assert not [name for name in REFUSED_FLAGS if f"--{name} " in causal_help]
+    config = parse_arguments(["--anchor_lambda", "0.5"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)[1]
+    assert config.anchor_lambda == 0.5
+    with pytest.raises(ValueError, match=f"--output_dir is not used by {SCRIPT}"):
+        parse_arguments(["--output_dir", "x"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
+    with pytest.raises(ValueError, match="--anchor_lambda is not used by train_glue.py"):
+        parse_arguments(["--anchor_lambda", "0.5"])
+
 def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
     names = {f.name for f in dataclasses.fields(ScriptArguments)}
     shared = {f.name for kind in (TaskArguments, LoraArguments, TrainArguments) for f in dataclasses.fields(kind)}
