@@ -224,9 +224,10 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
     chosen, gains = chosen_candidate(units, candidates)
     select = {(u["task"], u["candidate"]): u for u in units
               if u["task"] in SELECT_TASKS and u["seed"] == 0 and target_epsilon(u) == EPSILON}
+    seconds = {c: [select[(t, c)]["train_seconds"] for t in SELECT_TASKS if (t, c) in select] for c in candidates}
     rows = [[c, *(f"{100 * select[(t, c)]['validation']['accuracy']:.1f}" if (t, c) in select else "—"
                   for t in SELECT_TASKS), "—" if c == HEAD else (f"{gains[c]:+.2f}" if c in gains else "—"),
-             f"{max((select[(t, c)]['train_seconds'] for t in SELECT_TASKS if (t, c) in select), default=0) / 60:.1f}"]
+             f"{max(seconds[c]) / 60:.1f}" if seconds[c] else "—"]  # no stored unit: no time, not 0
             for c in candidates]
     command = "python -m benchmarks.lpft" + ("" if base == MINILM else f" --base {base.name}") + " --report-only"
     text = ["# Private LP-FT vs the private head at the same ε"

@@ -71,6 +71,16 @@ def test_a_smollm2_search_chooses_among_its_own_candidates_and_writes_no_floor_g
     assert f"Chosen: `{chosen}`." in text and "--model_name_or_path <work>/smollm2_base" in text
 
 
+
+def test_a_partial_select_stage_shows_no_time_for_a_candidate_without_units(tmp_path):
+    smollm2 = lpft.BASES["smollm2"]
+    units = [unit(t, lpft.HEAD, 0, 0.80, 0.80) for t in lpft.SELECT_TASKS]  # only the heads stored so far
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=smollm2.evidence, base=smollm2)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows[lpft.HEAD].endswith("| — | 1.0 |")  # the head's longest unit: 60 s
+    assert all(rows[c].endswith("| — | — | — | — |") for c in smollm2.candidates if c != lpft.HEAD)
+    assert "Chosen: — (select stage incomplete)." in text
+
 def test_a_candidate_at_another_epsilon_keeps_its_head_phase_share():
     candidate = next(c for c in lpft.CANDIDATES if c != lpft.HEAD)
     at = {e: train_script.parse_arguments(lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x"), e))
