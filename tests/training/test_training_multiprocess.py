@@ -168,20 +168,37 @@ def test_checkpoints_resume_across_one_and_two_processes(tmp_path, single, two):
     assert_same_weights(resumed["params"], full_two["params"])
 
 
-@pytest.mark.slow
-def test_accelerate_launch_of_two_cpu_processes_trains_like_one_process(tmp_path, single):
+def launch_two_cpu_processes(out: Path) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of the module's two-process training run, writing into ``out``."""
     # `--cpu --num_processes 2` starts one process unless MPI is configured (accelerate's multi-CPU path is
     # mpirun); `--multi_gpu` is accelerate's torch launcher, and the script's trainers ask for use_cpu (gloo)
+    out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), "--module", "tests.utils.multiprocess_training",
-               str(tmp_path)]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+               "--main_process_port", str(free_port()), "--module", "tests.utils.multiprocess_training", str(out)]
+    return subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=600)
+
+
+def aborted_in_gloo_teardown(done: subprocess.CompletedProcess, out: Path) -> bool:
+    """A launch whose processes all wrote their results and the release, then one aborted on its way out."""
+    written = all((out / f"rank{r}.pt").exists() for r in range(2)) and (out / "adapter" / "dp_privacy.json").exists()
+    return done.returncode != 0 and written and "terminate called without an active exception" in done.stderr
+
+
+@pytest.mark.slow
+def test_accelerate_launch_of_two_cpu_processes_trains_like_one_process(tmp_path, single):
+    out = tmp_path / "launch"
+    done = launch_two_cpu_processes(out)
+    if aborted_in_gloo_teardown(done, out):
+        # torch 2.13's gloo teardown rarely aborts a process after everything was written (about 1 launch in 100
+        # under heavy CPU load, never idle: docs/privacy.md); judge a second launch, which must end cleanly
+        out = tmp_path / "relaunch"
+        done = launch_two_cpu_processes(out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert ranks[1]["saved_records"] == [] and Path(ranks[0]["saved_records"][-1]).name == "adapter"
-    assert (tmp_path / "adapter" / "dp_privacy.json").exists()
+    assert (out / "adapter" / "dp_privacy.json").exists()
     for rank in ranks:
         assert rank["epsilon"] == pytest.approx(single["full"]["epsilon"], rel=1e-9)
         assert_same_weights(rank["params"], single["full"]["params"])

@@ -11,6 +11,7 @@ global Poisson draws are the same in both modes.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -181,6 +182,7 @@ def spawn_two_processes(out: Path, single_process_checkpoint: str) -> list[dict[
 
 
 if __name__ == "__main__":  # accelerate launch ... --module tests.utils.multiprocess_training OUT
+    faulthandler.enable(all_threads=True)  # a rare abort in gloo's teardown then shows where it struck
     target = Path(sys.argv[1])
     result = training_run(target, PER_PROCESS_BATCH)
     torch.save(result, target / f"rank{int(os.environ['RANK'])}.pt")
