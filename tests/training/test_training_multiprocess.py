@@ -192,7 +192,7 @@ def test_accelerate_launch_of_two_cpu_processes_trains_like_one_process(tmp_path
     done = launch_two_cpu_processes(out)
     if aborted_in_gloo_teardown(done, out):
         # torch 2.13's gloo teardown rarely aborts a process after everything was written (about 1 launch in 100
-        # under heavy CPU load, never idle: docs/privacy.md); judge a second launch, which must end cleanly
+        # under heavy CPU load, none idle: docs/privacy.md); judge a second launch, which must end cleanly
         out = tmp_path / "relaunch"
         done = launch_two_cpu_processes(out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
