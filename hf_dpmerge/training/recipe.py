@@ -18,7 +18,9 @@ phase 1 the private head at ε₁ = 0.75·ε (``--head_phase_share``; ``HEAD_ONL
 AdamW 3·10⁻³ for B and 10⁻³ for the head, plain DP-SGD (no SAM, no alignment). Chosen by the mean validation gain
 over the private head on rotten_tomatoes and bbc_news at ε = 8 (seed 0) against the same recipe with DP-SAT and
 alignment in phase 2 (+0.6 / −1.2 points against +0.3 / −1.7); the other packaged tasks are its held-out report.
-Phase 2 starts at the phase-1 model (B = 0), so the adapter starts where the private head ends.
+Phase 2 starts at the phase-1 model (B = 0), so the adapter starts where the private head ends. A wider search on
+the same splits (2026-12-06) chose a phase-2 learning rate of 10⁻²; this recipe moves to it with that candidate's
+report stage on every task.
 
 ``ONE_PHASE_RECIPE`` undoes ``LPFT_RECIPE`` (``--lora_recipe one_phase``): the one-phase FFA-LoRA recipe above, the
 LoRA default until LP-FT, which earlier measurements (and ``hf-dpmerge audit``) ran.

@@ -2,6 +2,7 @@
 select tasks' validation splits only, and the report's tests treat seeds as the unit (Holm over tasks)."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -113,10 +114,48 @@ def test_the_choice_waits_for_every_select_unit_and_takes_the_best_mean_validati
     assert lpft.chosen_candidate(units + held_out)[0] == chosen  # a held-out task never chooses
 
 
-def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
+def test_a_select_run_trains_only_the_missing_units_of_the_candidates_it_names(tmp_path, monkeypatch):
+    """Two select processes can share the search (``--candidates``), each skipping what is stored."""
+    trained = []
+
+    def run_unit(task, argv, seed, work_dir, path, keep=None, **about):
+        trained.append((task, about["candidate"]))
+        path.write_text(json.dumps(unit(task, about["candidate"], seed, 0.8, 0.8)))
+
+    monkeypatch.setattr(lpft, "run_unit", run_unit)
+    monkeypatch.setattr(lpft, "write_report", lambda *args, **kwargs: "")  # never the committed report
+    candidate = next(c for c in lpft.CANDIDATES if c != lpft.HEAD)
+    (tmp_path / f"{lpft.unit_name('bbc_news', lpft.HEAD, 0)}.json").write_text(
+        json.dumps(unit("bbc_news", lpft.HEAD, 0, 0.8, 0.8)))
+    argv = ["--stage", "select", "--candidates", f"{lpft.HEAD},{candidate}", "--units-dir", str(tmp_path),
+            "--work-dir", str(tmp_path / "work")]
+    assert lpft.main(argv) == 0
+    assert trained == [("rotten_tomatoes", lpft.HEAD), ("rotten_tomatoes", candidate), ("bbc_news", candidate)]
+    assert lpft.main(argv) == 0 and len(trained) == 3  # resumed: nothing left to train
+    with pytest.raises(SystemExit):
+        lpft.main(["--stage", "select", "--candidates", "k9_unknown", "--units-dir", str(tmp_path)])
+    report = ["--stage", "report", "--seeds", "1", "--tasks", "election_tweets", "--units-dir", str(tmp_path),
+              "--work-dir", str(tmp_path / "work")]
+    with pytest.raises(SystemExit):  # the select stage is incomplete: no chosen candidate to report
+        lpft.main(report)
+    assert len(trained) == 3
+    assert lpft.main([*report, "--candidates", candidate]) == 0  # a named candidate needs no choice
+    assert trained[3:] == [("election_tweets", candidate)]
+
+
+def test_the_report_says_when_the_private_head_beats_every_candidate_on_validation(tmp_path):
     candidates = [c for c in lpft.CANDIDATES if c != lpft.HEAD]
-    units = select_units({c: 0.01 for c in candidates[:-1]} | {candidates[-1]: 0.02})
-    chosen = candidates[-1]
+    below = lpft.write_report(select_units({c: -0.01 - 0.01 * i for i, c in enumerate(candidates)}),
+                              tmp_path / "below.md", evidence=None)
+    assert f"Chosen: `{candidates[0]}`." in below and "beats them all (the chosen one by 1.00 points)" in below
+    above = lpft.write_report(select_units({c: 0.0 for c in candidates[:-1]} | {candidates[-1]: 0.001}),
+                              tmp_path / "above.md", evidence=None)
+    assert f"Chosen: `{candidates[-1]}`." in above and "beats them all" not in above
+
+
+def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
+    chosen = lpft.DEFAULT_CANDIDATE  # chosen and the default: one table
+    units = select_units({c: 0.01 for c in lpft.CANDIDATES if c != lpft.HEAD} | {chosen: 0.02})
     head = {"rotten_tomatoes": [0.80, 0.81, 0.79], "election_tweets": [0.88, 0.89, 0.90]}
     ours = {"rotten_tomatoes": [0.83, 0.83, 0.82], "election_tweets": [0.885, 0.90, 0.89]}
     units = [u for u in units if not (u["task"] == "rotten_tomatoes" and u["seed"] == 0 and u["candidate"] in
@@ -148,6 +187,45 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
     assert row["seeds"] == [0, 1, 2] and row["epsilon"] == lpft.EPSILON
     assert row["difference"] == pytest.approx(sum(ours_avg) / 3 - sum(head_avg) / 3, abs=0.01)
     assert row["p"] == pytest.approx(stats.ttest_rel(ours_avg, head_avg).pvalue)
+
+
+def test_a_choice_other_than_the_default_is_reported_beside_it_and_the_floor_gap_stays_the_defaults(tmp_path):
+    default = lpft.DEFAULT_CANDIDATE
+    chosen = next(c for c in lpft.CANDIDATES if c not in (lpft.HEAD, default))
+    units = select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {chosen: 0.02})
+    head, ours = [0.80, 0.81, 0.79], [0.83, 0.83, 0.82]
+    units = [u for u in units if not (u["task"] == "rotten_tomatoes" and u["candidate"] in (lpft.HEAD, default))]
+    units += [unit("rotten_tomatoes", c, seed, 0.8, scores[seed]) for seed in range(3)
+              for c, scores in ((lpft.HEAD, head), (default, ours))]
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=tmp_path / "gap.json", headroom_units=[])
+    assert f"Chosen: `{chosen}`." in text and f"The default (`LPFT_RECIPE`) is still `{default}`" in text
+    report = text[text.index("## Report"):text.index("## Targets")]
+    assert report.index(f"### `{chosen}` (chosen)") < report.index(f"### `{default}` (the default)")
+    p = stats.ttest_rel([100 * x for x in ours], [100 * x for x in head]).pvalue
+    row = next(line for line in report.split(f"### `{default}`")[1].splitlines()
+               if line.startswith("| rotten_tomatoes (select) | 8 | 0,1,2 |"))
+    assert f"| {p:.3g} | {p:.3g} * |" in row  # the chosen one's rows are single seeds: one tested row in all
+    assert text.count("### `") == 4  # report and targets, one table each
+    gap = json.loads((tmp_path / "gap.json").read_text())
+    assert gap["recipe"] == default and gap["rows"][0]["adapters"] == pytest.approx(
+        statistics.mean([100 * ours[0], 0.0]))  # rotten_tomatoes and bbc_news at seed 0 (select units test 0.0)
+    one = lpft.write_report(select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {default: 0.01}),
+                            tmp_path / "one.md", evidence=None)
+    assert "### `" not in one and "is still" not in one
+
+
+def test_the_training_scripts_lora_default_is_the_default_candidate():
+    """LPFT_RECIPE is what the benchmark measured as DEFAULT_CANDIDATE: both parse to the same training."""
+    script, config = train_script.parse_arguments([])
+    ours, theirs = train_script.parse_arguments(lpft.arguments("rotten_tomatoes", lpft.DEFAULT_CANDIDATE, 0,
+                                                               Path("/r/x")))
+    assert train_script.head_phase_epsilon(script, config) == train_script.head_phase_epsilon(ours, theirs)
+    for field in ("lora_layers", "lora_r", "lora_alpha", "lora_target_modules", "lora_freeze_a", "train_lora"):
+        assert getattr(script, field) == getattr(ours, field), field
+    for field in ("per_device_train_batch_size", "max_steps", "learning_rate", "head_learning_rate",
+                  "head_warmup_steps", "sam_mode", "align_lambda", "clipping", "per_sample_max_grad_norm",
+                  "lr_scheduler_type", "optim", "weight_decay", "target_epsilon"):
+        assert getattr(config, field) == getattr(theirs, field), field
 
 
 def test_units_at_another_epsilon_never_choose_and_get_their_own_rows(tmp_path):
