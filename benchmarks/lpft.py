@@ -193,24 +193,24 @@ def floor_gap(units: list[dict]) -> dict:
     """Per target ε: the default recipe's (:data:`DEFAULT_CANDIDATE`'s) DP adapters against the private head, test
     accuracy in points averaged over the tasks both have at seed 0, over the seeds that hold all of those tasks;
     the difference per seed and a two-sided paired t-test (seeds are the unit; None with fewer than 2 seeds)."""
-    chosen = DEFAULT_CANDIDATE
+    recipe = DEFAULT_CANDIDATE
     rows = []
     for epsilon in sorted({target_epsilon(u) for u in units}, reverse=True):
         test = {(u["task"], u["candidate"], u["seed"]): 100 * u["test"]["accuracy"] for u in units
                 if target_epsilon(u) == epsilon}
-        tasks = [t for t in PACKAGED_TASKS if chosen and all((t, c, 0) in test for c in (HEAD, chosen))]
+        tasks = [t for t in PACKAGED_TASKS if all((t, c, 0) in test for c in (HEAD, recipe))]
         seeds = sorted({s for (_, _, s) in test
-                        if tasks and all((t, c, s) in test for t in tasks for c in (HEAD, chosen))})
+                        if tasks and all((t, c, s) in test for t in tasks for c in (HEAD, recipe))})
         if not seeds:
             continue
-        ours = [statistics.mean(test[(t, chosen, s)] for t in tasks) for s in seeds]
+        ours = [statistics.mean(test[(t, recipe, s)] for t in tasks) for s in seeds]
         head = [statistics.mean(test[(t, HEAD, s)] for t in tasks) for s in seeds]
         diffs = [a - b for a, b in zip(ours, head)]
         p = float(stats.ttest_rel(ours, head).pvalue) if len(seeds) > 1 and len(set(diffs)) > 1 else None
         rows.append({"epsilon": epsilon, "tasks": tasks, "adapters": round(statistics.mean(ours), 2),
                      "floor": round(statistics.mean(head), 2), "difference": round(statistics.mean(diffs), 2),
                      "seeds": seeds, "p": p})
-    return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": chosen, "split": "test", "rows": rows}
+    return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": recipe, "split": "test", "rows": rows}
 
 
 def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_points: float | None) -> list[str]:
@@ -355,20 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = (args.work_dir or REPO / "runs" / ("lpft" if base == MINILM else f"lpft-{base.name}")).resolve()
     units_dir = args.units_dir or base.report_dir / "units"
     if not args.report_only:
+        named = args.candidates.split(",") if args.candidates else None
+        if unknown := sorted(set(named or ()) - set(base.candidates)):
+            parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are {sorted(base.candidates)}")
         if args.stage == "select":
-            candidates = args.candidates.split(",") if args.candidates else list(base.candidates)
-            if unknown := sorted(set(candidates) - set(base.candidates)):
-                parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are "
-                             f"{sorted(base.candidates)}")
-            plan = [(task, c, 0) for c in candidates for task in SELECT_TASKS]
+            plan = [(task, c, 0) for c in named or base.candidates for task in SELECT_TASKS]
         else:
             chosen, _ = chosen_candidate(load_units(units_dir), base.candidates)
-            if chosen is None and not args.candidates:
+            if chosen is None and not named:
                 parser.error("the select stage is incomplete: run --stage select first, or name --candidates")
-            candidates = args.candidates.split(",") if args.candidates else [HEAD, chosen]
-            if unknown := sorted(set(candidates) - set(base.candidates)):
-                parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are "
-                             f"{sorted(base.candidates)}")
+            candidates = named or [HEAD, chosen]
             plan = [(task, c, seed) for seed in map(int, args.seeds.split(",")) for task in args.tasks.split(",")
                     for c in candidates]
         for task, candidate, seed in plan:
