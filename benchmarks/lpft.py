@@ -12,9 +12,12 @@ Protocol (recipes chosen without the evaluated tasks' test data):
 2. **report** — the head and the chosen candidate on every packaged task at ``--epsilon`` (default 8; the
    candidates' ε₁ keep their share of it) and the seeds of ``--seeds``, scored on the whole test split; the two
    select tasks are marked (the others are held out). Per (task, ε) with ≥ 2 seeds: the paired t-test over seeds
-   (the seed is the unit: each retrains both), Holm-corrected over every tested row. The targets section judges each
-   row against :data:`FLOOR_TOLERANCE` and, on headroom tasks, :data:`HEADROOM_TARGETS`, with the non-private
-   headroom of ``benchmarks/reports/headroom/`` (:func:`benchmarks.headroom.headroom_points`).
+   (the seed is the unit: each retrains both), Holm-corrected over the recipe's tested rows (one family per
+   recipe). The targets section judges each row against :data:`FLOOR_TOLERANCE` and, on headroom tasks,
+   :data:`HEADROOM_TARGETS`, with the non-private headroom of ``benchmarks/reports/headroom/``
+   (:func:`benchmarks.headroom.headroom_points`). The default
+   (:data:`DEFAULT_CANDIDATE`) and the earlier defaults (:data:`EARLIER_DEFAULTS`) are reported beside the choice;
+   ``--candidates`` also runs the report-stage twins (:data:`TWINS`), never chosen, for ``benchmarks/lpft_merge.py``.
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
@@ -41,7 +44,7 @@ import json
 import shutil
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scipy import stats
@@ -92,6 +95,10 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
                                                 "4"),  # rank, at the same scale α/r = 2
     "k2_b1024_t75_lr3e-3_head6_auto_dpsgd": _lpft(2, 1024, 75, "3e-3", 6, False, "--clipping", "automatic"),
 }
+TWINS: dict[str, tuple[str, ...]] = {
+    # the default's DP-Merging twin: phase 2 with the package's DP-SAT step and alignment (benchmarks/lpft_merge.py)
+    "k2_b1024_t75_lr1e-2_head6": _lpft(2, 1024, 75, "1e-2", 6),
+}
 SMOLLM2_CANDIDATES: dict[str, tuple[str, ...]] = {
     HEAD: ("--train_lora", "false"),
     # MiniLM's chosen recipe moved SmolLM2's phase-2 loss only from 0.68 to 0.66 (docs/causal-lm.md): larger steps
@@ -107,20 +114,30 @@ class Base:
     live, and whether it writes ``recommend``'s floor gap (the packaged default only). A base with ``causal_lm`` set
     is the packaged SmolLM2, built once under the work folder (:func:`ensure_smollm2_base`) and trained as a sequence
     classifier, LoRA on q/v below its head (:func:`arguments` adds those flags). ``default`` is the candidate the
-    training script's LoRA default encodes, if any (:data:`DEFAULT_CANDIDATE`)."""
+    training script's LoRA default encodes, if any (:data:`DEFAULT_CANDIDATE`), and those it encoded before it.
+    ``twins`` run in the report stage by name only (:data:`TWINS`): the select stage neither runs nor waits for them."""
     name: str
     candidates: dict[str, tuple[str, ...]]
     report_dir: Path
     evidence: Path | None
     causal_lm: bool = False
     default: str | None = None
+    earlier_defaults: tuple[str, ...] = ()
+    twins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def flags(self, candidate: str) -> tuple[str, ...]:
+        """A candidate's flags, a select candidate's or a twin's."""
+        return {**self.candidates, **self.twins}[candidate]
 
 
-DEFAULT_CANDIDATE = "k2_b1024_t75_lr3e-3_head6_dpsgd"
+DEFAULT_CANDIDATE = "k2_b1024_t75_lr1e-2_head6_dpsgd"
 """The candidate ``LPFT_RECIPE`` encodes, the training script's LoRA default (a test parses both alike); what
-``recommend``'s floor gap measures. The default moves to the select stage's choice together with that choice's
-report stage (the README's tables and the main command then read one recipe); until then the report shows both."""
-BASES = {"minilm": Base("minilm", CANDIDATES, REPORT_DIR, FLOOR_GAP_EVIDENCE, default=DEFAULT_CANDIDATE),
+``recommend``'s floor gap measures: the wider search's choice (2026-12-06). Were the select stage to choose another,
+the report shows both until the default moves to it."""
+EARLIER_DEFAULTS = ("k2_b1024_t75_lr3e-3_head6_dpsgd",)
+"""Candidates ``LPFT_RECIPE`` encoded before :data:`DEFAULT_CANDIDATE` (newest first): the report keeps their rows."""
+BASES = {"minilm": Base("minilm", CANDIDATES, REPORT_DIR, FLOOR_GAP_EVIDENCE, default=DEFAULT_CANDIDATE,
+                        earlier_defaults=EARLIER_DEFAULTS, twins=TWINS),
          "smollm2": Base("smollm2", SMOLLM2_CANDIDATES, REPO / "benchmarks" / "reports" / "lpft-smollm2", None,
                          causal_lm=True)}
 MINILM = BASES["minilm"]
@@ -149,7 +166,7 @@ def arguments(task: str, candidate: str, seed: int, runs_dir: Path, epsilon: flo
     """The unit's train_glue.py flags; every unit of a task shares its frozen prefixes (``--prefix_cache_dir``
     beside the runs: the pooled features of the head phase, the states below the LoRA layers). A candidate's ε₁
     is stated at ε = 8 and scales with the target ε (the head phase keeps its share of the budget)."""
-    flags = list(base.candidates[candidate])
+    flags = list(base.flags(candidate))
     if "--head_phase_epsilon" in flags:
         at = flags.index("--head_phase_epsilon") + 1
         flags[at] = f"{float(flags[at]) * epsilon / EPSILON:g}"
@@ -259,9 +276,12 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
         text[-1:-1] = [f"Every candidate's mean validation gain is below 0: on the select tasks' validation splits the "
                        f"private head beats them all (the chosen one by {-gains[chosen]:.2f} points)."]
     if chosen and base.default and chosen != base.default:
-        text[-1:-1] = [f"The default (`LPFT_RECIPE`) is still `{base.default}`: it moves to the chosen candidate "
-                       "with the chosen one's report stage, and the report below shows both."]
-    reported = [c for c in dict.fromkeys([chosen, base.default]) if c] if chosen else []
+        text[-1:-1] = [f"The default (`LPFT_RECIPE`) is still `{base.default}`, not the chosen candidate: the report "
+                       "below shows both."]
+    if chosen and base.earlier_defaults:
+        text[-1:-1] = ["Earlier defaults keep their rows below: " + ", ".join(f"`{c}`" for c in base.earlier_defaults)
+                       + "."]
+    reported = [c for c in dict.fromkeys([chosen, base.default, *base.earlier_defaults]) if c] if chosen else []
     by = {(u["task"], u["candidate"], u["seed"], target_epsilon(u)): u for u in units}
     rows, p_values, cells = {c: [] for c in reported}, [], []  # p-values and cells in the order of the tables' rows
     for candidate in reported:
@@ -281,10 +301,12 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
                                         ",".join(map(str, seeds)), f"{statistics.mean(head):.1f}",
                                         f"{statistics.mean(lpft):.1f}", " ".join(f"{g:+.1f}" for g in gain),
                                         f"{statistics.mean(gain):+.2f}"])
-    tested = [i for i, p in enumerate(p_values) if p is not None]
-    adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
-    points = headroom.headroom_points(headroom_units or [])
     flat = [(c, row) for c in reported for row in rows[c]]
+    adjusted = {}  # Holm per recipe: each reported candidate's rows are one family of claims
+    for candidate in reported:
+        tested = [i for i, (c, _) in enumerate(flat) if c == candidate and p_values[i] is not None]
+        adjusted |= dict(zip(tested, holm([p_values[i] for i in tested])))
+    points = headroom.headroom_points(headroom_units or [])
     targets = {c: [] for c in reported}
     for i, ((candidate, row), (task, epsilon, mean_gain)) in enumerate(zip(flat, cells)):
         targets[candidate].append(row[:3] + target_verdicts(epsilon, mean_gain, adjusted.get(i, 1.0) < ALPHA,
@@ -295,10 +317,11 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
     def heading(candidate: str) -> list[str]:  # one table per reported candidate, named when there are two
         if len(reported) < 2:
             return []
-        return [f"### `{candidate}` ({'chosen' if candidate == chosen else 'the default'})", ""]
+        roles = [role for role, name in (("chosen", chosen), ("the default", base.default)) if name == candidate]
+        return [f"### `{candidate}` ({', '.join(roles) or 'an earlier default'})", ""]
 
     if reported:
-        text += ["## Report (test accuracy %, whole test split; Holm over every tested row)", ""]
+        text += ["## Report (test accuracy %, whole test split; Holm over each recipe's tested rows)", ""]
         for candidate in reported:
             text += [*heading(candidate),
                      markdown_table(["task", "ε", "seeds", "private head", f"LP-FT `{candidate}`",
@@ -321,7 +344,9 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
                                      "share captured", "headroom-task target"], targets[candidate]), ""]
     text += ["## Candidates", "", f"Flags as run at ε = {EPSILON:g}; at another ε a candidate's `--head_phase_epsilon` "
              "keeps its share of the budget (`benchmarks/lpft.py`, `arguments`).", "",
-             *(f"- `{c}`: `{' '.join(f)}`" for c, f in candidates.items()), ""]
+             *(f"- `{c}`: `{' '.join(f)}`" for c, f in candidates.items()),
+             *(f"- `{c}` (report stage only, a DP-Merging twin for `benchmarks/lpft_merge.py`): `{' '.join(f)}`"
+               for c, f in base.twins.items()), ""]
     if base.causal_lm:
         text[-1:-1] = ["", "Every unit also takes `--model_name_or_path <work>/smollm2_base --lora_target_modules "
                        "q_proj,v_proj` (the packaged SmolLM2 as a float32 checkpoint, a sequence classifier)."]
@@ -356,8 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     units_dir = args.units_dir or base.report_dir / "units"
     if not args.report_only:
         named = args.candidates.split(",") if args.candidates else None
-        if unknown := sorted(set(named or ()) - set(base.candidates)):
-            parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are {sorted(base.candidates)}")
+        if unknown := sorted(set(named or ()) - set(base.candidates) - set(base.twins)):
+            parser.error(f"--candidates: unknown {unknown}; {base.name}'s candidates are {sorted(base.candidates)}"
+                         + (f", its report-stage twins {sorted(base.twins)}" if base.twins else ""))
+        if args.stage == "select" and (twins := sorted(set(named or ()) & set(base.twins))):
+            parser.error(f"--candidates: {twins} run in the report stage only (--stage report); the select stage "
+                         f"chooses among {sorted(base.candidates)}")
         if args.stage == "select":
             plan = [(task, c, 0) for c in named or base.candidates for task in SELECT_TASKS]
         else:

@@ -1,23 +1,24 @@
 """The paper's question on private LP-FT adapters: phase 2 by DP-SGD or by DP-Merging (DP-SAT + alignment), merged.
 
-Adapters come from the LP-FT benchmark (``python -m benchmarks.lpft ... --keep-adapters DIR``): for each seed, the
-chosen candidate (:data:`TRAINERS` ``dp_sgd``, phase 2 plain DP-SGD) and the same recipe with the package's DP-SAT
-step and alignment penalty (``dp_merging``), at ε = 8, on every task of ``--tasks``. Each (trainer, seed, method)
-unit merges the tasks' encoder adapters with stock ``mergekit-yaml`` semantics (``hf-dpmerge merge`` on
+Adapters come from the LP-FT benchmark (``python -m benchmarks.lpft ... --keep-adapters DIR``): for each seed, an
+LP-FT default, ``--recipe`` (:func:`trainers` ``dp_sgd``, phase 2 plain DP-SGD; default
+:data:`benchmarks.lpft.DEFAULT_CANDIDATE`), and its twin with the package's DP-SAT step and alignment penalty
+(``dp_merging``, :data:`TWIN`), at ε = 8, on every task of ``--tasks``. Each (trainer, seed, method) unit merges the
+tasks' encoder adapters with stock ``mergekit-yaml`` semantics (``hf-dpmerge merge`` on
 ``merge_configs/<method>.yaml``, its parameters as stored there, base and inputs replaced), scores individual and
 merged accuracy on each task's whole test split (:func:`hf_dpmerge.analysis.evaluation.evaluate_runs`), and is
-stored as JSON under ``benchmarks/reports/lpft-merge/units``; the report is rewritten from the stored units.
+stored as JSON under ``benchmarks/reports/lpft-merge/<recipe>/units``; the recipe's report is rewritten from them.
 
-Report (LPFT_MERGE.md), per method and trainer, means over seeds of the task averages: individual and merged
-accuracy, interference (individual − merged, points), retention (merged / individual) and gain retained over the
-private head of the same seed and task (the LP-FT benchmark's unit: (merged − head) / (individual − head), on the
-averaged scores). Per method: DP-Merging − DP-SGD in task-averaged merged accuracy, paired t over seeds (the seed
-is the unit: each retrains both), Holm over the methods.
+Report (``<recipe>/LPFT_MERGE.md``), per method and trainer, means over seeds of the task averages: individual and
+merged accuracy, interference (individual − merged, points), retention (merged / individual) and gain retained over
+the private head of the same seed and task (the LP-FT benchmark's unit at ε = 8: (merged − head) / (individual −
+head), on the averaged scores). Per method: DP-Merging − DP-SGD in task-averaged merged accuracy, paired t over seeds
+(the seed is the unit: each retrains both), Holm over the methods.
 
     python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets \\
         --keep-adapters runs/lpft/kept                        # DP-SGD (the chosen candidate) and its heads
     python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets \\
-        --candidates k2_b1024_t75_lr3e-3_head6 --keep-adapters runs/lpft/kept   # DP-Merging
+        --candidates k2_b1024_t75_lr1e-2_head6 --keep-adapters runs/lpft/kept   # DP-Merging, its twin
     python -m benchmarks.lpft_merge --kept runs/lpft/kept
 """
 
@@ -36,33 +37,43 @@ from .merge_comparison import comparison_parser, parse_comparison, write_compari
 from .quality.run import merge_config, run_merge
 
 REPORT_DIR = lpft.REPO / "benchmarks" / "reports" / "lpft-merge"
-TRAINERS = {"dp_sgd": "k2_b1024_t75_lr3e-3_head6_dpsgd", "dp_merging": "k2_b1024_t75_lr3e-3_head6"}
+TWIN = {lpft.DEFAULT_CANDIDATE: "k2_b1024_t75_lr1e-2_head6",
+        "k2_b1024_t75_lr3e-3_head6_dpsgd": "k2_b1024_t75_lr3e-3_head6"}
+"""Each LP-FT default (phase 2 plain DP-SGD, the current one and the earlier ones) → its DP-Merging twin: the same
+recipe with DP-SAT + alignment in phase 2 (a candidate or a report-stage twin of ``benchmarks/lpft.py``)."""
 TASKS = ("rotten_tomatoes", "election_tweets")
 
 
-def kept_adapter(kept: Path, task: str, trainer: str, seed: int) -> Path:
-    return kept / lpft.unit_name(task, TRAINERS[trainer], seed) / task
+def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
+    """Trainer name (:data:`benchmarks.merge_comparison.TRAINERS`) → the LP-FT candidate that trained its adapters."""
+    return dict(zip(merge_comparison.TRAINERS, (recipe, TWIN[recipe])))
 
 
-def complete_seeds(kept: Path, tasks: list[str]) -> list[int]:
+def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = lpft.DEFAULT_CANDIDATE) -> Path:
+    return kept / lpft.unit_name(task, trainers(recipe)[trainer], seed) / task
+
+
+def complete_seeds(kept: Path, tasks: list[str], recipe: str = lpft.DEFAULT_CANDIDATE) -> list[int]:
     """Seeds with both trainers' adapters kept on every task."""
-    return merge_comparison.complete_seeds(kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s) /
+    return merge_comparison.complete_seeds(kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s, recipe) /
                                            "encoder_adapter")
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, method: str, work_dir: Path,
-             path: Path) -> dict:
+             path: Path, recipe: str = lpft.DEFAULT_CANDIDATE) -> dict:
     """Merge one (trainer, seed)'s adapters of ``tasks`` with ``method``, evaluate, store the result at ``path``."""
     from hf_dpmerge.analysis.evaluation import evaluate_runs
 
-    cell = work_dir / f"{trainer}-seed{seed}"
-    runs = merge_comparison.stage_runs(cell / "runs", base, {t: kept_adapter(kept, t, trainer, seed) for t in tasks})
+    candidate = trainers(recipe)[trainer]
+    cell = work_dir / f"{candidate}-seed{seed}"
+    runs = merge_comparison.stage_runs(cell / "runs", base,
+                                       {t: kept_adapter(kept, t, trainer, seed, recipe) for t in tasks})
     config = merge_config(method, runs / "base", [runs / task / "encoder_adapter" for task in tasks])
     merged = cell / "merged" / method
     start = time.perf_counter()
     run_merge(config, cell / f"{method}.yaml", merged, cell / "lora_cache")
     evaluation = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", progress=False)
-    result = {"trainer": trainer, "candidate": TRAINERS[trainer], "seed": seed, "method": method, "tasks": tasks,
+    result = {"trainer": trainer, "candidate": candidate, "seed": seed, "method": method, "tasks": tasks,
               "merge_parameters": config.get("parameters"), "evaluation": evaluation.to_dict(),
               "seconds": time.perf_counter() - start}
     text = json.dumps(result, indent=1, allow_nan=True).replace(str(work_dir), "<work>")  # no path of this machine
@@ -75,15 +86,22 @@ def unit_name(trainer: str, seed: int, method: str) -> str:
     return f"{trainer}-seed{seed}-{method}"
 
 
-def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: Path) -> str:
+def private_heads(units: list[dict]) -> dict[tuple[str, int], float]:
+    """(task, seed) → the private head's test accuracy in % at ε = 8, from the LP-FT benchmark's units."""
+    return {(u["task"], u["seed"]): 100 * u["test"]["accuracy"] for u in units
+            if u["candidate"] == lpft.HEAD and lpft.target_epsilon(u) == lpft.EPSILON}
+
+
+def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: Path,
+                 recipe: str = lpft.DEFAULT_CANDIDATE) -> str:
     """LPFT_MERGE.md from the stored merge units and the private heads' test accuracy (task, seed) → %."""
     return write_comparison(
         units, heads, path, title="Merging private LP-FT adapters: DP-SGD vs DP-Merging in phase 2 (ε = 8)",
-        preamble=[f"Generated by `python -m benchmarks.lpft_merge` from {len(units)} stored units. Test accuracy %, "
-                  "whole test splits, task averages, means over seeds; gain retained over the private head of the "
-                  "same seed (benchmarks/reports/lpft/units)."],
+        preamble=[f"Generated by `python -m benchmarks.lpft_merge --recipe {recipe}` from {len(units)} stored units. "
+                  "Test accuracy %, whole test splits, task averages, means over seeds; gain retained over the private "
+                  "head of the same seed (benchmarks/reports/lpft/units)."],
         floor_label="private head",
-        footer="Trainers: " + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in TRAINERS.items())
+        footer="Trainers: " + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in trainers(recipe).items())
                + " (benchmarks/lpft.py). Merge parameters: merge_configs/<method>.yaml as stored.")
 
 
@@ -92,24 +110,28 @@ def main(argv: list[str] | None = None) -> int:
         "python -m benchmarks.lpft_merge", __doc__, kept=lpft.REPO / "runs" / "lpft" / "kept",
         kept_help="benchmarks.lpft's --keep-adapters folder", base=lpft.REPO / "runs" / "lpft" / "base",
         base_help="the shared base the LP-FT units trained on (benchmarks.lpft's <work-dir>/base)", tasks=TASKS,
-        work_dir=lpft.REPO / "runs" / "lpft-merge", units_dir=REPORT_DIR / "units",
-        report=REPORT_DIR / "LPFT_MERGE.md")
+        work_dir=lpft.REPO / "runs" / "lpft-merge", units_dir=None, report=None)
+    parser.add_argument("--recipe", choices=sorted(TWIN), default=lpft.DEFAULT_CANDIDATE,
+                        help="the LP-FT default whose DP-SGD adapters meet their DP-Merging twin's (default: "
+                             "today's); units and report default to benchmarks/reports/lpft-merge/<recipe>/")
     args, tasks, methods = parse_comparison(parser, argv)
+    units_dir = args.units_dir or REPORT_DIR / args.recipe / "units"
     if not args.report_only:
-        seeds = complete_seeds(args.kept, tasks)
+        seeds = complete_seeds(args.kept, tasks, args.recipe)
         if not seeds:
-            parser.error(f"--kept {args.kept}: no seed has both trainers' adapters on {', '.join(tasks)}")
+            parser.error(f"--kept {args.kept}: no seed has both trainers' adapters ({trainers(args.recipe)}) on "
+                         f"{', '.join(tasks)}")
         for seed in seeds:
-            for trainer in TRAINERS:
+            for trainer in merge_comparison.TRAINERS:
                 for method in methods:
-                    path = args.units_dir / f"{unit_name(trainer, seed, method)}.json"
+                    path = units_dir / f"{unit_name(trainer, seed, method)}.json"
                     if not path.exists():
-                        print(f"[lpft_merge] {path.stem}", file=sys.stderr, flush=True)
-                        run_unit(args.kept, args.base, tasks, trainer, seed, method, args.work_dir.resolve(), path)
-    units = [json.loads(p.read_text()) for p in sorted(args.units_dir.glob("*.json"))]
-    heads = {(u["task"], u["seed"]): 100 * u["test"]["accuracy"] for u in lpft.load_units(lpft.REPORT_DIR / "units")
-             if u["candidate"] == lpft.HEAD}
-    print(write_report(units, heads, args.report))
+                        print(f"[lpft_merge] {args.recipe} {path.stem}", file=sys.stderr, flush=True)
+                        run_unit(args.kept, args.base, tasks, trainer, seed, method, args.work_dir.resolve(), path,
+                                 args.recipe)
+    units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
+    heads = private_heads(lpft.load_units(lpft.REPORT_DIR / "units"))
+    print(write_report(units, heads, args.report or REPORT_DIR / args.recipe / "LPFT_MERGE.md", args.recipe))
     return 0
 
 

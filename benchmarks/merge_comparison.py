@@ -14,6 +14,7 @@ paired t over seeds (the seed is the unit: each retrains both trainers' adapters
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,8 @@ METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 def complete_seeds(kept: Path, tasks: Sequence[str], adapter: Callable[[str, str, int], Path]) -> list[int]:
     """Seeds of ``kept`` with both trainers' adapters on every task (``adapter(task, trainer, seed)``: the adapter
     folder a seed's unit keeps)."""
-    found = {int(p.name.rsplit("-seed", 1)[1]) for p in kept.glob("*-seed*")} if kept.is_dir() else set()
+    names = [p.name for p in kept.glob("*-seed*")] if kept.is_dir() else []
+    found = {int(m[1]) for name in names if (m := re.search(r"-seed(\d+)$", name))}  # not -seed0-eps4: another ε
     return sorted(s for s in found if all(adapter(t, tr, s).is_dir() for t in tasks for tr in TRAINERS))
 
 
@@ -104,8 +106,10 @@ def write_comparison(units: list[dict], floors: Mapping[tuple[str, int], float],
 
 
 def comparison_parser(prog: str, description: str, *, kept: Path, kept_help: str, base: Path, base_help: str,
-                      tasks: Sequence[str], work_dir: Path, units_dir: Path, report: Path) -> argparse.ArgumentParser:
-    """The command line both benchmarks share (their own defaults); :func:`parse_comparison` reads it."""
+                      tasks: Sequence[str], work_dir: Path, units_dir: Path | None, report: Path | None
+                      ) -> argparse.ArgumentParser:
+    """The command line both benchmarks share (their own defaults; a None default is the caller's to resolve);
+    :func:`parse_comparison` reads it."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kept", type=Path, default=kept, help=kept_help)

@@ -1,6 +1,7 @@
 """The LP-FT search and the headroom table: units parse as the training script runs them, the choice uses the
 select tasks' validation splits only, and the report's tests treat seeds as the unit (Holm over tasks)."""
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -9,12 +10,12 @@ import pytest
 from scipy import stats
 
 from benchmarks import headroom, lpft, lpft_merge
-from benchmarks.merge_comparison import METHODS
+from benchmarks.merge_comparison import METHODS, TRAINERS
 from benchmarks.quality.significance import holm
 from hf_dpmerge.scripts import train as train_script
 
 
-@pytest.mark.parametrize("candidate", list(lpft.CANDIDATES))
+@pytest.mark.parametrize("candidate", [*lpft.CANDIDATES, *lpft.TWINS])
 def test_every_candidate_parses_as_a_private_run_at_the_target_epsilon(candidate):
     script, config = train_script.parse_arguments(lpft.arguments("rotten_tomatoes", candidate, 0, Path("/r/x")))
     assert config.dp and config.target_epsilon == lpft.EPSILON and script.prefix_cache_dir == "/r/prefix_cache"
@@ -191,13 +192,15 @@ def test_the_report_tests_each_task_over_seeds_and_corrects_with_holm(tmp_path):
 
 def test_a_choice_other_than_the_default_is_reported_beside_it_and_the_floor_gap_stays_the_defaults(tmp_path):
     default = lpft.DEFAULT_CANDIDATE
+    base = dataclasses.replace(lpft.MINILM, earlier_defaults=())  # the choice and the default alone
     chosen = next(c for c in lpft.CANDIDATES if c not in (lpft.HEAD, default))
     units = select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {chosen: 0.02})
     head, ours = [0.80, 0.81, 0.79], [0.83, 0.83, 0.82]
     units = [u for u in units if not (u["task"] == "rotten_tomatoes" and u["candidate"] in (lpft.HEAD, default))]
     units += [unit("rotten_tomatoes", c, seed, 0.8, scores[seed]) for seed in range(3)
               for c, scores in ((lpft.HEAD, head), (default, ours))]
-    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=tmp_path / "gap.json", headroom_units=[])
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=tmp_path / "gap.json", headroom_units=[],
+                             base=base)
     assert f"Chosen: `{chosen}`." in text and f"The default (`LPFT_RECIPE`) is still `{default}`" in text
     report = text[text.index("## Report"):text.index("## Targets")]
     assert report.index(f"### `{chosen}` (chosen)") < report.index(f"### `{default}` (the default)")
@@ -210,8 +213,38 @@ def test_a_choice_other_than_the_default_is_reported_beside_it_and_the_floor_gap
     assert gap["recipe"] == default and gap["rows"][0]["adapters"] == pytest.approx(
         statistics.mean([100 * ours[0], 0.0]))  # rotten_tomatoes and bbc_news at seed 0 (select units test 0.0)
     one = lpft.write_report(select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {default: 0.01}),
-                            tmp_path / "one.md", evidence=None)
+                            tmp_path / "one.md", evidence=None, base=base)
     assert "### `" not in one and "is still" not in one
+
+
+def test_an_earlier_default_keeps_its_rows_as_a_holm_family_of_its_own(tmp_path):
+    default, (earlier, *_) = lpft.DEFAULT_CANDIDATE, lpft.EARLIER_DEFAULTS
+    assert earlier != default and earlier in lpft.CANDIDATES
+    units = select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {default: 0.02})
+    head = [0.80, 0.81, 0.79]
+    scores = {default: [0.83, 0.83, 0.82], earlier: [0.82, 0.815, 0.80]}
+    units = [u for u in units if u["task"] != "rotten_tomatoes" or u["candidate"] not in (lpft.HEAD, *scores)]
+    units += [unit("rotten_tomatoes", c, seed, 0.8, values[seed]) for seed in range(3)
+              for c, values in ((lpft.HEAD, head), *scores.items())]
+    election = {lpft.HEAD: [0.88, 0.89, 0.90], default: [0.885, 0.90, 0.89]}  # a second row of the default's
+    units += [unit("election_tweets", c, seed, 0.8, values[seed]) for seed in range(3)
+              for c, values in election.items()]
+    text = lpft.write_report(units, tmp_path / "LPFT.md", evidence=tmp_path / "gap.json", headroom_units=[])
+    assert f"Chosen: `{default}`." in text and "is still" not in text and f"`{earlier}`." in text
+    report = text[text.index("## Report"):text.index("## Targets")]
+    assert (report.index(f"### `{default}` (chosen, the default)")
+            < report.index(f"### `{earlier}` (an earlier default)"))
+    def p_value(ours, theirs):
+        return stats.ttest_rel([100 * x for x in ours], [100 * x for x in theirs]).pvalue
+
+    ours = holm([p_value(scores[default], head), p_value(election[default], election[lpft.HEAD])])
+    theirs = p_value(scores[earlier], head)  # alone in its family: unadjusted
+    for candidate, raw, adjusted in ((default, p_value(scores[default], head), ours[0]), (earlier, theirs, theirs)):
+        row = next(line for line in report.split(f"### `{candidate}`")[1].splitlines()
+                   if line.startswith("| rotten_tomatoes (select) | 8 | 0,1,2 |"))
+        assert f"| {raw:.3g} | {adjusted:.3g}" in row  # Holm over the recipe's own tested rows
+    assert text.count("### `") == 4
+    assert json.loads((tmp_path / "gap.json").read_text())["recipe"] == default  # recommend reads the default
 
 
 def test_the_training_scripts_lora_default_is_the_default_candidate():
@@ -337,11 +370,50 @@ def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the
 
 
 def test_a_seed_merges_only_when_both_trainers_kept_every_task(tmp_path):
-    for trainer in lpft_merge.TRAINERS:
+    for trainer in TRAINERS:
         for task in lpft_merge.TASKS:
             (lpft_merge.kept_adapter(tmp_path, task, trainer, 1) / "encoder_adapter").mkdir(parents=True)
     (lpft_merge.kept_adapter(tmp_path, "rotten_tomatoes", "dp_sgd", 2) / "encoder_adapter").mkdir(parents=True)
+    for task in lpft_merge.TASKS:  # a kept unit at ε = 4 is no seed of the ε = 8 comparison
+        (tmp_path / f"{lpft.unit_name(task, lpft.DEFAULT_CANDIDATE, 3, 4.0)}" / task).mkdir(parents=True)
     assert lpft_merge.complete_seeds(tmp_path, list(lpft_merge.TASKS)) == [1]
+    earlier = "k2_b1024_t75_lr3e-3_head6_dpsgd"  # another recipe's adapters: none kept
+    assert lpft_merge.complete_seeds(tmp_path, list(lpft_merge.TASKS), earlier) == []
+
+
+@pytest.mark.parametrize("recipe", list(lpft_merge.TWIN))
+def test_each_recipes_dp_merging_twin_differs_from_it_in_the_phase_2_step_alone(recipe):
+    """The DP-Merging trainer is the same LP-FT recipe with DP-SAT (ρ 0.05) and alignment (λ 0.05) in phase 2."""
+    sgd, dpm = (train_script.parse_arguments(lpft.arguments("rotten_tomatoes", c, 0, Path("/r/x")))
+                for c in lpft_merge.trainers(recipe).values())
+    assert (sgd[1].sam_mode, sgd[1].align_lambda) == ("none", 0.0)
+    assert (dpm[1].sam_mode, dpm[1].sam_rho, dpm[1].align_lambda) == ("dp_sat", 0.05, 0.05)
+    for ours, theirs in zip(sgd, dpm):
+        differing = {f.name for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)}
+        assert differing <= {"sam_mode", "sam_rho", "align_lambda"}
+
+
+def test_a_twin_runs_in_the_report_stage_only_and_never_takes_part_in_the_choice(tmp_path, monkeypatch, capsys):
+    twin = next(iter(lpft.TWINS))
+    assert twin not in lpft.CANDIDATES and twin in lpft_merge.TWIN.values()
+    with pytest.raises(SystemExit):
+        lpft.main(["--stage", "select", "--candidates", twin, "--units-dir", str(tmp_path)])
+    assert "run in the report stage only (--stage report)" in capsys.readouterr().err
+    trained = []
+    monkeypatch.setattr(lpft, "run_unit", lambda task, argv, *a, candidate, **k: trained.append((task, candidate)))
+    monkeypatch.setattr(lpft, "write_report", lambda *a, **k: "")
+    assert lpft.main(["--stage", "report", "--tasks", "rotten_tomatoes", "--candidates", twin, "--units-dir",
+                      str(tmp_path), "--work-dir", str(tmp_path / "work")]) == 0
+    assert trained == [("rotten_tomatoes", twin)]
+    units = select_units({c: 0.0 for c in lpft.CANDIDATES if c != lpft.HEAD} | {lpft.DEFAULT_CANDIDATE: 0.01})
+    assert lpft.chosen_candidate(units + [unit(t, twin, 0, 0.99, 0.99) for t in lpft.SELECT_TASKS])[0] \
+        == lpft.DEFAULT_CANDIDATE
+
+
+def test_the_merge_report_reads_the_private_heads_at_epsilon_8_only():
+    units = [unit("rotten_tomatoes", lpft.HEAD, 1, 0.8, 0.77), unit("rotten_tomatoes", lpft.HEAD, 1, 0.8, 0.70, 4.0),
+             unit("rotten_tomatoes", lpft.DEFAULT_CANDIDATE, 1, 0.8, 0.79)]
+    assert lpft_merge.private_heads(units) == {("rotten_tomatoes", 1): pytest.approx(77.0)}
 
 
 @pytest.mark.slow
@@ -360,7 +432,7 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
                      ",".join(tasks), "--max_train_samples", "64", "--per_device_train_batch_size", "16",
                      "--physical_batch_size", "16", "--max_steps", "2", "--head_phase_steps", "2",
                      "--head_phase_batch_size", "16", "--max_length", "16", "--lora_layers", "top_1"])
-    for trainer in lpft_merge.TRAINERS:
+    for trainer in TRAINERS:
         for task in tasks:
             shutil.copytree(tmp_path / "runs" / task, lpft_merge.kept_adapter(tmp_path / "kept", task, trainer, 0),
                             ignore=shutil.ignore_patterns("checkpoints*"))
@@ -368,10 +440,10 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
                      str(tmp_path / "work"), "--units-dir", str(tmp_path / "units"), "--report",
                      str(tmp_path / "LPFT_MERGE.md"), "--methods", "ties,dp_aware"])
     units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
-    assert len(units) == len(lpft_merge.TRAINERS) * 2
+    assert len(units) == len(TRAINERS) * 2
     assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
     for method in ("ties", "dp_aware"):
-        sgd, dpm = (units[lpft_merge.unit_name(t, 0, method)]["evaluation"]["tasks"] for t in lpft_merge.TRAINERS)
+        sgd, dpm = (units[lpft_merge.unit_name(t, 0, method)]["evaluation"]["tasks"] for t in TRAINERS)
         assert sgd == dpm
         assert all(sgd[t]["num_examples"] > 500 for t in tasks)  # whole test splits
     assert "| ties | 0 | +0.00 | +0.00 | — | — |" in (tmp_path / "LPFT_MERGE.md").read_text()
