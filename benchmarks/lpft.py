@@ -15,9 +15,9 @@ Protocol (recipes chosen without the evaluated tasks' test data):
    (the seed is the unit: each retrains both), Holm-corrected over the recipe's tested rows (one family per
    recipe). The targets section judges each row against :data:`FLOOR_TOLERANCE` and, on headroom tasks,
    :data:`HEADROOM_TARGETS`, with the non-private headroom of ``benchmarks/reports/headroom/``
-   (:func:`benchmarks.headroom.headroom_points`). The default
-   (:data:`DEFAULT_CANDIDATE`) and the earlier defaults (:data:`EARLIER_DEFAULTS`) are reported beside the choice;
-   ``--candidates`` also runs the report-stage twins (:data:`TWINS`), never chosen, for ``benchmarks/lpft_merge.py``.
+   (:func:`benchmarks.headroom.headroom_points`). The default (:data:`DEFAULT_CANDIDATE`) and the earlier defaults
+   (:data:`EARLIER_DEFAULTS`) are reported beside the choice; ``--candidates`` also runs the report-stage twins
+   (:data:`TWINS`), never chosen, for ``benchmarks/lpft_merge.py``.
 
 Every candidate is private LP-FT in one accounted run (docs/design.md §15.6): phase 1 the head alone at ε₁
 (``--head_phase_epsilon``; ``HEAD_ONLY_RECIPE``'s 1000 steps × 1024), phase 2 FFA-LoRA (A frozen, B = 0: it starts
