@@ -37,10 +37,10 @@ from .merge_comparison import comparison_parser, parse_comparison, write_compari
 from .quality.run import merge_config, run_merge
 
 REPORT_DIR = lpft.REPO / "benchmarks" / "reports" / "lpft-merge"
-TWIN = {lpft.DEFAULT_CANDIDATE: "k2_b1024_t75_lr1e-2_head6",
-        "k2_b1024_t75_lr3e-3_head6_dpsgd": "k2_b1024_t75_lr3e-3_head6"}
+TWIN = {recipe: recipe.removesuffix("_dpsgd") for recipe in (lpft.DEFAULT_CANDIDATE, *lpft.EARLIER_DEFAULTS)}
 """Each LP-FT default (phase 2 plain DP-SGD, the current one and the earlier ones) → its DP-Merging twin: the same
-recipe with DP-SAT + alignment in phase 2 (a candidate or a report-stage twin of ``benchmarks/lpft.py``)."""
+recipe with DP-SAT + alignment in phase 2, named without the ``_dpsgd`` suffix (a candidate or a report-stage twin
+of ``benchmarks/lpft.py``)."""
 TASKS = ("rotten_tomatoes", "election_tweets")
 
 
