@@ -3,21 +3,26 @@
 Adapters come from the LP-FT benchmark (``python -m benchmarks.lpft ... --keep-adapters DIR``): for each seed, an
 LP-FT default, ``--recipe`` (:func:`trainers` ``dp_sgd``, phase 2 plain DP-SGD; default
 :data:`benchmarks.lpft.DEFAULT_CANDIDATE`), and its twin with the package's DP-SAT step and alignment penalty
-(``dp_merging``, :data:`TWIN`), at ε = 8, on every task of ``--tasks``. Each (trainer, seed, method) unit merges the
+(``dp_merging``, :data:`TWIN`), at ε = 8, on every task of ``--tasks`` (default :data:`TASKS`: the headroom tasks
+rotten_tomatoes and election_tweets and the topic task reuters_r52). Each (trainer, seed, method) unit merges the
 tasks' encoder adapters with stock ``mergekit-yaml`` semantics (``hf-dpmerge merge`` on
 ``merge_configs/<method>.yaml``, its parameters as stored there, base and inputs replaced), scores individual and
 merged accuracy on each task's whole test split (:func:`hf_dpmerge.analysis.evaluation.evaluate_runs`), and is
 stored as JSON under ``benchmarks/reports/lpft-merge/<recipe>/units``; the recipe's report is rewritten from them.
+A method that merges exactly in factor space (:data:`AS_ADAPTER_METHODS`) is also merged with ``hf-dpmerge merge
+--as-adapter`` from the same YAML: the unit stores how far that adapter, folded into the base by stock peft, is
+from the dense merge (:func:`as_adapter_deviation`), and the sizes of the two outputs' weights.
 
 Report (``<recipe>/LPFT_MERGE.md``), per method and trainer, means over seeds of the task averages: individual and
 merged accuracy, interference (individual − merged, points), retention (merged / individual) and gain retained over
 the private head of the same seed and task (the LP-FT benchmark's unit at ε = 8: (merged − head) / (individual −
 head), on the averaged scores). Per method: DP-Merging − DP-SGD in task-averaged merged accuracy, paired t over seeds
-(the seed is the unit: each retrains both), Holm over the methods.
+(the seed is the unit: each retrains both), Holm over the methods. Per ``--as-adapter`` method: the largest
+deviation from the dense merge over its units and the size ratio.
 
-    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets \\
+    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
         --keep-adapters runs/lpft/kept                        # DP-SGD (the chosen candidate) and its heads
-    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets \\
+    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
         --candidates k2_b1024_t75_lr1e-2_head6 --keep-adapters runs/lpft/kept   # DP-Merging, its twin
     python -m benchmarks.lpft_merge --kept runs/lpft/kept
 """
@@ -30,9 +35,11 @@ import sys
 import time
 from pathlib import Path
 
+from hf_dpmerge.cli.merge_command import run_as_adapter
 from hf_dpmerge.utils.io import write_text_atomic
 
 from . import lpft, merge_comparison
+from .markdown import table as markdown_table
 from .merge_comparison import comparison_parser, parse_comparison, write_comparison
 from .quality.run import merge_config, run_merge
 
@@ -41,7 +48,10 @@ TWIN = {recipe: recipe.removesuffix("_dpsgd") for recipe in (lpft.DEFAULT_CANDID
 """Each LP-FT default (phase 2 plain DP-SGD, the current one and the earlier ones) → its DP-Merging twin: the same
 recipe with DP-SAT + alignment in phase 2, named without the ``_dpsgd`` suffix (a candidate or a report-stage twin
 of ``benchmarks/lpft.py``)."""
-TASKS = ("rotten_tomatoes", "election_tweets")
+TASKS = ("rotten_tomatoes", "election_tweets", "reuters_r52")
+AS_ADAPTER_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe")
+"""The merge methods whose packaged configs merge shared-A adapters exactly in factor space (``--as-adapter``);
+ties elects signs and trims magnitudes of dense coordinates, so no adapter equals its merge."""
 
 
 def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
@@ -76,10 +86,65 @@ def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, 
     result = {"trainer": trainer, "candidate": candidate, "seed": seed, "method": method, "tasks": tasks,
               "merge_parameters": config.get("parameters"), "evaluation": evaluation.to_dict(),
               "seconds": time.perf_counter() - start}
+    if method in AS_ADAPTER_METHODS:
+        adapter = run_as_adapter(cell / f"{method}.yaml", cell / "adapter" / method, overwrite=True)
+        result["as_adapter"] = as_adapter_deviation(runs / "base", merged, adapter)
+        shutil.rmtree(adapter, ignore_errors=True)
     text = json.dumps(result, indent=1, allow_nan=True).replace(str(work_dir), "<work>")  # no path of this machine
     write_text_atomic(path, text + "\n")
     shutil.rmtree(merged, ignore_errors=True)
     return result
+
+
+def as_adapter_deviation(base: Path, dense: Path, adapter: Path) -> dict[str, float]:
+    """The ``--as-adapter`` merge against the dense one: ``max_abs_difference`` = max |W_adapter − W_dense| over
+    every tensor of the dense merge, W_adapter being the base with the merged adapter folded in by stock peft
+    (``merge_and_unload``); ``max_abs_task_vector`` = max |W_dense − W_base| (what the merge moved, for scale);
+    the sizes in bytes of the two weights files."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
+
+    model = AutoModelForSequenceClassification.from_pretrained(base)
+    base_state = {k: w.clone() for k, w in model.state_dict().items()}
+    folded_state = PeftModel.from_pretrained(model, adapter).merge_and_unload().state_dict()
+    dense_file = dense / "model.safetensors"
+    dense_state = load_file(dense_file)
+    if missing := sorted(set(dense_state) - set(folded_state)):
+        raise ValueError(f"{dense}: tensors {missing[:3]} are not the base model's")
+    with torch.no_grad():
+        return {"max_abs_difference": max(float((folded_state[k] - w).abs().max()) for k, w in dense_state.items()),
+                "max_abs_task_vector": max(float((w - base_state[k]).abs().max()) for k, w in dense_state.items()),
+                "adapter_bytes": (adapter / ADAPTER_SAFETENSORS_NAME).stat().st_size,
+                "dense_bytes": dense_file.stat().st_size}
+
+
+def as_adapter_section(units: list[dict]) -> str:
+    """The report's ``--as-adapter`` table: per method and trainer, the units checked, the largest deviation from
+    the dense merge and of the dense task vector, and the weights' size ratio."""
+    rows = []
+    for method in AS_ADAPTER_METHODS:
+        for trainer in merge_comparison.TRAINERS:
+            checked = [u["as_adapter"] for u in units
+                       if u["method"] == method and u["trainer"] == trainer and "as_adapter" in u]
+            if checked:
+                rows.append([method, trainer, str(len(checked)),
+                             f"{max(c['max_abs_difference'] for c in checked):.1e}",
+                             f"{max(c['max_abs_task_vector'] for c in checked):.1e}",
+                             f"{max(c['dense_bytes'] / c['adapter_bytes'] for c in checked):.0f}×"])
+    if not rows:
+        return ""
+    return "\n".join([
+        "## `--as-adapter`: the factor-space merge against the dense one", "",
+        "Each unit of a method below also merged its adapters with `hf-dpmerge merge --as-adapter` (the same YAML); "
+        "the merged adapter, folded into the base by stock peft, is compared with the dense merge tensor by tensor. "
+        "Its accuracy is the dense row's when the deviation is float rounding against the task vector. "
+        "`ties` has no such merge (sign election acts on dense coordinates).", "",
+        markdown_table(["method", "trainer", "units", "max abs deviation from dense", "max abs dense task vector",
+                        "dense / adapter weights (bytes)"], rows), "", ""])
 
 
 def unit_name(trainer: str, seed: int, method: str) -> str:
@@ -101,8 +166,9 @@ def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: P
                   "Test accuracy %, whole test splits, task averages, means over seeds; gain retained over the private "
                   "head of the same seed (benchmarks/reports/lpft/units)."],
         floor_label="private head",
-        footer="Trainers: " + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in trainers(recipe).items())
-               + " (benchmarks/lpft.py). Merge parameters: merge_configs/<method>.yaml as stored.")
+        footer=as_adapter_section(units) + "Trainers: "
+        + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in trainers(recipe).items())
+        + " (benchmarks/lpft.py). Merge parameters: merge_configs/<method>.yaml as stored.")
 
 
 def main(argv: list[str] | None = None) -> int:

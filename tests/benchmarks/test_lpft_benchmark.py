@@ -342,8 +342,10 @@ def test_the_report_states_each_rows_targets_from_the_headroom_units(tmp_path):
     assert "## Targets" not in lpft.write_report(units, tmp_path / "LPFT.md", evidence=None)
 
 
-def merge_unit(trainer, seed, method, individual, merged):
-    tasks = list(lpft_merge.TASKS)
+TWO_TASKS = ("rotten_tomatoes", "election_tweets")
+
+
+def merge_unit(trainer, seed, method, individual, merged, tasks=TWO_TASKS):
     return {"trainer": trainer, "seed": seed, "method": method, "tasks": tasks,
             "evaluation": {"tasks": {t: {"individual": individual[i], "merged": merged[i]}
                                      for i, t in enumerate(tasks)}}}
@@ -355,7 +357,7 @@ def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the
     merged = {("dp_sgd", 1): (0.80, 0.88), ("dp_sgd", 2): (0.79, 0.87), ("dp_sgd", 3): (0.81, 0.88),
               ("dp_merging", 1): (0.81, 0.89), ("dp_merging", 2): (0.81, 0.88), ("dp_merging", 3): (0.82, 0.90)}
     units = [merge_unit(tr, s, m, (0.82, 0.90), merged[(tr, s)]) for (tr, s) in merged for m in METHODS]
-    heads = {(t, s): h for s in (1, 2, 3) for t, h in zip(lpft_merge.TASKS, (78.0, 88.0))}
+    heads = {(t, s): h for s in (1, 2, 3) for t, h in zip(TWO_TASKS, (78.0, 88.0))}
     text = lpft_merge.write_report(units, heads, tmp_path / "LPFT_MERGE.md")
     score = {k: 100 * sum(v) / 2 for k, v in merged.items()}
     p = stats.ttest_rel([score[("dp_merging", s)] for s in (1, 2, 3)], [score[("dp_sgd", s)] for s in (1, 2, 3)])
@@ -367,6 +369,22 @@ def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the
     merged_sgd = sum(score[("dp_sgd", s)] for s in (1, 2, 3)) / 3
     assert f"| {head:.1f} | {individual:.1f} | {merged_sgd:.1f} |" in sgd
     assert f"{100 * (merged_sgd - head) / (individual - head):.0f} %" in sgd
+
+
+def test_the_merge_report_states_the_largest_as_adapter_deviation_per_method_and_trainer(tmp_path):
+    """Units of a factor-space method carry their --as-adapter check; the report takes the worst over units."""
+    units = [merge_unit(tr, s, m, (0.82, 0.90), (0.81, 0.89)) for tr in TRAINERS for s in (1, 2) for m in METHODS]
+    for u in units:
+        if u["method"] in lpft_merge.AS_ADAPTER_METHODS:
+            u["as_adapter"] = {"max_abs_difference": 1e-7 * u["seed"], "max_abs_task_vector": 0.01 * u["seed"],
+                               "adapter_bytes": 100, "dense_bytes": 1000 * u["seed"]}
+    text = lpft_merge.write_report(units, {}, tmp_path / "LPFT_MERGE.md")
+    for method in lpft_merge.AS_ADAPTER_METHODS:
+        for trainer in TRAINERS:
+            assert f"| {method} | {trainer} | 2 | 2.0e-07 | 2.0e-02 | 20× |" in text
+    assert "| ties | dp_sgd | 2 |" not in text.split("## `--as-adapter`")[1]
+    assert "## `--as-adapter`" not in lpft_merge.write_report([u for u in units if u["method"] == "ties"], {},
+                                                              tmp_path / "ties.md")
 
 
 def test_a_seed_merges_only_when_both_trainers_kept_every_task(tmp_path):
@@ -427,7 +445,7 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
     from tests.utils.tiny_models import save_tiny_bert
 
     base_model = save_tiny_bert(tmp_path / "tiny")
-    tasks = list(lpft_merge.TASKS)
+    tasks = list(TWO_TASKS)
     train_glue.main(["--model_name_or_path", str(base_model), "--runs_dir", str(tmp_path / "runs"), "--tasks",
                      ",".join(tasks), "--max_train_samples", "64", "--per_device_train_batch_size", "16",
                      "--physical_batch_size", "16", "--max_steps", "2", "--head_phase_steps", "2",
@@ -438,7 +456,7 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
                             ignore=shutil.ignore_patterns("checkpoints*"))
     lpft_merge.main(["--kept", str(tmp_path / "kept"), "--base", str(tmp_path / "runs" / "base"), "--work-dir",
                      str(tmp_path / "work"), "--units-dir", str(tmp_path / "units"), "--report",
-                     str(tmp_path / "LPFT_MERGE.md"), "--methods", "ties,dp_aware"])
+                     str(tmp_path / "LPFT_MERGE.md"), "--methods", "ties,dp_aware", "--tasks", ",".join(tasks)])
     units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
     assert len(units) == len(TRAINERS) * 2
     assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
@@ -446,4 +464,11 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
         sgd, dpm = (units[lpft_merge.unit_name(t, 0, method)]["evaluation"]["tasks"] for t in TRAINERS)
         assert sgd == dpm
         assert all(sgd[t]["num_examples"] > 500 for t in tasks)  # whole test splits
-    assert "| ties | 0 | +0.00 | +0.00 | — | — |" in (tmp_path / "LPFT_MERGE.md").read_text()
+    report = (tmp_path / "LPFT_MERGE.md").read_text()
+    assert "| ties | 0 | +0.00 | +0.00 | — | — |" in report
+    for trainer in TRAINERS:  # --as-adapter: dp_aware's adapter is its dense merge; ties has none
+        assert "as_adapter" not in units[lpft_merge.unit_name(trainer, 0, "ties")]
+        check = units[lpft_merge.unit_name(trainer, 0, "dp_aware")]["as_adapter"]
+        assert check["max_abs_difference"] < 1e-5 < 1e-3 < check["max_abs_task_vector"]
+        assert check["dense_bytes"] > check["adapter_bytes"] > 0
+        assert f"| dp_aware | {trainer} | 1 |" in report
