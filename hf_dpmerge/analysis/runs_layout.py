@@ -141,10 +141,11 @@ def load_split(run: TaskRun, split: str, tokenizer, *, max_samples: int | None =
 
 
 def find_tokenizer(candidates: Sequence[Path]):
-    """The tokenizer saved in the first of ``candidates`` that has one."""
+    """The tokenizer saved in the first of ``candidates`` that has one. A release folder's remote code is its
+    model's (``modeling_mean_pooling_bert.py``), never its tokenizer's: it is not run, and no prompt asks."""
     from transformers import AutoTokenizer
 
     for directory in candidates:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(directory)
+            return AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
     raise FileNotFoundError(f"no tokenizer in {', '.join(map(str, candidates))}; pass a tokenizer")

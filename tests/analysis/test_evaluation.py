@@ -323,3 +323,22 @@ def test_a_causal_task_scored_without_the_answers_end_is_marked_in_the_table_and
 def test_a_record_written_before_the_answer_end_option_learnt_the_end():
     assert runs_record("bbc_news").answer_end_trained is True
     assert runs_record("bbc_news", train_answer_end=False).answer_end_trained is False
+
+
+def test_the_tokenizer_of_a_release_with_remote_code_loads_without_asking_to_run_it(tmp_path, monkeypatch):
+    """An adapter folder that is a stock release (mean pooling: ``auto_map`` and the remote model code beside its
+    config) gives its stock tokenizer, and transformers never prompts to run the folder's code."""
+    from hf_dpmerge.analysis.runs_layout import find_tokenizer
+    from hf_dpmerge.modeling.stock_release import REMOTE_MODEL_TYPE, save_stock_classifier
+    from tests.utils.tiny_models import tiny_bert
+
+    model = tiny_bert(num_labels=2)
+    model.config.classifier_pooling = "mean"
+    save_stock_classifier(model, tmp_path, ["neg", "pos"])
+    tiny_tokenizer().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == REMOTE_MODEL_TYPE
+    asked = []
+    monkeypatch.setattr("builtins.input", lambda *args: asked.append(args) or "n")
+    tokenizer = find_tokenizer([tmp_path])
+    assert not asked
+    assert tokenizer("the film")["input_ids"] == tiny_tokenizer()("the film")["input_ids"]
