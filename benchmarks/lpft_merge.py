@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from hf_dpmerge.cli.merge_command import run_as_adapter
+from hf_dpmerge.merging.factor_space import FACTOR_METHODS
 from hf_dpmerge.utils.io import write_text_atomic
 
 from . import lpft, merge_comparison
@@ -49,9 +50,9 @@ TWIN = {recipe: recipe.removesuffix("_dpsgd") for recipe in (lpft.DEFAULT_CANDID
 recipe with DP-SAT + alignment in phase 2, named without the ``_dpsgd`` suffix (a candidate or a report-stage twin
 of ``benchmarks/lpft.py``)."""
 TASKS = ("rotten_tomatoes", "election_tweets", "reuters_r52")
-AS_ADAPTER_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe")
-"""The merge methods whose packaged configs merge shared-A adapters exactly in factor space (``--as-adapter``);
-ties elects signs and trims magnitudes of dense coordinates, so no adapter equals its merge."""
+AS_ADAPTER_METHODS = tuple(m for m in merge_comparison.METHODS if m in FACTOR_METHODS)
+"""The compared merge methods that ``--as-adapter`` merges exactly in factor space (task_arithmetic, dp_aware,
+cauchy_poe); ties elects signs and trims magnitudes of dense coordinates, so no adapter equals its merge."""
 
 
 def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
@@ -101,7 +102,6 @@ def as_adapter_deviation(base: Path, dense: Path, adapter: Path) -> dict[str, fl
     every tensor of the dense merge, W_adapter being the base with the merged adapter folded in by stock peft
     (``merge_and_unload``); ``max_abs_task_vector`` = max |W_dense − W_base| (what the merge moved, for scale);
     the sizes in bytes of the two weights files."""
-    import torch
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification
@@ -115,11 +115,10 @@ def as_adapter_deviation(base: Path, dense: Path, adapter: Path) -> dict[str, fl
     dense_state = load_file(dense_file)
     if missing := sorted(set(dense_state) - set(folded_state)):
         raise ValueError(f"{dense}: tensors {missing[:3]} are not the base model's")
-    with torch.no_grad():
-        return {"max_abs_difference": max(float((folded_state[k] - w).abs().max()) for k, w in dense_state.items()),
-                "max_abs_task_vector": max(float((w - base_state[k]).abs().max()) for k, w in dense_state.items()),
-                "adapter_bytes": (adapter / ADAPTER_SAFETENSORS_NAME).stat().st_size,
-                "dense_bytes": dense_file.stat().st_size}
+    return {"max_abs_difference": max(float((folded_state[k] - w).abs().max()) for k, w in dense_state.items()),
+            "max_abs_task_vector": max(float((w - base_state[k]).abs().max()) for k, w in dense_state.items()),
+            "adapter_bytes": (adapter / ADAPTER_SAFETENSORS_NAME).stat().st_size,
+            "dense_bytes": dense_file.stat().st_size}
 
 
 def as_adapter_section(units: list[dict]) -> str:
