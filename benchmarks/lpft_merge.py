@@ -3,28 +3,31 @@
 Adapters come from the LP-FT benchmark (``python -m benchmarks.lpft ... --keep-adapters DIR``): for each seed, an
 LP-FT default, ``--recipe`` (:func:`trainers` ``dp_sgd``, phase 2 plain DP-SGD; default
 :data:`benchmarks.lpft.DEFAULT_CANDIDATE`), and its twin with the package's DP-SAT step and alignment penalty
-(``dp_merging``, :data:`TWIN`), at ε = 8, on every task of ``--tasks`` (default :data:`TASKS`: the headroom tasks
-rotten_tomatoes and election_tweets and the topic task reuters_r52). Each (trainer, seed, method) unit merges the
-tasks' encoder adapters with stock ``mergekit-yaml`` semantics (``hf-dpmerge merge`` on
-``merge_configs/<method>.yaml``, its parameters as stored there, base and inputs replaced), scores individual and
-merged accuracy on each task's whole test split (:func:`hf_dpmerge.analysis.evaluation.evaluate_runs`), and is
-stored as JSON under ``benchmarks/reports/lpft-merge/<recipe>/units``; the recipe's report is rewritten from them.
-A method that merges exactly in factor space (:data:`AS_ADAPTER_METHODS`) is also merged with ``hf-dpmerge merge
---as-adapter`` from the same YAML: the unit stores how far that adapter, folded into the base by stock peft, is
-from the dense merge (:func:`as_adapter_deviation`), and the sizes of the two outputs' weights.
+(``dp_merging``, :data:`TWIN`), at ``--epsilon`` (default 8: the LP-FT units of that target ε), on every task of
+``--tasks`` (default :data:`TASKS`: the headroom tasks rotten_tomatoes and election_tweets and the topic task
+reuters_r52). Each (trainer, seed, method) unit merges the tasks' encoder adapters with stock ``mergekit-yaml``
+semantics (``hf-dpmerge merge`` on ``merge_configs/<method>.yaml``, its parameters as stored there, base and inputs
+replaced), scores individual and merged accuracy on each task's whole test split
+(:func:`hf_dpmerge.analysis.evaluation.evaluate_runs`), and is stored as JSON under
+``benchmarks/reports/lpft-merge/<recipe>/units`` (``<recipe>-eps<ε>/`` at another ε, :func:`report_dir`); that
+folder's report is rewritten from them. A method that merges exactly in factor space (:data:`AS_ADAPTER_METHODS`) is
+also merged with ``hf-dpmerge merge --as-adapter`` from the same YAML: the unit stores how far that adapter, folded
+into the base by stock peft, is from the dense merge (:func:`as_adapter_deviation`), and the sizes of the two
+outputs' weights.
 
-Report (``<recipe>/LPFT_MERGE.md``), per method and trainer, means over seeds of the task averages: individual and
-merged accuracy, interference (individual − merged, points), retention (merged / individual) and gain retained over
-the private head of the same seed and task (the LP-FT benchmark's unit at ε = 8: (merged − head) / (individual −
-head), on the averaged scores). Per method: DP-Merging − DP-SGD in task-averaged merged accuracy, paired t over seeds
-(the seed is the unit: each retrains both), Holm over the methods. Per ``--as-adapter`` method: the largest
-deviation from the dense merge over its units and the size ratio.
+Report (``LPFT_MERGE.md`` in that folder), per method and trainer, means over seeds of the task averages: individual
+and merged accuracy, interference (individual − merged, points), retention (merged / individual) and gain retained
+over the private head of the same seed and task (the LP-FT benchmark's unit at the same ε: (merged − head) /
+(individual − head), on the averaged scores). Per method: DP-Merging − DP-SGD in task-averaged merged accuracy,
+paired t over seeds (the seed is the unit: each retrains both), Holm over the methods. Per ``--as-adapter`` method:
+the largest deviation from the dense merge over its units and the size ratio.
 
     python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
         --keep-adapters runs/lpft/kept                        # DP-SGD (the chosen candidate) and its heads
     python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
         --candidates k2_b1024_t75_lr1e-2_head6 --keep-adapters runs/lpft/kept   # DP-Merging, its twin
     python -m benchmarks.lpft_merge --kept runs/lpft/kept
+    python -m benchmarks.lpft_merge --kept runs/lpft/kept --epsilon 4   # the units trained with --epsilon 4
 """
 
 from __future__ import annotations
@@ -60,31 +63,41 @@ def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
     return dict(zip(merge_comparison.TRAINERS, (recipe, TWIN[recipe])))
 
 
-def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = lpft.DEFAULT_CANDIDATE) -> Path:
-    return kept / lpft.unit_name(task, trainers(recipe)[trainer], seed) / task
+def report_dir(recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> Path:
+    """Where a (recipe, ε) comparison keeps its units and report: ``<recipe>`` at ε = 8, ``<recipe>-eps<ε>``
+    otherwise (the LP-FT units' naming, :func:`benchmarks.lpft.unit_name`)."""
+    return REPORT_DIR / (recipe + ("" if epsilon == lpft.EPSILON else f"-eps{epsilon:g}"))
 
 
-def complete_seeds(kept: Path, tasks: list[str], recipe: str = lpft.DEFAULT_CANDIDATE) -> list[int]:
-    """Seeds with both trainers' adapters kept on every task."""
-    return merge_comparison.complete_seeds(kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s, recipe) /
-                                           "encoder_adapter")
+def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = lpft.DEFAULT_CANDIDATE,
+                 epsilon: float = lpft.EPSILON) -> Path:
+    return kept / lpft.unit_name(task, trainers(recipe)[trainer], seed, epsilon) / task
+
+
+def complete_seeds(kept: Path, tasks: list[str], recipe: str = lpft.DEFAULT_CANDIDATE,
+                   epsilon: float = lpft.EPSILON) -> list[int]:
+    """Seeds with both trainers' adapters kept at ``epsilon`` on every task."""
+    return merge_comparison.complete_seeds(
+        kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s, recipe, epsilon) / "encoder_adapter")
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, method: str, work_dir: Path,
-             path: Path, recipe: str = lpft.DEFAULT_CANDIDATE) -> dict:
-    """Merge one (trainer, seed)'s adapters of ``tasks`` with ``method``, evaluate, store the result at ``path``."""
+             path: Path, recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> dict:
+    """Merge one (trainer, seed)'s adapters of ``tasks`` at ``epsilon`` with ``method``, evaluate, store the result
+    at ``path``."""
     from hf_dpmerge.analysis.evaluation import evaluate_runs
 
     candidate = trainers(recipe)[trainer]
-    cell = work_dir / f"{candidate}-seed{seed}"
+    cell = work_dir / report_dir(recipe, epsilon).name / f"{candidate}-seed{seed}"
     runs = merge_comparison.stage_runs(cell / "runs", base,
-                                       {t: kept_adapter(kept, t, trainer, seed, recipe) for t in tasks})
+                                       {t: kept_adapter(kept, t, trainer, seed, recipe, epsilon) for t in tasks})
     config = merge_config(method, runs / "base", [runs / task / "encoder_adapter" for task in tasks])
     merged = cell / "merged" / method
     start = time.perf_counter()
     run_merge(config, cell / f"{method}.yaml", merged, cell / "lora_cache")
     evaluation = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", progress=False)
-    result = {"trainer": trainer, "candidate": candidate, "seed": seed, "method": method, "tasks": tasks,
+    result = {"trainer": trainer, "candidate": candidate, "seed": seed, "target_epsilon": epsilon, "method": method,
+              "tasks": tasks,
               "merge_parameters": config.get("parameters"), "evaluation": evaluation.to_dict(),
               "seconds": time.perf_counter() - start}
     if method in AS_ADAPTER_METHODS:
@@ -150,20 +163,26 @@ def unit_name(trainer: str, seed: int, method: str) -> str:
     return f"{trainer}-seed{seed}-{method}"
 
 
-def private_heads(units: list[dict]) -> dict[tuple[str, int], float]:
-    """(task, seed) → the private head's test accuracy in % at ε = 8, from the LP-FT benchmark's units."""
+def private_heads(units: list[dict], epsilon: float = lpft.EPSILON) -> dict[tuple[str, int], float]:
+    """(task, seed) → the private head's test accuracy in % at ``epsilon``, from the LP-FT benchmark's units."""
     return {(u["task"], u["seed"]): 100 * u["test"]["accuracy"] for u in units
-            if u["candidate"] == lpft.HEAD and lpft.target_epsilon(u) == lpft.EPSILON}
+            if u["candidate"] == lpft.HEAD and lpft.target_epsilon(u) == epsilon}
 
 
 def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: Path,
-                 recipe: str = lpft.DEFAULT_CANDIDATE) -> str:
-    """LPFT_MERGE.md from the stored merge units and the private heads' test accuracy (task, seed) → %."""
+                 recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> str:
+    """LPFT_MERGE.md from the stored merge units (all at ``epsilon``) and the private heads' test accuracy at that ε,
+    (task, seed) → %."""
+    if stray := sorted({lpft.target_epsilon(u) for u in units} - {epsilon}):
+        raise ValueError(f"merge units at ε = {stray} in a report at ε = {epsilon:g}")
+    command = f"python -m benchmarks.lpft_merge --recipe {recipe}" + (
+        "" if epsilon == lpft.EPSILON else f" --epsilon {epsilon:g}")
     return write_comparison(
-        units, heads, path, title="Merging private LP-FT adapters: DP-SGD vs DP-Merging in phase 2 (ε = 8)",
-        preamble=[f"Generated by `python -m benchmarks.lpft_merge --recipe {recipe}` from {len(units)} stored units. "
+        units, heads, path,
+        title=f"Merging private LP-FT adapters: DP-SGD vs DP-Merging in phase 2 (ε = {epsilon:g})",
+        preamble=[f"Generated by `{command}` from {len(units)} stored units. "
                   "Test accuracy %, whole test splits, task averages, means over seeds; gain retained over the private "
-                  "head of the same seed (benchmarks/reports/lpft/units)."],
+                  f"head of the same seed at ε = {epsilon:g} (benchmarks/reports/lpft/units)."],
         floor_label="private head",
         footer=as_adapter_section(units) + "Trainers: "
         + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in trainers(recipe).items())
@@ -179,13 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", choices=sorted(TWIN), default=lpft.DEFAULT_CANDIDATE,
                         help="the LP-FT default whose DP-SGD adapters meet their DP-Merging twin's (default: "
                              "today's); units and report default to benchmarks/reports/lpft-merge/<recipe>/")
+    parser.add_argument("--epsilon", type=float, default=lpft.EPSILON,
+                        help="the target ε the kept adapters and the private heads were trained at (benchmarks.lpft's "
+                             "--epsilon; default %(default)g); another ε's units and report default to "
+                             "benchmarks/reports/lpft-merge/<recipe>-eps<ε>/")
     args, tasks, methods = parse_comparison(parser, argv)
-    units_dir = args.units_dir or REPORT_DIR / args.recipe / "units"
+    folder = report_dir(args.recipe, args.epsilon)
+    units_dir = args.units_dir or folder / "units"
     if not args.report_only:
-        seeds = complete_seeds(args.kept, tasks, args.recipe)
+        seeds = complete_seeds(args.kept, tasks, args.recipe, args.epsilon)
         if not seeds:
-            parser.error(f"--kept {args.kept}: no seed has both trainers' adapters ({trainers(args.recipe)}) on "
-                         f"{', '.join(tasks)}")
+            parser.error(f"--kept {args.kept}: no seed has both trainers' adapters ({trainers(args.recipe)}) at "
+                         f"--epsilon {args.epsilon:g} on {', '.join(tasks)}")
         for seed in seeds:
             for trainer in merge_comparison.TRAINERS:
                 for method in methods:
@@ -193,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                     if not path.exists():
                         print(f"[lpft_merge] {args.recipe} {path.stem}", file=sys.stderr, flush=True)
                         run_unit(args.kept, args.base, tasks, trainer, seed, method, args.work_dir.resolve(), path,
-                                 args.recipe)
+                                 args.recipe, args.epsilon)
     units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
-    heads = private_heads(lpft.load_units(lpft.REPORT_DIR / "units"))
-    print(write_report(units, heads, args.report or REPORT_DIR / args.recipe / "LPFT_MERGE.md", args.recipe))
+    heads = private_heads(lpft.load_units(lpft.REPORT_DIR / "units"), args.epsilon)
+    print(write_report(units, heads, args.report or folder / "LPFT_MERGE.md", args.recipe, args.epsilon))
     return 0
 
 

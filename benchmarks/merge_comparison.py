@@ -32,10 +32,10 @@ METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 
 
 def complete_seeds(kept: Path, tasks: Sequence[str], adapter: Callable[[str, str, int], Path]) -> list[int]:
-    """Seeds of ``kept`` with both trainers' adapters on every task (``adapter(task, trainer, seed)``: the adapter
-    folder a seed's unit keeps)."""
+    """Seeds of ``kept`` (folders named ``…-seed<N>``, ``-eps<ε>`` after it at another ε) with both trainers' adapters
+    on every task (``adapter(task, trainer, seed)``: the adapter folder a seed's unit keeps, of the ε compared)."""
     names = [p.name for p in kept.glob("*-seed*")] if kept.is_dir() else []
-    found = {int(m[1]) for name in names if (m := re.search(r"-seed(\d+)$", name))}  # not -seed0-eps4: another ε
+    found = {int(m[1]) for name in names if (m := re.search(r"-seed(\d+)(-eps[\d.]+)?$", name))}
     return sorted(s for s in found if all(adapter(t, tr, s).is_dir() for t in tasks for tr in TRAINERS))
 
 

@@ -399,6 +399,46 @@ def test_a_seed_merges_only_when_both_trainers_kept_every_task(tmp_path):
     assert lpft_merge.complete_seeds(tmp_path, list(lpft_merge.TASKS), earlier) == []
 
 
+def test_the_merge_at_another_epsilon_reads_that_epsilons_adapters_and_heads_into_its_own_folder(tmp_path,
+                                                                                                    monkeypatch):
+    """``--epsilon 4`` merges the adapters the LP-FT report stage kept with ``--epsilon 4`` (``…-seedN-eps4``), reads
+    the private heads at ε = 4 and writes units and report beside the ε = 8 ones, never into them."""
+    for task in TWO_TASKS:
+        for trainer in TRAINERS:
+            (lpft_merge.kept_adapter(tmp_path, task, trainer, 1, epsilon=4.0) / "encoder_adapter").mkdir(parents=True)
+        (lpft_merge.kept_adapter(tmp_path, task, "dp_sgd", 2) / "encoder_adapter").mkdir(parents=True)  # ε = 8 only
+    assert lpft_merge.kept_adapter(tmp_path, "rotten_tomatoes", "dp_sgd", 1, epsilon=4.0).parent.name.endswith(
+        "-seed1-eps4")
+    assert lpft_merge.complete_seeds(tmp_path, list(TWO_TASKS), epsilon=4.0) == [1]
+    assert lpft_merge.complete_seeds(tmp_path, list(TWO_TASKS)) == []
+    assert lpft_merge.report_dir() == lpft_merge.REPORT_DIR / lpft.DEFAULT_CANDIDATE
+    assert lpft_merge.report_dir(epsilon=4.0) == lpft_merge.REPORT_DIR / f"{lpft.DEFAULT_CANDIDATE}-eps4"
+    heads = [unit("rotten_tomatoes", lpft.HEAD, 1, 0.8, 0.77), unit("rotten_tomatoes", lpft.HEAD, 1, 0.8, 0.70, 4.0)]
+    assert lpft_merge.private_heads(heads, 4.0) == {("rotten_tomatoes", 1): pytest.approx(70.0)}
+    merged = []
+
+    def fake_unit(kept, base, tasks, trainer, seed, method, work_dir, path, recipe, epsilon):
+        merged.append((trainer, seed, method, epsilon))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(merge_unit(trainer, seed, method, (0.8, 0.9), (0.79, 0.88)) | {
+            "target_epsilon": epsilon}))
+
+    monkeypatch.setattr(lpft_merge, "run_unit", fake_unit)
+    monkeypatch.setattr(lpft_merge, "REPORT_DIR", tmp_path / "reports")
+    monkeypatch.setattr(lpft, "load_units", lambda units_dir: heads)
+    lpft_merge.main(["--kept", str(tmp_path), "--tasks", ",".join(TWO_TASKS), "--methods", "ties", "--epsilon", "4",
+                     "--work-dir", str(tmp_path / "work")])
+    assert merged == [(trainer, 1, "ties", 4.0) for trainer in TRAINERS]
+    folder = tmp_path / "reports" / f"{lpft.DEFAULT_CANDIDATE}-eps4"
+    report = (folder / "LPFT_MERGE.md").read_text()
+    assert "(ε = 4)" in report and "--epsilon 4` from 2 stored units" in report
+    assert len(list((folder / "units").glob("*.json"))) == 2 and not (tmp_path / "reports" / lpft.DEFAULT_CANDIDATE
+                                                                      ).exists()
+    with pytest.raises(ValueError, match="merge units at ε"):  # an ε = 4 unit is never averaged into ε = 8's report
+        lpft_merge.write_report([merge_unit("dp_sgd", 1, "ties", (0.8, 0.9), (0.8, 0.9)) | {"target_epsilon": 4.0}],
+                                {}, tmp_path / "mixed.md")
+
+
 @pytest.mark.parametrize("recipe", list(lpft_merge.TWIN))
 def test_each_recipes_dp_merging_twin_differs_from_it_in_the_phase_2_step_alone(recipe):
     """The DP-Merging trainer is the same LP-FT recipe with DP-SAT (ρ 0.05) and alignment (λ 0.05) in phase 2."""
