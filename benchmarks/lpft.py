@@ -178,9 +178,14 @@ def arguments(task: str, candidate: str, seed: int, runs_dir: Path, epsilon: flo
             "--overwrite", "true", "--disable_tqdm", "true"]
 
 
+def epsilon_suffix(epsilon: float) -> str:
+    """What a name gains at a target ε other than :data:`EPSILON` (``-eps4``; nothing at ε = 8)."""
+    return "" if epsilon == EPSILON else f"-eps{epsilon:g}"
+
+
 def unit_name(task: str, candidate: str, seed: int, epsilon: float = EPSILON) -> str:
     """A unit is one training run, whichever stage first asked for it (select units of seed 0 are reported too)."""
-    return f"{task}-{candidate}-seed{seed}" + ("" if epsilon == EPSILON else f"-eps{epsilon:g}")
+    return f"{task}-{candidate}-seed{seed}{epsilon_suffix(epsilon)}"
 
 
 def target_epsilon(unit: dict) -> float:

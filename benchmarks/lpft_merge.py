@@ -66,7 +66,7 @@ def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
 def report_dir(recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> Path:
     """Where a (recipe, ε) comparison keeps its units and report: ``<recipe>`` at ε = 8, ``<recipe>-eps<ε>``
     otherwise (the LP-FT units' naming, :func:`benchmarks.lpft.unit_name`)."""
-    return REPORT_DIR / (recipe + ("" if epsilon == lpft.EPSILON else f"-eps{epsilon:g}"))
+    return REPORT_DIR / (recipe + lpft.epsilon_suffix(epsilon))
 
 
 def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = lpft.DEFAULT_CANDIDATE,
