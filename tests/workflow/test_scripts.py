@@ -7,7 +7,7 @@ import re
 import pytest
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.scripts.arguments import LoraArguments, TaskArguments
+from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments, TaskArguments
 from hf_dpmerge.scripts.train import ScriptArguments, TrainArguments, head_phase_epsilon, parse_arguments
 from hf_dpmerge.training.recipe import DP_RECIPE, HEAD_ONLY_RECIPE, LORA_RECIPE, LPFT_RECIPE, recipe_value
 
@@ -20,6 +20,9 @@ TRAIN_FLAGS = {
     "lora_recipe": "one_phase",
     "head_phase_steps": 7,
     "head_phase_batch_size": 9, "head_phase_learning_rate": 0.5,
+    "dataset_name": "me/data", "dataset_config_name": "plain", "train_file": "t.csv", "validation_file": "v.csv",
+    "test_file": "e.csv", "text_column": "body", "text_pair_column": "reply", "label_column": "y",
+    "label_names": "no,yes", "label_names_from_private_data": True, "task_name": "mine",
 }
 
 
@@ -109,7 +112,8 @@ def test_each_script_hides_and_refuses_its_own_arguments_table() -> None:
 
 def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
     names = {f.name for f in dataclasses.fields(ScriptArguments)}
-    shared = {f.name for kind in (TaskArguments, LoraArguments, TrainArguments) for f in dataclasses.fields(kind)}
+    shared = {f.name for kind in (TaskArguments, LoraArguments, TrainArguments, DataArguments)
+              for f in dataclasses.fields(kind)}
     assert names == shared == set(TRAIN_FLAGS)
 
 

@@ -213,11 +213,9 @@ def test_the_base_hub_id_is_the_source_or_the_packaged_models_origin(tmp_path: P
 
 
 def test_every_flag_of_the_help_is_in_the_honoured_or_refused_table() -> None:
-    from transformers import HfArgumentParser
-
     docs = (Path(__file__).parents[2] / "docs" / "bad-inputs.md").read_text(encoding="utf-8")
     table = docs.split("## `examples/train_glue.py`: every flag honoured or refused")[1].split("\n## ")[0]
-    parser = HfArgumentParser((train_glue.ScriptArguments, DPSAMConfig))
+    parser = train_glue.argument_parser()
     flags = {action.dest for action in parser._actions if action.dest != "help"}
     missing = sorted(name for name in flags if f"`--{name}" not in table)
     assert not missing, f"flags of --help that docs/bad-inputs.md does not say are honoured or refused: {missing}"

@@ -1,0 +1,52 @@
+"""The default recipe fitted to the data size (docs/workflow.md "How much data"): :func:`fit_to_data`.
+
+The packaged recipe's expected batches (phase 2 and LP-FT's head phase: 1024) assume thousands of privacy units. For
+N units, each expected batch the user did not set becomes ``min(recipe batch, ⌊MAX_SAMPLE_RATE·N⌋)`` (q ≤ 2/3, which
+keeps every packaged task's recipe as it is: bbc_news' 1602 rows run at q = 0.64); steps stay the recipe's. With
+Poisson sampling the noise in the averaged gradient is about σ(q, T, ε)·C/(qN) ∝ √T·C/(Nε) once amplification
+holds, so a smaller batch costs little accuracy and less compute. Below ``MIN_TRAINING_UNITS`` the defaults refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+MAX_SAMPLE_RATE = 2 / 3
+MIN_TRAINING_UNITS = 100
+
+
+def given_flags(parser, argv: Iterable[str]) -> set[str]:
+    """The destinations of the flags ``argv`` sets itself (``--x v``, ``--x=v``, ``--no_x``), not by default."""
+    words = {word.split("=", 1)[0] for word in argv if word.startswith("--")}
+    return {action.dest for action in parser._actions if words & set(action.option_strings)}
+
+
+def training_units(train, unit_column: str | None) -> int:
+    """N: the training rows, or with a privacy unit column the distinct units."""
+    return len(train) if unit_column is None else len(set(train[unit_column]))
+
+
+def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool):
+    """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too) fitted
+    to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch had to shrink."""
+    units = training_units(train, config.privacy_unit_column)
+    cap = int(MAX_SAMPLE_RATE * units)
+    world = max(config.world_size, 1)
+    fits = {"per_device_train_batch_size": config.per_device_train_batch_size * world <= cap,
+            "head_phase_batch_size": not head_phase or script.head_phase_batch_size <= cap}
+    shrink = [name for name, fit in fits.items() if not fit and name not in given]
+    if not shrink:
+        return script, config
+    if units < MIN_TRAINING_UNITS:
+        what = "rows" if config.privacy_unit_column is None else f"values of {config.privacy_unit_column}"
+        raise ValueError(f"{task}: {units} training {what}; the default recipe needs at least {MIN_TRAINING_UNITS} "
+                         "privacy units (DP noise swamps fewer): add data, or set --per_device_train_batch_size and "
+                         "--head_phase_batch_size yourself")
+    if "per_device_train_batch_size" in shrink:
+        batch = max(cap // world, 1)
+        config = dataclasses.replace(config, per_device_train_batch_size=batch,
+                                     physical_batch_size=min(config.physical_batch_size, batch))
+    if "head_phase_batch_size" in shrink:
+        script = dataclasses.replace(script, head_phase_batch_size=cap)
+    return script, config
