@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "diagnose_runs": "hf_dpmerge.analysis.diagnostics",
     "push_merged_model": "hf_dpmerge.hub.push",
     "build_model_card": "hf_dpmerge.hub.model_card",
+    "train_adapter": "hf_dpmerge.scripts.train_adapter",
+    "TrainedAdapter": "hf_dpmerge.scripts.train_adapter",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -164,11 +164,12 @@ def _encoded_labels(rows: datasets.Dataset, split: str, source: DatasetSource, n
     return codes
 
 
-def own_task(source: DatasetSource, name: str, keep_columns: tuple[str, ...] = ()
-             ) -> tuple[dict[str, datasets.Dataset], TaskSpec]:
-    """The checked splits found (``label`` encoded as a ``ClassLabel``; the text columns and ``keep_columns`` kept)
-    and the task's spec; missing validation/test splits are carved later by :func:`hf_dpmerge.data.load.load_task`."""
-    loaded = read_dataset(source)
+def own_task(source: DatasetSource, name: str, keep_columns: tuple[str, ...] = (),
+             loaded: datasets.DatasetDict | None = None) -> tuple[dict[str, datasets.Dataset], TaskSpec]:
+    """The checked splits of the source (or of the ``loaded`` splits, read from it already), ``label`` encoded as a
+    ``ClassLabel``, the text columns and ``keep_columns`` kept, and the task's spec; missing validation/test splits
+    are carved later by :func:`hf_dpmerge.data.load.load_task`."""
+    loaded = read_dataset(source) if loaded is None else loaded
     unknown = sorted(set(loaded) - {"train", "validation", "test"})
     if unknown:
         raise ValueError(f"split(s) {unknown} are not train, validation or test; rename them")

@@ -409,9 +409,10 @@ def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults
     return script, config
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, dict]:
     """Train every task of ``argv`` (default: the command line) from one shared base: every dataset is loaded and
-    checked, and every release target checked, before the base or anything else is written."""
+    checked, and every release target checked, before the base or anything else is written. Returns each task's
+    summary (``eval_metrics.json``) on the process that writes the outputs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script, config = parse_arguments(argv)
     script = script.with_pooling()
@@ -428,11 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     fitted = {task: fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft) for task in sources}
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
-    for task in sources:
-        train_task(task, data[task], *fitted[task], base_dir, resume)
+    summaries = {task: train_task(task, data[task], *fitted[task], base_dir, resume) for task in sources}
     # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
+    return {task: summary for task, summary in summaries.items() if summary is not None}
 
 
 if __name__ == "__main__":
