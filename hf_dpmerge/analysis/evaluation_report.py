@@ -1,22 +1,25 @@
 """What ``hf-dpmerge evaluate`` reports and writes (``results.json``, ``retention.png``): per task, the three
 scores :mod:`hf_dpmerge.analysis.evaluation` computes and what is derived from them.
 
-- **floor** — the unmodified base encoder with that task's own (released) head: a multi-task model that needs
-  no adapter and no merge, what the adapters and the merge must beat;
+- **floor** — what the adapters and the merge must beat (:data:`FLOOR_KINDS`): the unmodified base encoder with
+  that task's own (released) head, a multi-task model that needs no adapter and no merge; with ``--floor_runs``
+  the private head, trained by its own recipe at the same ε (the adapter's own head then moves to **own head**);
 - **individual** — the base with that task's adapter (LoRA + head) applied;
 - **merged** — the merged encoder with that task's own head put in place of the merged model's head;
 - **gain retained** = (merged − floor) / (individual − floor) (1: the merge keeps all the adapter adds over the
   floor; undefined, "below floor", when the adapter does not beat the floor);
 - **retention** = merged / individual (1.0: merging lost nothing; undefined when individual ≤ 0), only ever
-  shown beside the floor: where the base encoder with the head alone does as well, retention above 100 %
-  measures nothing the adapters did;
+  shown beside the floor: where the floor does as well, retention above 100 % measures nothing the adapters did;
 - **interference** = individual − merged, in points of the task's primary metric (positive: the merged
   model is worse on this task). It is the whole drop from the task's own model to the merge, i.e. what
   sharing one encoder with the other tasks costs, including the merge method's own shrinkage (e.g. task
   arithmetic's scaling); it is not corrected for either.
 
-Both come from the shipped ``merge_retention`` evaluate module (``retention_and_interference``), so they
-equal ``evaluate.load(<merge_retention>).compute(...)`` on the same predictions.
+:meth:`EvaluationReport.definitions` says what each column is, in one place: the table's legend, the
+``definitions`` of ``results.json`` and a merged model's card (:mod:`hf_dpmerge.hub.model_card`) all print it.
+Retention and interference come from the shipped ``merge_retention`` evaluate module
+(``retention_and_interference``), so they equal ``evaluate.load(<merge_retention>).compute(...)`` on the same
+predictions.
 
 Averages are unweighted means over tasks; the average gain retained is the formula on the averaged scores (a
 mean of per-task ratios explodes where an adapter barely beats its floor). ε is each adapter's recorded ε (∞
@@ -44,6 +47,10 @@ FLOOR_KINDS = {
     PRIVATE_HEAD_FLOOR: "the private head: the unmodified base encoder with a head trained by its own recipe "
                         "(--train_lora false) at the same ε on the same data (hf-dpmerge evaluate --floor_runs)",
 }
+COLUMN_LABELS = {"metric": "metric", "epsilon": "ε", "floor": "floor", "individual": "individual",
+                 "merged": "merged", "gain_retained": "gain retained", "retention": "retention",
+                 "interference": "interference", "own_head": "own head", "num_examples": "examples"}
+"""The report's columns in order: ``results.json``'s row key → the label of evaluate's table and of the card."""
 
 
 @dataclass
@@ -148,18 +155,31 @@ class EvaluationReport:
             "max_eval_samples": self.max_eval_samples,
             "split": self.split,
             "floor_kind": self.floor_kind,
-            "definitions": {
-                "floor": FLOOR_KINDS[self.floor_kind],
-                "own_head": "the unmodified base encoder with the adapter's own head (no adapter, no merge), "
-                            "when the floor is the private head",
-                "gain_retained": "(merged - floor) / (individual - floor) (null when individual <= floor: below "
-                                 "floor; the average is the formula on the averaged scores)",
-                "retention": "merged / individual (primary metric; null when individual <= 0; read it beside the "
-                             "floor)",
-                "interference": "individual - merged (primary metric; positive = the merge is worse)",
-                "epsilon": "recorded epsilon of the task's adapter (Infinity = non-private)",
-            },
+            "definitions": self.definitions(),
         }
+
+    @property
+    def has_own_head(self) -> bool:
+        """Whether the adapters' own heads were scored apart from the floor (it is the private head)."""
+        return any(t.own_head is not None for t in self.tasks)
+
+    def definitions(self) -> dict[str, str]:
+        """What each column shows, keyed as in :data:`COLUMN_LABELS` (``own_head`` only when scored): the one
+        source of evaluate's legend, ``results.json``'s ``definitions`` and a merged model's card."""
+        text = {
+            "metric": "the task's primary metric, the one every score column is in",
+            "epsilon": "the recorded ε of the task's adapter (∞: non-private)",
+            "floor": FLOOR_KINDS[self.floor_kind],
+            "individual": "the unmodified base encoder with the task's adapter (LoRA + its own head)",
+            "merged": "the merged encoder with the task's own head",
+            "gain_retained": "(merged − floor) / (individual − floor); \"below floor\" (null in results.json) where "
+                             "individual ≤ floor; the average is the formula on the averaged scores",
+            "retention": "merged / individual (undefined where individual ≤ 0); read it beside the floor",
+            "interference": "individual − merged (positive: the merge is worse on the task)",
+            "own_head": FLOOR_KINDS[OWN_HEAD_FLOOR],
+            "num_examples": f"how many examples of the task's {self.split} split were scored",
+        }
+        return {key: text[key] for key in COLUMN_LABELS if key != "own_head" or self.has_own_head}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "evaluation results") -> EvaluationReport:
@@ -213,21 +233,22 @@ class EvaluationReport:
         return json_path, plot_retention(self, directory / CHART_NAME)
 
     def table(self) -> str:
-        """A plain-text table of every task and the averages; retention only beside the floor; an ``own head``
-        column when the floor is the private head."""
-        own = any(t.own_head is not None for t in self.tasks)
+        """A plain-text table of every task and the averages (retention only beside the floor; an ``own head``
+        column when the floor is the private head), then the legend: :meth:`definitions`."""
+        own = self.has_own_head
         lines = [_row("task", "metric", "ε", "floor", "individual", "merged", "gain retained", "retention",
-                      "interference", "own head" if own else None)]
+                      "interference", "own head" if own else None, "examples")]
         lines.append("-" * len(lines[0]))
         for t in self.tasks:
             eps = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.2f}"
             lines.append(_row(t.task, t.metric, eps, t.floor, t.individual, t.merged, _gain(t.gain_retained,
-                              t.below_floor), t.retention, t.interference, _own(t.own_head) if own else None))
+                              t.below_floor), t.retention, t.interference, _own(t.own_head) if own else None,
+                              str(t.num_examples)))
         avg = self.averages()
         lines.append(_row("average", "", "", avg["floor"], avg["individual"], avg["merged"],
                           _gain(avg["gain_retained"], bool(avg["below_floor"])), avg["retention"],
-                          avg["interference"], _own(avg["own_head"]) if own else None))
-        lines.append(f"floor: {FLOOR_KINDS[self.floor_kind]}")
+                          avg["interference"], _own(avg["own_head"]) if own else None, ""))
+        lines += [f"{COLUMN_LABELS[key]}: {text}" for key, text in self.definitions().items()]
         return "\n".join(lines)
 
 
@@ -245,7 +266,7 @@ def _gain(gain: float | None, below_floor: bool) -> str | float | None:
 
 
 def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, retention, interference,
-         own_head=None) -> str:
+         own_head=None, examples: str = "") -> str:
     def num(x, spec: str) -> str:
         return x if isinstance(x, str) else (format(x, spec) if _defined(x) else "–")
 
@@ -253,7 +274,8 @@ def _row(task: str, metric: str, eps: str, floor, individual, merged, gain, rete
              num(interference, "+.4f"))
     row = (f"{task:<18} {metric:<21} {eps:>6} {cells[0]:>8} {cells[1]:>10} {cells[2]:>8} {cells[3]:>13} "
            f"{cells[4]:>9} {cells[5]:>12}")
-    return row if own_head is None else f"{row} {num(own_head, '.4f'):>9}"
+    row = row if own_head is None else f"{row} {num(own_head, '.4f'):>9}"
+    return f"{row} {examples:>8}".rstrip()
 
 
 def plot_retention(report: EvaluationReport, path: str | os.PathLike) -> Path:
@@ -274,7 +296,8 @@ def plot_retention(report: EvaluationReport, path: str | os.PathLike) -> Path:
     labels.append("average")
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(labels)), 4.5))
-    ax.bar(x - 0.27, floor, 0.27, label="floor (base encoder + own head)", color="0.7")
+    floor_label = "base encoder + own head" if report.floor_kind == OWN_HEAD_FLOOR else "private head"
+    ax.bar(x - 0.27, floor, 0.27, label=f"floor ({floor_label})", color="0.7")
     ax.bar(x, individual, 0.27, label="individual (own adapter)")
     ax.bar(x + 0.27, merged, 0.27, label="merged encoder + own head")
     for xi, top, gain in zip(x, np.fmax(np.fmax(floor, individual), merged), gains, strict=True):

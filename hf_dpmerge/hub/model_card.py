@@ -17,17 +17,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hf_dpmerge.analysis.evaluation_report import COLUMN_LABELS, EvaluationReport
 from hf_dpmerge.records.card import PIPELINE_TAG, hub_model_id, render_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
-from hf_dpmerge.records.statement import PrivacyStatement
-
-if TYPE_CHECKING:
-    from hf_dpmerge.analysis.evaluation_report import EvaluationReport
+from hf_dpmerge.records.statement import PrivacyStatement, number
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"
@@ -45,7 +43,8 @@ class HeadInfo:
 
 @dataclass
 class MergeRecipe:
-    """The merge configuration as mergekit wrote it (``mergekit_config.yml``), verbatim."""
+    """The merge configuration as mergekit wrote it (``mergekit_config.yml``), its comments left out (a card
+    quotes configuration, not notes: :func:`without_comments`)."""
 
     text: str | None
     method: str | None
@@ -63,20 +62,59 @@ class MergeRecipe:
         else:
             return cls(text=None, method=None, source=None)
         text = path.read_text(encoding="utf-8")
-        return cls(text=text, method=_merge_method(text), source=path.name)
+        data = _load_yaml(text)
+        method = data.get("merge_method") if isinstance(data, dict) else None
+        return cls(text=without_comments(text, data), method=None if method is None else str(method),
+                   source=path.name)
 
 
-def _merge_method(text: str) -> str | None:
+def _load_yaml(text: str) -> Any:
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"merge config is not valid YAML ({err})") from None
-    if not isinstance(data, dict):
-        return None
-    method = data.get("merge_method")
-    return str(method) if method is not None else None
+
+
+def _comment_start(line: str) -> int | None:
+    """Where ``line``'s comment starts: its first ``#`` at the line's start or after white space (YAML's rule)
+    outside a quoted scalar (one opened after white space, ``[``, ``{`` or ``,``; ``\\x`` escapes in double
+    quotes, ``''`` in single ones); None without a comment."""
+    quote, i = None, 0
+    while i < len(line):
+        char, previous = line[i], line[i - 1] if i else " "
+        if (quote == '"' and char == "\\") or (quote == "'" and line.startswith("''", i)):
+            i += 1  # the escaped character is skipped
+        elif quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"" and previous in " \t[{,":
+            quote = char
+        elif char == "#" and previous in " \t":
+            return i
+        i += 1
+    return None
+
+
+def without_comments(text: str, data: Any) -> str:
+    """YAML ``text`` (whose loaded value is ``data``) without its comments, its layout kept: every line cut at
+    :func:`_comment_start`, a line that was only a comment dropped. Where the cut changes what the YAML says (a
+    block or multi-line quoted scalar holding " #"), ``data`` dumped instead, which has no comments either."""
+    import yaml
+
+    lines = []
+    for line in text.splitlines():
+        start = _comment_start(line)
+        kept = line if start is None else line[:start].rstrip()
+        if kept or start is None:
+            lines.append(kept)
+    stripped = "\n".join(lines).strip("\n") + "\n"
+    try:
+        if yaml.safe_load(stripped) == data:
+            return stripped
+    except yaml.YAMLError:
+        pass
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 DATASET_KEY = "dataset_hub_id"  # a record's extra: the Hub dataset it trained on, when there is one (GLUE)
@@ -93,15 +131,27 @@ def _eval_results(evaluation: EvaluationReport | None, datasets: Mapping[str, st
     ]
 
 
-def _evaluation_rows(evaluation: EvaluationReport) -> list[list[str]]:
+def _evaluation_columns(evaluation: EvaluationReport) -> tuple[list[tuple[str, str]], list[list[str]]]:
+    """The card's evaluation table: its columns after ``task`` as (label, definition), from the report's
+    :meth:`~hf_dpmerge.analysis.evaluation_report.EvaluationReport.definitions` (what evaluate's legend prints),
+    and one row of cells per task."""
+    def score(value: float | None) -> str:
+        return "–" if value is None else f"{value:.4f}"
+
+    definitions = evaluation.definitions()
     rows = []
     for t in evaluation.tasks:
-        retention = "–" if math.isnan(t.retention) else f"{t.retention:.1%}"
-        gain = "below floor" if t.below_floor else "–" if math.isnan(t.gain_retained) else f"{t.gain_retained:.1%}"
-        epsilon = "∞" if math.isinf(t.epsilon) else f"{t.epsilon:.3g}"
-        rows.append([t.task, t.metric, epsilon, "–" if t.floor is None else f"{t.floor:.4f}", f"{t.individual:.4f}",
-                     f"{t.merged:.4f}", gain, retention, f"{t.interference:+.4f}", str(t.num_examples)])
-    return rows
+        cells = {
+            "metric": t.metric, "epsilon": number(t.epsilon), "floor": score(t.floor),
+            "individual": score(t.individual), "merged": score(t.merged),
+            "gain_retained": "below floor" if t.below_floor else "–" if math.isnan(t.gain_retained)
+            else f"{t.gain_retained:.1%}",
+            "retention": "–" if math.isnan(t.retention) else f"{t.retention:.1%}",
+            "interference": f"{t.interference:+.4f}", "own_head": score(t.own_head),
+            "num_examples": str(t.num_examples),
+        }
+        rows.append([t.task, *(cells[key] for key in definitions)])
+    return [(COLUMN_LABELS[key], text) for key, text in definitions.items()], rows
 
 
 def _fingerprint_text(records: Mapping[str, PrivacyRecord]) -> str | None:
@@ -167,6 +217,7 @@ def build_model_card(
     )
     statement = (PrivacyStatement.from_selection(selection, records) if selection is not None
                  else PrivacyStatement.from_records(records))
+    columns, rows = _evaluation_columns(evaluation) if evaluation is not None else ([], [])
     return render_card(
         "merged",
         card_data,
@@ -181,7 +232,8 @@ def build_model_card(
         fingerprint_text=_fingerprint_text(records),
         heads=list((heads or {}).values()),
         evaluation=evaluation,
-        evaluation_rows=_evaluation_rows(evaluation) if evaluation is not None else [],
+        evaluation_columns=columns,
+        evaluation_rows=rows,
         repo_id=repo_id,
         usage_task=next(iter(heads)) if heads and repo_id else None,
         shared_encoder=shared_encoder,

@@ -5,8 +5,9 @@ When the bottom holds no trainable parameter its output is a fixed public functi
 can compute it once (:func:`boundary_inputs`) and run every step through the top alone (:func:`bottom_skipped`:
 the model's own forward with the bottom layers replaced by pass-throughs, fed the cached states as
 ``inputs_embeds``; docs/design.md §16). Supported: BERT-family encoders (``encoder.layer``; their embeddings add
-absolute positions, so they are bypassed too) and Llama-family decoders (``layers``; rotary positions and the
-causal mask are made in the top from the attention mask, as the full forward makes them).
+absolute positions, so they are bypassed too) and Llama-family decoders (``layers``; the top makes the causal
+mask from the attention mask and the rotary positions from the left edge of the padded batch, as the full forward
+makes them: right-padded rows hold the same positions either way).
 """
 
 from __future__ import annotations

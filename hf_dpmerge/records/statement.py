@@ -4,7 +4,8 @@ A card (adapter, merged, tuned, federated; :mod:`hf_dpmerge.records.card`) state
 statement built from the records by one of its classmethods, so every ε it prints is a recorded or composed
 value and it states one final (ε, δ):
 
-- one adapter: its record's (ε, δ), accounted over its DP-SGD steps;
+- one adapter: its record's (ε, δ), accounted over its DP-SGD steps, with every phase its accountant composed
+  (private LP-FT's head phase, then LoRA: ``extra["phases"]``) so a reader can recompute ε;
 - a merge: releases trained on disjoint datasets compose in parallel, (max_t ε_t, max_t δ_t) per privacy unit
   (each unit lives in one dataset), and merging released weights is post-processing (DP-Merging paper, §3.1);
 - a tuned merge: that composition is one component, the private selection of the merge hyper-parameters
@@ -40,8 +41,37 @@ def number(value: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class PhasePrivacy:
+    """One stretch of DP-SGD steps at one (σ_eff, q) that an adapter's accountant composed: an entry of
+    ``dp_privacy.json``'s ``extra["phases"]`` (private LP-FT: ``head``, then ``lora``), else the record's own steps.
+    ε is the accountant's over every phase in order, so a card states them all."""
+
+    name: str
+    steps: int
+    sigma: float
+    sample_rate: float
+    expected_batch_size: int
+
+    @classmethod
+    def from_record(cls, record: PrivacyRecord) -> tuple[PhasePrivacy, ...]:
+        """The record's phases (``extra["phases"]``), else its steps at its (σ_eff, q) as one phase."""
+        phases = record.extra.get("phases") or [{
+            "name": "training", "steps": record.steps, "effective_noise_multiplier": record.effective_noise_multiplier,
+            "sample_rate": record.sample_rate, "expected_batch_size": record.expected_batch_size}]
+        return tuple(cls(name=str(p["name"]), steps=int(p["steps"]), sigma=float(p["effective_noise_multiplier"]),
+                         sample_rate=float(p["sample_rate"]), expected_batch_size=int(p["expected_batch_size"]))
+                     for p in phases)
+
+    def sentence(self) -> str:
+        """The phase's numbers as the derivation states them."""
+        return (f"`{self.name}`: {self.steps} steps with σ = {self.sigma:.4g} and q = {self.sample_rate:.4g} "
+                f"(expected batch {self.expected_batch_size})")
+
+
+@dataclass(frozen=True)
 class InputPrivacy:
-    """One adapter's accounted training as its ``dp_privacy.json`` states it (σ is the effective one)."""
+    """One adapter's accounted training as its ``dp_privacy.json`` states it: ε under each relation and every
+    phase its accountant composed (``phases``, σ the effective one; none for a non-private input)."""
 
     name: str
     dp: bool
@@ -49,15 +79,13 @@ class InputPrivacy:
     delta: float
     epsilon_replace_one: float | None
     accountant: str
-    sigma: float
-    sample_rate: float
-    steps: int
     num_samples: int
     num_units: int | None
     unit_column: str | None
     sam_mode: str
     seeded: bool | None
     eval_data_is_public: bool
+    phases: tuple[PhasePrivacy, ...] = ()
 
     @classmethod
     def from_record(cls, name: str, record: PrivacyRecord) -> InputPrivacy:
@@ -65,9 +93,9 @@ class InputPrivacy:
         return cls(
             name=name, dp=private, epsilon=record.epsilon if private else math.inf, delta=record.delta,
             epsilon_replace_one=record.epsilon_replace_one if private else math.inf, accountant=record.accountant,
-            sigma=record.effective_noise_multiplier, sample_rate=record.sample_rate, steps=record.steps,
             num_samples=record.num_samples, num_units=record.num_units, unit_column=record.unit_column,
             sam_mode=record.sam_mode, seeded=record.seeded, eval_data_is_public=record.eval_data_is_public,
+            phases=PhasePrivacy.from_record(record) if private else (),
         )
 
     @property
@@ -104,7 +132,8 @@ class PrivacyStatement:
     """The privacy a release states: ONE final (``epsilon``, ``delta``) under ``relation`` per ``unit``
     (``epsilon_replace_one`` under replace-one, None when not computed), how it arose from its ``inputs``
     (``composition``: ``"single"``, ``"parallel"`` across adapters, ``"sequential"``/``"parallel"`` with a
-    ``selection``), and the inputs' own accounting (accountant, σ, q, steps, seeding) for the table.
+    ``selection``), and the inputs' own accounting (accountant, every phase's σ, q and steps, seeding) for the
+    tables.
 
     ``missing`` names merge inputs without a record (then there is no guarantee). ``adapters_epsilon`` /
     ``adapters_delta`` are the adapters' composition when it is a component of a larger total (a tuned merge).
@@ -223,11 +252,16 @@ class PrivacyStatement:
             return self._federated()
         if self.composition == "single":
             item = self.inputs[0]
-            return (f"Accounted by the {item.accountant} accountant over {item.steps} DP-SGD steps with effective "
-                    f"noise multiplier σ = {item.sigma:.4g} and sampling rate q = {item.sample_rate:.4g} on "
-                    f"{item.num_units} units ({item.num_samples} training rows).")
+            units = f"on {item.num_units} units ({item.num_samples} training rows)."
+            if len(item.phases) == 1:
+                phase = item.phases[0]
+                return (f"Accounted by the {item.accountant} accountant over {phase.steps} DP-SGD steps with effective "
+                        f"noise multiplier σ = {phase.sigma:.4g} and sampling rate q = {phase.sample_rate:.4g} {units}")
+            return (f"Accounted by the {item.accountant} accountant over {sum(p.steps for p in item.phases)} DP-SGD "
+                    f"steps in {len(item.phases)} phases on the same data, composed in order (σ the effective noise "
+                    f"multiplier, q the sampling rate): {'; then '.join(p.sentence() for p in item.phases)}; {units}")
         parallel = (
-            "trained with DP-SGD on its own dataset (table above). If the datasets are disjoint "
+            "trained with DP-SGD on its own dataset (tables above). If the datasets are disjoint "
             "(each individual's data lies in one of them), releasing all inputs composes in parallel: "
             "ε = max_t ε_t, δ = max_t δ_t"
         )
@@ -285,20 +319,27 @@ class PrivacyStatement:
         return text
 
     def table(self) -> str:
-        """A markdown table, one row per input: its own ε under each relation, δ and accounting."""
+        """Two markdown tables: one row per input (its own ε under each relation, δ, accountant, data), then one
+        row per phase its accountant composed (steps, σ_eff, q, expected batch), enough to recompute its ε."""
         lines = [
-            "| input | ε (add/remove-one) | ε (replace-one) | δ | accountant | σ (effective) | q | steps | "
-            "N rows | privacy unit | N units | SAM mode |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| input | ε (add/remove-one) | ε (replace-one) | δ | accountant | N rows | privacy unit | N units | "
+            "SAM mode |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for item in self.inputs:
             unit = "example" if item.unit_column is None else f"unit:{item.unit_column}"
             lines.append(
                 f"| {item.name} | {number(item.epsilon)} | {number(item.epsilon_replace_one)} | "
                 f"{number(item.delta) if item.dp else '–'} | {item.accountant if item.dp else '–'} | "
-                f"{item.sigma:.4g} | {item.sample_rate:.4g} | {item.steps} | {item.num_samples} | {unit} | "
-                f"{item.num_units} | {item.sam_mode} |"
+                f"{item.num_samples} | {unit} | {item.num_units} | {item.sam_mode} |"
             )
+        phases = [(item.name, phase) for item in self.inputs for phase in item.phases]
+        if not phases:
+            return "\n".join(lines)
+        lines += ["", "The DP-SGD phases each input's accountant composed, in order (its ε is over all of them):", "",
+                  "| input | phase | steps | σ (effective) | q | expected batch |", "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {p.name} | {p.steps} | {p.sigma:.4g} | {p.sample_rate:.4g} | {p.expected_batch_size} |"
+                  for name, p in phases]
         return "\n".join(lines)
 
     def scope(self) -> str:

@@ -65,6 +65,7 @@ from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTE
 from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments, TaskArguments
 from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
 from hf_dpmerge.training.cached_prefix import dp_trainer
+from hf_dpmerge.training.dp.state import last_complete_checkpoint
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
@@ -191,7 +192,8 @@ class TrainArguments:
     head_phase_steps: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps")), metadata={
         "help": "Steps of the LP-FT head phase (capped by the command line's --max_steps, when given)."})
     head_phase_batch_size: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--per_device_train_batch_size")),
-                                       metadata={"help": "Expected batch of the LP-FT head phase."})
+                                       metadata={"help": "Expected batch of the LP-FT head phase per device, as "
+                                                         "--per_device_train_batch_size (× the processes in all)."})
     head_phase_learning_rate: float = field(default=float(recipe_value(HEAD_ONLY_RECIPE, "--learning_rate")),
                                             metadata={"help": "Learning rate of the LP-FT head phase."})
 
@@ -250,13 +252,31 @@ def head_phase_epsilon(script: ScriptArguments, config: DPSAMConfig) -> float | 
     return script.head_phase_share * config.target_epsilon
 
 
+def checkpoint_head_phase(script: ScriptArguments, config: DPSAMConfig, resume: str | bool) -> list[dict]:
+    """The earlier phases that the LP-FT checkpoint ``resume`` (True: the last complete one) recorded: its
+    ``dp_privacy.json``'s ``extra["phases"]`` but the last, its own. Refused when they are not a head phase of
+    ``--head_phase_steps`` steps at ``--head_phase_batch_size`` per device."""
+    checkpoint = last_complete_checkpoint(config.output_dir) if resume is True else Path(resume)
+    earlier = PrivacyRecord.load(checkpoint).extra.get("phases", [])[:-1]
+    wanted = [("head", script.head_phase_steps, script.head_phase_batch_size * config.world_size)]
+    if [(p["name"], p["steps"], p["expected_batch_size"]) for p in earlier] != wanted:
+        raise ValueError(f"checkpoint {checkpoint} was not trained after a head phase of --head_phase_steps "
+                         f"{script.head_phase_steps} at --head_phase_batch_size {script.head_phase_batch_size} (its "
+                         f"dp_privacy.json's extra.phases: {earlier}): resume with the flags it was trained with")
+    return earlier
+
+
 def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spec, model, train, collator,
-               out: Path) -> list[dict]:
+               out: Path, resume: str | bool | None = None) -> list[dict]:
     """Private LP-FT's first phase (:func:`head_phase_epsilon`): the head alone on cached pooled features at ε₁,
-    copied into ``model``'s head; returns the phase for the accountant of the second ([] without LP-FT)."""
+    copied into ``model``'s head; returns the phase for the accountant of the second ([] without LP-FT). When
+    resuming the second phase, the checkpoint holds the head phase's model and record: it is not trained again
+    (:func:`checkpoint_head_phase`)."""
     epsilon = head_phase_epsilon(script, config)
     if epsilon is None:
         return []
+    if resume:
+        return checkpoint_head_phase(script, config, resume)
     if script.head_phase_batch_size > len(train):
         raise ValueError(f"--head_phase_batch_size {script.head_phase_batch_size} exceeds the {len(train)} training "
                          "examples: pass a smaller --head_phase_batch_size, or --head_phase_share 0 (no head phase)")
@@ -322,7 +342,7 @@ def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: 
     if evaluating and "validation" not in data:
         raise ValueError(f"--eval_strategy/--eval_on_start: task {task} has no validation split")
     collator = DataCollatorWithPadding(tokenizer)
-    earlier = head_phase(script, args, base_dir, spec, model, data["train"], collator, out)
+    earlier = head_phase(script, args, base_dir, spec, model, data["train"], collator, out, resume)
     # the frozen bottom (below the lowest LoRA layer; the whole encoder with --train_lora false) runs once per row
     trainer = dp_trainer(model, args, train_dataset=data["train"], data_collator=collator,
                          eval_dataset=data["validation"] if evaluating else None,

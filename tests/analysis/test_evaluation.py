@@ -298,7 +298,7 @@ def test_the_floor_is_the_private_head_when_floor_runs_are_given(fake_runs, tmp_
     (task,) = report.tasks
     assert task.floor == head_only.individual and task.own_head == plain.floor
     assert (task.individual, task.merged) == (plain.individual, plain.merged)
-    assert report.floor_kind == "private_head" and "private head" in report.table().splitlines()[-1]
+    assert report.floor_kind == "private_head" and "\nfloor: the private head: " in report.table()
     assert "own head" in report.table().splitlines()[0]
     assert EvaluationReport.from_dict(report.to_dict()).tasks[0].own_head == task.own_head
     runs_record("bbc_news", epsilon=8.0, max_length=MAX_LENGTH, train_lora=False).save(floor_runs / "bbc" / "adapter")

@@ -78,15 +78,47 @@ def test_hub_model_id(tmp_path):
 
 def test_merge_recipe(tmp_path):
     assert MergeRecipe.load(tmp_path).text is None
-    (tmp_path / "mergekit_config.yml").write_text("merge_method: dare_ties\n# comment kept\n")
+    (tmp_path / "mergekit_config.yml").write_text("merge_method: dare_ties\n# comment dropped\n")
     recipe = MergeRecipe.load(tmp_path)
-    assert recipe.method == "dare_ties" and "# comment kept" in recipe.text
+    assert recipe.method == "dare_ties" and recipe.text == "merge_method: dare_ties\n"
     other = tmp_path / "other.yaml"
     other.write_text("merge_method: [unclosed\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         MergeRecipe.load(tmp_path, other)
     with pytest.raises(FileNotFoundError):
         MergeRecipe.load(tmp_path, tmp_path / "missing.yml")
+
+
+CONFIG = """# λ validation-tuned 2026-12-01 with benchmarks/tune_scale.py (a dated note)
+merge_method: dp_aware
+models:
+  - model: ./runs/base+./runs/a # the first task
+    parameters: {label: 'x # not a comment', note: "q\\" # r"}  # both quoted
+parameters:
+  # grid {0.1, 0.3, 0.5, 1}
+  lambda: 0.5
+  consensus: none # or precision_sign
+  tag: it's#kept
+"""
+
+
+@pytest.mark.parametrize("block", ["", "  text: |\n    line # in a block scalar\n"])
+def test_the_cards_merge_section_quotes_the_configuration_without_its_comments(tmp_path, block):
+    """The YAML the card quotes says what the file says, '#' inside quotes and plain scalars kept, and no comment
+    (a dated tuning note is no configuration); a block scalar holding ' #' falls back to the data dumped."""
+    import yaml
+
+    (tmp_path / "merge.yml").write_text(CONFIG + block)
+    recipe = MergeRecipe.load(tmp_path, tmp_path / "merge.yml")
+    assert yaml.safe_load(recipe.text) == yaml.safe_load(CONFIG + block) and recipe.method == "dp_aware"
+    assert "x # not a comment" in recipe.text and "it's#kept" in recipe.text
+    text = build_model_card({"sst2": _record("sst2")}, repo_id="bob/m", merge=recipe).text
+    quoted = text.partition("```yaml\n")[2].partition("```")[0]
+    assert quoted == recipe.text
+    for comment in ("2026-12-01", "grid", "the first task", "both quoted", "precision_sign"):
+        assert comment not in quoted
+    if not block:  # the layout is kept
+        assert "  consensus: none\n  tag: it's#kept\n" in quoted and quoted.startswith("merge_method: dp_aware\n")
 
 
 def _report() -> EvaluationReport:
@@ -107,6 +139,34 @@ def test_evaluation_goes_into_the_table_and_the_eval_results_without_local_paths
     assert results["sst2"].metric_value == 0.81 and results["sst2"].dataset_type == "nyu-mll/glue"
     assert reparsed.data.base_model is None and "/home/me" not in str(card)
     assert {r.dataset_split for r in reparsed.data.eval_results} == {"test"}
+
+
+def _card_columns(text: str) -> list[str]:
+    """The card's evaluation column definitions (its "- **label**: definition" lines) as "label: definition"."""
+    section = text.partition("## Evaluation")[2]
+    return [line[4:].replace("**: ", ": ", 1) for line in section.splitlines() if line.startswith("- **")]
+
+
+@pytest.mark.parametrize("floor_runs", [False, True])
+def test_the_card_defines_its_columns_as_evaluates_legend_and_carries_the_own_head(tmp_path, floor_runs):
+    """The merged card's column definitions are those evaluate prints under its table (and writes in
+    results.json), the floor the private head where --floor_runs gave one; then the own head is a column too."""
+    tasks = [TaskEvaluation("rotten_tomatoes", "accuracy", 8.0, 1e-5, 0.80, 0.78, 1066, floor=0.7635,
+                            own_head=0.7682 if floor_runs else None)]
+    report = EvaluationReport.load(EvaluationReport(tasks, "merged", "base", floor_kind="private_head" if floor_runs
+                                                    else "own_head").save(tmp_path)[0])
+    text = build_model_card({"rotten_tomatoes": _record("rotten_tomatoes", 8.0)}, repo_id="bob/m",
+                            evaluation=report).text
+    legend = [line for line in report.table().splitlines() if ": " in line]
+    assert _card_columns(text) == legend and len(legend) == 9 + floor_runs
+    floor = next(line for line in legend if line.startswith("floor: "))
+    assert ("private head" in floor) == floor_runs and ("--floor_runs" in floor) == floor_runs
+    section = text.partition("## Evaluation")[2].splitlines()
+    header = next(line for line in section if line.startswith("| task |"))
+    assert ("| own head |" in header) == floor_runs
+    row = next(line for line in section if line.startswith("| rotten_tomatoes |"))
+    assert ("| 0.7682 |" in row) == floor_runs and "| 0.7635 |" in row
+    assert len(header.split("|")) == len(row.split("|"))
 
 
 def test_model_index_names_the_split_the_scores_came_from():

@@ -76,6 +76,34 @@ def test_a_second_phase_at_learning_rate_zero_releases_the_head_phase_model(tmp_
         torch.testing.assert_close(released[name.rsplit(".", 1)[-1]], tensor, rtol=0, atol=0)
 
 
+@pytest.mark.slow
+def test_a_resumed_run_takes_its_head_phase_from_the_checkpoint(tmp_path, monkeypatch):
+    """Resuming the LoRA phase trains no head phase again (the checkpoint holds its head and its record): the
+    release is the uninterrupted run's, weights and record; a checkpoint of another head phase is refused."""
+    flags = ["--target_epsilon", "6", "--save_strategy", "steps", "--save_steps", "2"]
+    record, weights, _ = lp_ft(tmp_path, monkeypatch, *flags)
+    trained = []
+    real_dp_trainer = train_glue.dp_trainer
+
+    def recording_dp_trainer(model, config, **kwargs):
+        trained.append(Path(config.output_dir).name)
+        return real_dp_trainer(model, config, **kwargs)
+
+    monkeypatch.setattr(train_glue, "dp_trainer", recording_dp_trainer)
+    checkpoint = tmp_path / "runs" / "bbc_news" / "checkpoints" / "checkpoint-2"
+    resumed, resumed_weights, _ = lp_ft(tmp_path, monkeypatch, *flags, "--overwrite", "true",
+                                        "--resume_from_checkpoint", str(checkpoint))
+    assert trained == ["checkpoints"]  # the LoRA phase only
+    assert resumed["extra"]["phases"] == record["extra"]["phases"] and resumed["epsilon"] == record["epsilon"]
+    assert resumed["resumed_from_steps"] == [2]
+    assert resumed_weights.keys() == weights.keys()
+    for key, tensor in weights.items():
+        torch.testing.assert_close(resumed_weights[key], tensor, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not trained after a head phase of --head_phase_steps 5"):
+        lp_ft(tmp_path, monkeypatch, *flags, "--overwrite", "true", "--resume_from_checkpoint", str(checkpoint),
+              "--head_phase_steps", "5")
+
+
 def test_a_head_phase_that_spends_the_whole_budget_is_refused(tmp_path):
     with pytest.raises(ValueError, match="already spend ε = .* of --target_epsilon 1.*--head_phase_epsilon"):
         train_glue.main(["--model_name_or_path", str(save_tiny_bert(tmp_path / "tiny")), "--runs_dir",
