@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -54,8 +56,25 @@ def _check_file(flag: str, path: str) -> str:
     return builder
 
 
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """``datasets``' progress bars off while a user's few files are read (restored after)."""
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
+
+
 def read_dataset(source: DatasetSource) -> datasets.DatasetDict:
     """The splits the source has (``train`` at least), as ``datasets`` loads them."""
+    with _quiet_loading():
+        return _read_dataset(source)
+
+
+def _read_dataset(source: DatasetSource) -> datasets.DatasetDict:
     if source.dataset_name and source.files:
         raise ValueError("give --dataset_name or --train_file/--validation_file/--test_file, not both")
     if source.files:
