@@ -281,6 +281,17 @@ def test_a_client_record_that_disagrees_with_the_public_configuration_is_refused
             == global_record(_setup(), SimpleNamespace(records=everyone), mechanism, SHARDS).to_dict())
 
 
+@pytest.mark.parametrize("sam_mode, queries", [("dp_sat", 1), ("two_query", 2)])
+def test_a_calibrated_client_spends_its_target_epsilon_whatever_queries_its_steps_make(sam_mode, queries):
+    """A client's σ is calibrated for the queries a step of its SAM mode makes: two_query privatises two of one
+    batch, one step at σ/√2, and the accountant over all its steps at that σ_eff lands on the target (within
+    opacus' calibration tolerance, 0.01, from below)."""
+    setup = _setup(noise_multiplier=None, target_epsilon=4.0, accountant="rdp", sam_mode=sam_mode)
+    accountant = RDPAccountant()
+    accountant.history = [(setup.client_noise_multiplier(1000) / math.sqrt(queries), 10 / 1000, 30)]
+    assert 4.0 - 0.01 <= accountant.get_epsilon(delta=1e-5) <= 4.0
+
+
 @pytest.mark.parametrize("server_dp", [False, True], ids=["example_level_only", "client_level_dp"])
 @pytest.mark.parametrize("shards", [[1000, 1000, 1000, 100], [2000, 2000, 30]])
 def test_the_released_replace_one_epsilon_is_the_largest_over_the_clients(shards, server_dp):
