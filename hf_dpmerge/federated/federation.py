@@ -14,6 +14,7 @@ from hf_dpmerge.data import load_task, tokenize_task
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.training.dp.accounting import calibrate_noise_multiplier, resolve_delta
 from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
+from hf_dpmerge.training.sam import queries_per_step
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,15 @@ class FederatedSetup:
         )
 
     def client_noise_multiplier(self, num_samples: int) -> float:
-        """σ of a client with ``num_samples`` examples: explicit, or calibrated so that a client sampled in
-        every round (rounds·local_steps steps at q = batch_size/N) spends at most ``target_epsilon``."""
+        """σ (per query) of a client with ``num_samples`` examples: explicit, or calibrated so that a client sampled
+        in every round (rounds·local_steps steps at q = batch_size/N, σ_eff = σ/√k for the k queries a step of
+        ``sam_mode`` makes) spends at most ``target_epsilon``."""
         if self.noise_multiplier is not None:
             return self.noise_multiplier
         return calibrate_noise_multiplier(
             target_epsilon=self.target_epsilon, target_delta=resolve_delta(self.target_delta, num_samples),
             sample_rate=self.batch_size / num_samples, steps=self.rounds * self.local_steps, accountant=self.accountant,
+            queries_per_step=queries_per_step(self.sam_mode),
         )
 
 

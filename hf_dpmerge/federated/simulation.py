@@ -13,6 +13,7 @@ client-level DP the ledger reveals participation, which the guarantee assumes se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -106,30 +107,30 @@ def evaluate_state(setup: FederatedSetup, model: torch.nn.Module, state: dict, s
 def global_record(
     setup: FederatedSetup, strategy: FederatedDPStrategy, client_dp: ClientLevelDP | None, shard_sizes: list[int]
 ) -> PrivacyRecord:
-    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε, δ, and ε under
-    replace-one for the same steps), the noise fields of the client with the largest ε (its Σ η² over its
-    steps bounds the averaged global state's noise) and both levels under ``extra["federated"]``
-    (:func:`released_guarantee`). Under client-level DP that client is chosen among every registered client's
-    :func:`planned_client_records` (``shard_sizes``: each client's shard size), so no field depends on who
-    was sampled."""
+    """The global adapter's ``dp_privacy.json``: the released example-level guarantee (ε and δ, the maxima over
+    the clients, and ε under replace-one, the largest of the clients' over their steps at that δ), the noise
+    fields of the client with the largest ε (its Σ η² over its steps bounds the averaged global state's
+    noise) and both levels under ``extra["federated"]`` (:func:`released_guarantee`). Under client-level DP the
+    clients are every registered client's :func:`planned_client_records` (``shard_sizes``: each client's shard
+    size), so no field depends on who was sampled."""
     if not strategy.records:
         raise ValueError("no client trained in any round: nothing to release (raise --client_sample_rate)")
     if client_dp is not None:
-        planned = planned_client_records(setup, shard_sizes, strategy.records)
-        released = released_guarantee(strategy.records, client_dp, setup.rounds, planned)
-        fields = max(planned.values(), key=lambda record: record.epsilon).to_dict()
+        clients = planned_client_records(setup, shard_sizes, strategy.records)
+        released = released_guarantee(strategy.records, client_dp, setup.rounds, clients)
     else:
         released = released_guarantee(strategy.records, None, setup.rounds)
-        client = max(strategy.records, key=lambda c: client_example_level(c, strategy.records[c]).epsilon)
-        records = strategy.records[client]
-        last, steps = records[-1], sum(r.steps for r in records)
-        fields = {**last.to_dict(), "steps": steps, "sum_lr_squared": sum(r.sum_lr_squared for r in records),
-                  "epsilon_replace_one": replace_one_epsilon(
-                      effective_noise_multiplier=last.effective_noise_multiplier, sample_rate=last.sample_rate,
-                      steps=steps, delta=last.delta)}
+        clients = {c: dataclasses.replace(records[-1], steps=sum(r.steps for r in records),
+                                          sum_lr_squared=sum(r.sum_lr_squared for r in records))
+                   for c, records in strategy.records.items()}  # each client's rounds as one run at its σ and q
+    delta = released["example_level"]["delta"]
+    client = max(clients, key=lambda c: client_example_level(c, [clients[c]]).epsilon)
+    replace_one = max(replace_one_epsilon(effective_noise_multiplier=r.effective_noise_multiplier,
+                                          sample_rate=r.sample_rate, steps=r.steps, delta=delta)
+                      for r in clients.values())
     return PrivacyRecord.from_dict({
-        **fields, "epsilon": released["example_level"]["epsilon"], "delta": released["example_level"]["delta"],
-        "task": setup.task, "extra": {"federated": released},
+        **clients[client].to_dict(), "epsilon": released["example_level"]["epsilon"], "delta": delta,
+        "epsilon_replace_one": replace_one, "task": setup.task, "extra": {"federated": released},
     }, source="federated global record")
 
 

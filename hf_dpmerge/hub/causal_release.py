@@ -26,6 +26,7 @@ from hf_dpmerge.hub.model_card import CARD_TAGS, MergeRecipe, _common, _fingerpr
 from hf_dpmerge.hub.push import PushResult, release_staged
 from hf_dpmerge.hub.staging import PushError, load_task_record, place_file
 from hf_dpmerge.records.card import render_card
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.records.selection_record import SelectionRecord, find_selection_record
@@ -56,16 +57,17 @@ def _evaluation_rows(evaluation: Mapping) -> list[list[str]]:
 
 def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, merge: MergeRecipe,
                       evaluation: Mapping | None = None, base_model: str | None = None,
-                      license: str = "apache-2.0", local_roots=(), selection: SelectionRecord | None = None
-                      ) -> ModelCard:
+                      license: str = "apache-2.0", local_roots=(), selection: SelectionRecord | None = None,
+                      fingerprints: Mapping[str, str] | None = None) -> ModelCard:
     """The card of a merged causal LM built from the causal-LM adapters whose privacy ``records`` are given;
     ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private choice of the merge's
-    hyper-parameters and states the composed total."""
+    hyper-parameters and states the composed total, refused unless the adapters are the ones it was made with
+    (``fingerprints``: task → :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`)."""
     hub_base = hub_model_id(base_model or _common([r.extra.get("base_model_hub_id") for r in records.values()]),
                             local_roots)
     data = ModelCardData(license=license, base_model=hub_base, base_model_relation="merge" if hub_base else None,
                          pipeline_tag=PIPELINE_TAG, tags=[*CARD_TAGS, "causal-lm"], library_name="transformers")
-    statement = (PrivacyStatement.from_selection(selection, records) if selection is not None
+    statement = (PrivacyStatement.from_selection(selection, records, fingerprints or {}) if selection is not None
                  else PrivacyStatement.from_records(records))
     return render_card(
         "causal_merged", data, statement, title=repo_id.split("/")[-1], tasks=list(records),
@@ -129,6 +131,7 @@ def push_merged_causal_lm(
     card = causal_model_card(
         records, repo_id=repo_id, merge=MergeRecipe.load(merged_dir, merge_config), evaluation=evaluation,
         base_model=base_model, license=license, selection=selection,
+        fingerprints={task: adapter_fingerprint(path) for task, path in adapter_dirs.items()} if selection else None,
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
     )
     card_text = str(card)

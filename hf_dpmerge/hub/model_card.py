@@ -182,6 +182,7 @@ def build_model_card(
     license: str = "apache-2.0",
     local_roots: Sequence[str | os.PathLike] = (),
     selection: SelectionRecord | None = None,
+    fingerprints: Mapping[str, str] | None = None,
     shared_encoder: bool = False,
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
@@ -191,8 +192,10 @@ def build_model_card(
     :func:`hub_model_id`, relative paths being looked up under ``local_roots``): a local path never enters
     the card.
     ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private hyper-parameter selection
-    and the composed total. ``shared_encoder``: the release stages the merged encoder once at its root and each
-    ``<task>/`` folder holds only its head (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`).
+    and the composed total, refused unless the adapters are the ones it was made with (``fingerprints``: task →
+    :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`). ``shared_encoder``: the release stages the merged
+    encoder once at its root and each ``<task>/`` folder holds only its head
+    (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`).
     """
     if not records:
         raise ValueError("a model card needs the privacy record of at least one adapter")
@@ -215,7 +218,7 @@ def build_model_card(
         model_name=title if evaluation is not None else None,
         eval_results=_eval_results(evaluation, task_datasets),
     )
-    statement = (PrivacyStatement.from_selection(selection, records) if selection is not None
+    statement = (PrivacyStatement.from_selection(selection, records, fingerprints or {}) if selection is not None
                  else PrivacyStatement.from_records(records))
     columns, rows = _evaluation_columns(evaluation) if evaluation is not None else ([], [])
     return render_card(

@@ -24,6 +24,7 @@ from hf_dpmerge.hub.staging import (
     stage_merged_release,
     staged_files,
 )
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.selection_record import find_selection_record
 from hf_dpmerge.records.statement import check_unseeded_release
 
@@ -73,7 +74,8 @@ def push_merged_model(
     refused with the list of those files. Adapters trained with a fixed ``dp_seed`` (or whose record predates
     the ``seeded`` field), and a merge chosen by a seeded ``hf-dpmerge tune``/``evolve`` (its ``dp_selection.json``
     says ``seeded`` true, or predates the field), are refused unless ``allow_seeded``; the card then warns that the
-    seed undoes the noise.
+    seed undoes the noise. A merge chosen by ``hf-dpmerge tune``/``evolve`` is released only with the adapters its
+    selection was made with (their fingerprints), under the composed total.
     """
     from huggingface_hub.utils import validate_repo_id
 
@@ -101,6 +103,7 @@ def push_merged_model(
         # where relative base paths (runs/base) were written from: beside the merged dir or runs/
         local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
         selection=selection,
+        fingerprints={task: adapter_fingerprint(path) for task, path in adapter_dirs.items()} if selection else None,
         shared_encoder=shared,
     )
     card_text = str(card)

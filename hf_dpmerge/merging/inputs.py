@@ -34,6 +34,7 @@ from hf_dpmerge.merging.noise_variance import (
 )
 from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
 
 NOISE_STD = "noise_std"
@@ -318,3 +319,23 @@ def input_settings(
     for output_slice in slices:
         for source in output_slice.sources:
             yield source.model, source.parameters or {}, output_slice.base_model or config.base_model
+
+
+def input_run(reference: Any) -> tuple[str, Path] | None:
+    """(run name, ``<runs>/<name>/adapter``) of an adapter input laid out as training writes it
+    (``<runs>/<name>/encoder_adapter`` or ``…/adapter`` merged, ``<runs>/<name>/adapter`` holding the task's head
+    and privacy record); None for any other input."""
+    if not isinstance(reference, ModelReference) or not reference.lora:
+        return None
+    run = Path(reference.lora.path).parent
+    adapter = run / ADAPTER_DIR
+    return (run.name, adapter) if is_peft_adapter(adapter) and (adapter / PRIVACY_RECORD_NAME).is_file() else None
+
+
+def task_adapters(config: MergeConfiguration) -> dict[str, Path]:
+    """Task → adapter directory, for the inputs laid out as training writes them (:func:`input_run`)."""
+    found: dict[str, Path] = {}
+    for reference, _, base in input_settings(config):
+        if reference != base and (run := input_run(reference)) is not None:
+            found.setdefault(*run)
+    return found

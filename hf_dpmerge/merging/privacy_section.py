@@ -3,7 +3,8 @@
 It states the merge method with its resolved shared parameters and per-model settings, then the
 :class:`~hf_dpmerge.records.statement.PrivacyStatement` of the inputs' privacy records (per-model YAML
 overrides applied, and listed) — composed with the private selection when ``hf-dpmerge tune`` chose the
-merge. Rendered from the ``merge_section`` template (:func:`hf_dpmerge.records.card.render_card`).
+merge, the inputs then named by their runs and checked to be the adapters the selection was made with
+(:func:`tuned_statement`). Rendered from the ``merge_section`` template (:func:`hf_dpmerge.records.card.render_card`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,16 @@ from huggingface_hub import ModelCardData
 from mergekit import merge_methods
 from mergekit.config import MergeConfiguration
 
-from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, apply_overrides, input_record, input_settings
+from hf_dpmerge.merging.inputs import (
+    RECORD_OVERRIDES,
+    apply_overrides,
+    input_record,
+    input_run,
+    input_settings,
+    task_adapters,
+)
 from hf_dpmerge.records.card import CARD_NAME, render_card
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.records.statement import PrivacyStatement
@@ -32,6 +41,19 @@ def _shared_parameters(config: MergeConfiguration) -> dict[str, Any]:
     resolved = {p.name: p.default for p in spec.shared_parameters if not p.required}
     resolved.update(config.parameters or {})
     return resolved
+
+
+def tuned_statement(config: MergeConfiguration, selection: SelectionRecord) -> PrivacyStatement:
+    """The statement of the merge ``config`` chosen by ``selection``: each input named by its run and stated from
+    the run's adapter (record and fingerprint), which must be one the selection was made with
+    (:meth:`PrivacyStatement.from_selection`); an input outside a runs layout cannot be matched and is refused."""
+    if unmatched := [str(ref) for ref, _, base in input_settings(config) if ref != base and input_run(ref) is None]:
+        raise ValueError(f"merge inputs {', '.join(unmatched)} are not runs' adapters (<runs>/<task>/encoder_adapter "
+                         "or adapter, beside <runs>/<task>/adapter/dp_privacy.json): they cannot be matched to the "
+                         "adapters the private selection was made with")
+    adapters = task_adapters(config)
+    return PrivacyStatement.from_selection(selection, {task: PrivacyRecord.load(a) for task, a in adapters.items()},
+                                           {task: adapter_fingerprint(a) for task, a in adapters.items()})
 
 
 def privacy_section(config: MergeConfiguration, selection: SelectionRecord | None = None) -> str | None:
@@ -58,7 +80,7 @@ def privacy_section(config: MergeConfiguration, selection: SelectionRecord | Non
     if not records:
         return None
     if selection is not None and not missing:
-        statement = PrivacyStatement.from_selection(selection, records)
+        statement = tuned_statement(config, selection)
     else:
         statement = PrivacyStatement.from_records(records, tuple(missing))
     parameters = ", ".join(f"`{key}`={value!r}" for key, value in _shared_parameters(config).items()) or "defaults"

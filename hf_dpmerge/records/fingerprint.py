@@ -1,6 +1,7 @@
-"""Fingerprint of the base weights an adapter was trained on, checkable from a saved base directory.
+"""Fingerprints: of the base weights an adapter was trained on, checkable from a saved base directory, and of a saved
+adapter itself (:func:`adapter_fingerprint`).
 
-The fingerprint covers the base tensors the adapter's LoRA layers modify (each ``base_layer`` weight), named
+The base fingerprint covers the base tensors the adapter's LoRA layers modify (each ``base_layer`` weight), named
 as in a plain ``save_pretrained`` of the base model, so a merge can recompute it from the base checkpoint and
 refuse adapters trained on another base. Task heads (``modules_to_save``) are left out: each task may start
 from its own freshly initialised head, and heads are never merged.
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from hf_dpmerge.utils.adapter_files import without_peft_prefix
+from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
+from hf_dpmerge.utils.adapter_files import adapter_weight_files, without_peft_prefix
 
 
 def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
@@ -27,6 +30,19 @@ def base_fingerprint(named_tensors: Mapping[str, torch.Tensor]) -> str:
         digest.update(name.encode())
         digest.update(json.dumps(list(tensor.shape)).encode())
         digest.update(tensor.numpy().tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def adapter_fingerprint(adapter_dir: str | os.PathLike) -> str:
+    """sha256 over a saved adapter's weights file(s) and its ``dp_privacy.json``, each as (name, size, bytes): what a
+    private merge selection was made with (:class:`~hf_dpmerge.records.selection_record.SelectionRecord`), so that a
+    release of other adapters under it is refused."""
+    digest = hashlib.sha256()
+    for path in [*adapter_weight_files(adapter_dir), Path(adapter_dir) / PRIVACY_RECORD_NAME]:
+        digest.update(f"{path.name}:{path.stat().st_size}:".encode())
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
     return "sha256:" + digest.hexdigest()
 
 

@@ -15,6 +15,11 @@ that Δ = m/(T·n) (:mod:`hf_dpmerge.records.private_selection`). Validation sco
 validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
 Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused; schema 2
 records did not record seeding and are read as ``seeded = None`` (unknown: possibly seeded).
+
+The choice was made with particular adapters (their heads scored the candidates), so the total covers releasing
+those adapters only: :meth:`SelectionRecord.released_guarantee` refuses others, by each task's adapter fingerprint
+(:func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`, schema 4), or for records without fingerprints
+(schemas 2–3) by each task's recorded (ε, δ), stating then the larger of the stored and the recomputed total.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +37,10 @@ from hf_dpmerge.utils.io import write_text_atomic
 
 SELECTION_RECORD_NAME = "dp_selection.json"
 COMPOSITIONS = ("sequential", "parallel")
-SELECTION_SCHEMA_VERSION = 3
+SELECTION_SCHEMA_VERSION = 4
 
 
-def composed_guarantee(records: dict[str, PrivacyRecord], selection_epsilon: float, composition: str
+def composed_guarantee(records: Mapping[str, PrivacyRecord], selection_epsilon: float, composition: str
                        ) -> tuple[float, float]:
     """(ε, δ) of the adapters plus the selection under ``composition`` (module docstring); ε = ∞ if any is non-DP."""
     if composition not in COMPOSITIONS:
@@ -71,7 +77,9 @@ class SelectionRecord:
     holds it can recompute them: no privacy against them), False when they came from OS entropy, None when not
     recorded (schema 2): possibly seeded. ``units`` maps each task to the privacy unit its validation rows were
     grouped by, its adapter's (``"example"`` or ``"unit:<column>"``; empty in records written before: every task
-    per example), and ``rows_per_unit`` is m, the public cap on one unit's scored rows.
+    per example), and ``rows_per_unit`` is m, the public cap on one unit's scored rows. ``fingerprints`` maps each
+    task to the :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint` of the adapter selected with (empty in
+    records of schema ≤ 3).
     """
 
     mechanism: str
@@ -91,8 +99,35 @@ class SelectionRecord:
     seeded: bool | None = None
     units: dict[str, str] = field(default_factory=dict)
     rows_per_unit: int = 1
+    fingerprints: dict[str, str] = field(default_factory=dict)
     schema_version: int = SELECTION_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def released_guarantee(self, records: Mapping[str, PrivacyRecord], fingerprints: Mapping[str, str]
+                           ) -> tuple[float, float]:
+        """The (ε, δ) of releasing the adapters ``records`` (task → record; ``fingerprints``: task → adapter
+        fingerprint) under this selection: the stored total when they are the adapters selected with (the same
+        tasks, each with its recorded fingerprint), else refused. Without fingerprints (schema ≤ 3): the same tasks
+        with the recorded (ε, δ) each, and max(stored, :func:`composed_guarantee` of ``records``)."""
+        if self.fingerprints:
+            selected, released = self.fingerprints, dict(fingerprints)
+        else:
+            selected = {task: (value["epsilon"], value["delta"]) for task, value in self.adapters.items()}
+            released = {task: (r.epsilon if r.dp else math.inf, r.delta) for task, r in records.items()}
+        differs = f"{'fingerprint' if self.fingerprints else '(ε, δ)'} differs from the adapter selected with"
+        problems = [f"{task}: " + ("not released" if task not in released else
+                                   "not selected with" if task not in selected else differs)
+                    for task in sorted(selected.keys() | released.keys()) if selected.get(task) != released.get(task)]
+        if problems:
+            raise ValueError(
+                f"the adapters released are not the ones {SELECTION_RECORD_NAME} chose the merge with: "
+                f"{'; '.join(problems)}. Its ε_sel and total do not cover this release: re-run hf-dpmerge tune (or "
+                "evolve) with the adapters to release"
+            )
+        if self.fingerprints:
+            return self.total_epsilon, self.total_delta
+        epsilon, delta = composed_guarantee(records, self.epsilon, self.composition)
+        return max(epsilon, self.total_epsilon), max(delta, self.total_delta)
 
     def save(self, directory: str | os.PathLike) -> Path:
         text = json.dumps(asdict(self), indent=2, allow_nan=True) + "\n"
@@ -108,7 +143,8 @@ class SelectionRecord:
             if data.get("schema_version", 0) < 2:
                 raise ValueError("schema 1 took Δ from the private validation sizes, which does not bound ε_sel "
                                  "for 3 or more tasks")
-            return cls(**{**data, "schema_version": SELECTION_SCHEMA_VERSION})  # schema 2: seeded unknown (None)
+            # schema 2: seeded unknown (None); schemas 2–3: no fingerprints
+            return cls(**{**data, "schema_version": SELECTION_SCHEMA_VERSION})
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: unreadable selection record ({err}); re-run hf-dpmerge tune") from None
 

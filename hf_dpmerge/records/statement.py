@@ -9,7 +9,8 @@ value and it states one final (ε, δ):
 - a merge: releases trained on disjoint datasets compose in parallel, (max_t ε_t, max_t δ_t) per privacy unit
   (each unit lives in one dataset), and merging released weights is post-processing (DP-Merging paper, §3.1);
 - a tuned merge: that composition is one component, the private selection of the merge hyper-parameters
-  (ε_sel, pure ε-DP) the other; the total is the selection record's (docs/design.md §13);
+  (ε_sel, pure ε-DP) the other; the total is the selection record's, for the adapters it was made with only
+  (:meth:`~hf_dpmerge.records.selection_record.SelectionRecord.released_guarantee`; docs/design.md §13);
 - a federated adapter: the example-level guarantee of its record, with the client-level one (a different
   unit: a client's whole data) from ``extra["federated"]``.
 
@@ -184,10 +185,14 @@ class PrivacyStatement:
         )
 
     @classmethod
-    def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord]) -> PrivacyStatement:
-        """A tuned merge: the selection record's composed total, the adapters' composition one component of it.
-        Refused when an adapter is user-level and the selection was not made per that unit (records written before
-        selections bounded a unit's rows): its ε_sel would hold per validation row only."""
+    def from_selection(cls, selection: SelectionRecord, records: Mapping[str, PrivacyRecord],
+                       fingerprints: Mapping[str, str]) -> PrivacyStatement:
+        """A tuned merge of the adapters ``records`` (task → record; ``fingerprints``: task → adapter fingerprint):
+        the selection's composed total, the adapters' composition one component of it. Refused when they are not
+        the adapters the selection was made with (:meth:`SelectionRecord.released_guarantee`), or when an adapter
+        is user-level and the selection was not made per that unit (records written before selections bounded a
+        unit's rows): its ε_sel would hold per validation row only."""
+        epsilon, delta = selection.released_guarantee(records, fingerprints)
         adapters = cls.from_records(records)
         per_row = ({item.unit_column for item in adapters.inputs} - {None}
                    - {unit.removeprefix(UNIT_PREFIX) for unit in selection.units.values() if unit != EXAMPLE_UNIT})
@@ -198,7 +203,7 @@ class PrivacyStatement:
                 "ε_sel each; re-run hf-dpmerge tune/evolve, which scores at most --rows_per_unit rows of each unit"
             )
         return cls(
-            epsilon=selection.total_epsilon, delta=selection.total_delta, relation=ADD_REMOVE_ONE,
+            epsilon=epsilon, delta=delta, relation=ADD_REMOVE_ONE,
             epsilon_replace_one=None, inputs=adapters.inputs, composition=selection.composition,
             selection=SelectionPrivacy(
                 mechanism=selection.mechanism, epsilon=selection.epsilon, sensitivity=selection.sensitivity,

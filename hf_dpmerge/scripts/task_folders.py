@@ -23,23 +23,9 @@ from pathlib import Path
 
 from mergekit.config import MergeConfiguration
 
-from hf_dpmerge.merging.inputs import input_settings
+from hf_dpmerge.merging.inputs import task_adapters
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, release_label_names, write_task_model
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
-
-
-def task_adapters(config: MergeConfiguration) -> dict[str, Path]:
-    """Task → adapter directory, for the inputs whose run folder holds ``adapter/`` with a privacy record."""
-    found: dict[str, Path] = {}
-    for reference, _, base in input_settings(config):
-        if reference == base or not reference.lora:
-            continue
-        run = Path(reference.lora.path).parent
-        adapter = run / ADAPTER_DIR
-        if is_peft_adapter(adapter) and (adapter / PRIVACY_RECORD_NAME).is_file():
-            found.setdefault(run.name, adapter)
-    return found
 
 
 def label_names(task: str, adapter: Path, record: PrivacyRecord) -> list[str]:

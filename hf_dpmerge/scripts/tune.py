@@ -9,8 +9,9 @@ subsample of the task's validation set of the public size n_t (``--validation_si
 candidates; a user-level adapter's task first keeps at most ``--rows_per_unit`` rows of each privacy unit). One
 candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
 (:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
-composes ε_sel with the adapters' records (:mod:`hf_dpmerge.records.selection_record`); its README's privacy
-section and the card of ``hf-dpmerge push`` state that composed total as the one guarantee.
+composes ε_sel with the adapters' records and holds each adapter's fingerprint
+(:mod:`hf_dpmerge.records.selection_record`); its README's privacy section and the card of ``hf-dpmerge push``
+state that composed total as the one guarantee, for those adapters only.
 The scores and the private validation set sizes never leave this module.
 """
 
@@ -37,6 +38,7 @@ from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_devic
 from hf_dpmerge.data.metrics import predictions_from_logits
 from hf_dpmerge.data.tokenize import MissingColumnError
 from hf_dpmerge.merging.config_edit import with_parameter
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.private_selection import (
     DEFAULT_VALIDATION_SIZE,
     accuracy_sensitivity,
@@ -194,7 +196,8 @@ class ScoringSetup:
     """What every candidate of a private selection is scored with: the runs, their validation subsamples of public
     sizes n_t, the sensitivity Δ of the utility, the adapters' records and the composed total; ``seeded``: whether
     a fixed seed drew the subsamples and the selection; ``units``: each task's privacy unit (its adapter's), of
-    which at most ``rows_per_unit`` validation rows were scored."""
+    which at most ``rows_per_unit`` validation rows were scored; ``fingerprints``: each task's
+    :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint` (a release of other adapters is refused)."""
 
     runs: Sequence[TaskRun]
     validation_size: dict[str, int]
@@ -211,6 +214,7 @@ class ScoringSetup:
     seeded: bool
     units: dict[str, str]
     rows_per_unit: int
+    fingerprints: dict[str, str]
 
     def utility(self, merged_dir: Path) -> float:
         """The task-averaged validation accuracy of a merged candidate (its scores stay in this process)."""
@@ -227,7 +231,7 @@ class ScoringSetup:
             mechanism=mechanism, epsilon=self.epsilon, sensitivity=self.sensitivity, utility=utility,
             relation=RELATION, unit=selection_unit(self.units, self.rows_per_unit), composition=self.composition,
             candidates=candidates, chosen=chosen, validation_size=self.validation_size, units=dict(self.units),
-            rows_per_unit=self.rows_per_unit,
+            rows_per_unit=self.rows_per_unit, fingerprints=dict(self.fingerprints),
             adapters={name: {"epsilon": r.epsilon if r.dp else float("inf"), "delta": r.delta}
                       for name, r in self.records.items()},
             total_epsilon=self.total_epsilon, total_delta=self.total_delta, seeded=self.seeded,
@@ -263,7 +267,8 @@ def prepare_scoring(runs: Sequence[TaskRun], output_dir: Path, *, epsilon: float
                                        [1 if unit_columns[task] is None else rows_per_unit for task in size])
     return ScoringSetup(runs, size, validation, tokenizer, sensitivity, records, epsilon, composition, total_epsilon,
                         total_delta, resolve_device(device), batch_size, seeded,
-                        {run.name: run.record.privacy_unit for run in runs}, rows_per_unit)
+                        {run.name: run.record.privacy_unit for run in runs}, rows_per_unit,
+                        {run.name: adapter_fingerprint(run.adapter_dir) for run in runs})
 
 
 def keep_chosen(merged_dir: Path, output_dir: Path, config: dict[str, Any], record: SelectionRecord) -> None:

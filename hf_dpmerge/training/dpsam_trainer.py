@@ -94,7 +94,7 @@ from hf_dpmerge.training.noise_response import AdamNoiseResponse, supports_noise
 from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.public_anchor import anchor_divergence
 from hf_dpmerge.training.release import check_finite_weights, release_adapter
-from hf_dpmerge.training.sam import per_example_sam_grads
+from hf_dpmerge.training.sam import per_example_sam_grads, queries_per_step
 from hf_dpmerge.training.shared_lora_a import frozen_lora_a_record
 from hf_dpmerge.utils.adapter_files import set_adapter_base
 
@@ -203,7 +203,7 @@ class DPSAMTrainer(Trainer):
         self.planned_steps = (
             args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self.steps_per_epoch)
         )
-        self.queries_per_step = 2 if args.sam_mode == "two_query" else 1
+        self.queries_per_step = queries_per_step(args.sam_mode)
         # the global Poisson draw is made identically by every process; noise is drawn by the main one only.
         # A dp_seed seeds this run's own streams: derived from the seed and the training data's identity.
         sample_seed = noise_seed = None

@@ -21,6 +21,12 @@ from torch.func import functional_call, grad, vmap
 SAM_MODES = ("none", "dp_sat", "per_example", "two_query")
 
 
+def queries_per_step(sam_mode: str) -> int:
+    """How many privatised queries of one Poisson batch a step of ``sam_mode`` makes (2 for ``two_query``, else 1);
+    k queries at σ each are one step at σ_eff = σ/√k (:mod:`hf_dpmerge.training.dp.accounting`)."""
+    return 2 if sam_mode == "two_query" else 1
+
+
 def additive_4d_mask(mask: torch.Tensor, causal: bool, dtype: torch.dtype) -> torch.Tensor:
     """[b, T] 0/1 padding mask → ready [b, 1, T|1, T] additive mask (0 attend, dtype-min masked).
 

@@ -29,6 +29,16 @@ class AdapterWeightsError(ValueError):
     """A local adapter folder without weights, or with a weights file that cannot be read (truncated, corrupt)."""
 
 
+def adapter_weight_files(adapter_dir: str | os.PathLike) -> list[Path]:
+    """The weights files of the adapter saved in the local folder ``adapter_dir``, in peft's order of preference;
+    :class:`AdapterWeightsError` when there is none."""
+    directory = Path(adapter_dir)
+    files = [directory / name for name in ADAPTER_WEIGHTS_NAMES if (directory / name).is_file()]
+    if not files:
+        raise AdapterWeightsError(f"{directory} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS_NAMES)})")
+    return files
+
+
 def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
     """Every tensor of the adapter saved in the local folder ``adapter_dir`` (on the CPU), read by peft's
     ``load_peft_weights`` (safetensors preferred); :class:`AdapterWeightsError` names the folder or file when there
@@ -36,9 +46,7 @@ def read_adapter_weights(adapter_dir: str | os.PathLike) -> dict[str, Any]:
     from peft.utils import load_peft_weights
 
     directory = Path(adapter_dir)
-    files = [directory / name for name in ADAPTER_WEIGHTS_NAMES if (directory / name).is_file()]
-    if not files:
-        raise AdapterWeightsError(f"{directory} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS_NAMES)})")
+    files = adapter_weight_files(directory)
     try:
         return load_peft_weights(str(directory), device="cpu")
     except Exception as err:  # noqa: BLE001 - safetensors and torch raise many types for corrupt files

@@ -281,6 +281,40 @@ def test_a_client_record_that_disagrees_with_the_public_configuration_is_refused
             == global_record(_setup(), SimpleNamespace(records=everyone), mechanism, SHARDS).to_dict())
 
 
+@pytest.mark.parametrize("sam_mode, queries", [("dp_sat", 1), ("two_query", 2)])
+def test_a_calibrated_client_spends_its_target_epsilon_whatever_queries_its_steps_make(sam_mode, queries):
+    """A client's σ is calibrated for the queries a step of its SAM mode makes: two_query privatises two of one
+    batch, one step at σ/√2, and the accountant over all its steps at that σ_eff lands on the target (within
+    opacus' calibration tolerance, 0.01, from below)."""
+    setup = _setup(noise_multiplier=None, target_epsilon=4.0, accountant="rdp", sam_mode=sam_mode)
+    accountant = RDPAccountant()
+    accountant.history = [(setup.client_noise_multiplier(1000) / math.sqrt(queries), 10 / 1000, 30)]
+    assert 4.0 - 0.01 <= accountant.get_epsilon(delta=1e-5) <= 4.0
+
+
+@pytest.mark.parametrize("server_dp", [False, True], ids=["example_level_only", "client_level_dp"])
+@pytest.mark.parametrize("shards", [[1000, 1000, 1000, 100], [2000, 2000, 30]])
+def test_the_released_replace_one_epsilon_is_the_largest_over_the_clients(shards, server_dp):
+    """σ calibrated per shard puts every client's add/remove ε near the target, so the client with the
+    largest one is arbitrary (here a large shard); the small shard's large q gives the largest replace-one ε. The
+    record states that maximum, each client's recomputed independently at the released (largest) δ."""
+    setup = _setup(num_clients=len(shards), noise_multiplier=None, target_epsilon=4.0, target_delta=None,
+                   accountant="rdp")
+    sigmas = {n: setup.client_noise_multiplier(n) for n in set(shards)}
+    records = {client: [record(accountant="rdp", num_samples=n, num_units=n, sample_rate=10 / n, delta=1 / (10 * n),
+                               noise_multiplier=sigmas[n], effective_noise_multiplier=sigmas[n])] * 3
+               for client, n in enumerate(shards)}  # every client in all 3 rounds of 10 steps
+    mechanism = ClientLevelDP(noise_multiplier=1.0, clip_norm=0.1, sample_rate=0.5, num_clients=len(shards),
+                              accountant="rdp") if server_dp else None
+    released = global_record(setup, SimpleNamespace(records=records), mechanism, shards)
+    delta = 1 / (10 * min(shards))
+    truth = {n: independent_replace_one_epsilon(sigmas[n], 10 / n, 30, delta) for n in set(shards)}
+    assert released.delta == delta and released.num_samples == max(shards)  # the largest add/remove ε: a large shard
+    assert truth[min(shards)] > truth[max(shards)] + 1  # so its replace-one ε is not the largest
+    assert released.epsilon_replace_one == pytest.approx(max(truth.values()), abs=0.02)
+    assert all(released.epsilon_replace_one >= eps - 0.02 for eps in truth.values())
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num_clients", "0"], "--num_clients must be ≥ 1"),
     (["--batch_size", "64"], "fewer than --batch_size 64"),

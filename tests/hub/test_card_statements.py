@@ -10,13 +10,17 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
+from mergekit.common import ModelReference
 from mergekit.config import MergeConfiguration
+from safetensors.torch import save_file
 
 from hf_dpmerge.hub.model_card import build_model_card
 from hf_dpmerge.merging.privacy_section import HEADING, write_privacy_section
 from hf_dpmerge.records.card import adapter_card, merged_adapter_card
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
 from hf_dpmerge.records.statement import PrivacyStatement, number
@@ -111,14 +115,19 @@ def test_tuned_card_states_one_final_guarantee(composition: str) -> None:
 
 
 def test_merged_readme_section_is_restated_for_the_tuned_merge(tmp_path: Path) -> None:
-    """mergekit's README gets the merge's section; tune replaces it with the composed total (no second claim)."""
+    """mergekit's README gets the merge's section; tune replaces it with the composed total (no second claim), its
+    inputs named by their runs, and refuses an input that is not an adapter the selection was made with."""
     records = {"alpha": privacy_record("alpha", **ALPHA), "beta": privacy_record("beta", **BETA)}
     for task, record in records.items():
-        (tmp_path / task).mkdir()
-        record.save(tmp_path / task)
+        adapter = tmp_path / "runs" / task / "adapter"
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text("{}")
+        save_file({"lora_A": torch.full((2, 2), float(len(task)))}, adapter / "adapter_model.safetensors")
+        record.save(adapter)
+    inputs = {t: f"{tmp_path / 'base'}+{tmp_path / 'runs' / t / 'adapter'}" for t in records}
     config = MergeConfiguration.model_validate({
         "merge_method": "task_arithmetic", "base_model": str(tmp_path / "base"), "dtype": "float32",
-        "models": [{"model": f"{tmp_path / 'base'}+{tmp_path / t}", "parameters": {"weight": 1.0}} for t in records],
+        "models": [{"model": model, "parameters": {"weight": 1.0}} for model in inputs.values()],
     })
     out = tmp_path / "merged"
     out.mkdir()
@@ -126,18 +135,28 @@ def test_merged_readme_section_is_restated_for_the_tuned_merge(tmp_path: Path) -
     write_privacy_section(out, config)
     text = (out / "README.md").read_text()
     assert text.startswith("---\ntags: [merge]\n---\n# merged\n\nmergekit's card.\n") and text.count(HEADING) == 1
-    named = {f"{tmp_path / 'base'}+{tmp_path / t}": r for t, r in records.items()}
-    check_table(text, named)
+    check_table(text, {inputs[t]: r for t, r in records.items()})
     assert FINAL.findall(text) == [(number(7.992), number(2.16e-5))]
     check_no_comparative(text)
     selection = _selection(records, "sequential")
+    selection.fingerprints = {t: adapter_fingerprint(tmp_path / "runs" / t / "adapter") for t in records}
     write_privacy_section(out, config, selection)
     text = (out / "README.md").read_text()
     assert "mergekit's card." in text and text.count(HEADING) == 1
-    check_tuned(text, named, selection)
+    check_tuned(text, records, selection)
     assert "Seeded selection" not in text
     write_privacy_section(out, config, _selection(records, "sequential", seeded=True))
     assert "**Seeded selection.**" in (out / "README.md").read_text()  # a seeded tune's README says so
+
+    selection.fingerprints["beta"] = "sha256:" + "0" * 64  # selected with another beta
+    with pytest.raises(ValueError, match="beta: fingerprint differs from the adapter selected with"):
+        write_privacy_section(out, config, selection)
+    outside = config.model_copy(update={"models": [*config.models[:1], config.models[1].model_copy(
+        update={"model": ModelReference.parse(f"{tmp_path / 'base'}+{tmp_path / 'elsewhere'}")})]})
+    (tmp_path / "elsewhere").mkdir()
+    records["beta"].save(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="elsewhere are not runs' adapters"):
+        write_privacy_section(out, outside, selection)
 
 
 def test_federated_card_states_the_record_and_the_client_level() -> None:

@@ -13,9 +13,10 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hf_dpmerge.cli import main as cli_main
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.release_files import is_release_file
 from hf_dpmerge.records.selection_record import SelectionRecord
@@ -373,22 +374,27 @@ def test_seeded_release_is_refused_unless_allowed(release, cli, loopback_hub, tm
     assert "**Seeded training: `beta`.**" in card and "undo it" in card
 
 
-def _selected_merge(release, tmp_path, seeded) -> Path:
-    """The release's merged dir with the dp_selection.json of a tune run (``seeded`` None: a schema-2 record)."""
+def _selected_merge(release, tmp_path, seeded, fingerprints=None, beta_epsilon=7.75, total_epsilon=None) -> Path:
+    """The release's merged dir with the dp_selection.json of a tune run made with alpha at ε = 2.5 and beta at
+    ``beta_epsilon`` (total max + ε_sel = 1 unless ``total_epsilon``): with the adapters' ``fingerprints``, else a
+    schema-3 record (``seeded`` None: schema 2)."""
     merged = tmp_path / "merged"
     shutil.copytree(release.merged, merged)
     SelectionRecord(
         mechanism="exponential", epsilon=1.0, sensitivity=1e-3, utility="accuracy",
         relation="addition, removal or replacement", unit="validation example", composition="sequential",
         candidates=[{"lambda": 0.5}, {"lambda": 1.0}], chosen=1, validation_size={"alpha": 500, "beta": 500},
-        adapters={"alpha": {"epsilon": 2.5, "delta": 1e-5}, "beta": {"epsilon": 7.75, "delta": 1e-5}},
-        total_epsilon=8.75, total_delta=1e-5, seeded=seeded,
+        adapters={"alpha": {"epsilon": 2.5, "delta": 1e-5}, "beta": {"epsilon": beta_epsilon, "delta": 1e-5}},
+        total_epsilon=total_epsilon or max(2.5, beta_epsilon) + 1.0, total_delta=1e-5, seeded=seeded,
+        fingerprints=fingerprints or {},
     ).save(merged)
-    if seeded is None:
+    if not fingerprints:
         path = merged / "dp_selection.json"
         data = json.loads(path.read_text())
-        del data["seeded"]
-        path.write_text(json.dumps({**data, "schema_version": 2}))
+        del data["fingerprints"]
+        if seeded is None:
+            del data["seeded"]
+        path.write_text(json.dumps({**data, "schema_version": 2 if seeded is None else 3}))
     return merged
 
 
@@ -413,3 +419,53 @@ def test_an_unseeded_selection_is_released_without_a_seed_warning(release, cli, 
     assert _dry(cli, merged, release.runs, "--tasks", "alpha,beta") == 0
     card = (tmp_path / "merged-hub" / "README.md").read_text()
     assert "among 2 candidates" in card and "Seeded" not in card
+
+
+def _retrain(runs: Path, task: str, epsilon: float, seed: int) -> None:
+    """``task``'s adapter replaced by another training run at ``epsilon``: other weights, its own record."""
+    adapter = runs / task / "adapter"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    save_file({k: v + 0.01 * torch.randn(v.shape, generator=generator) for k, v in weights.items()},
+              adapter / "adapter_model.safetensors")
+    record = PrivacyRecord.load(adapter)
+    record.epsilon = epsilon
+    record.save(adapter)
+
+
+def test_a_tuned_merge_is_released_only_with_the_adapters_it_was_selected_with(release, cli, tmp_path, capsys):
+    """tune chose the merge with beta's adapter at ε = 4 (total 5); pushing beta retrained at ε = 8 would
+    release an ε = 8 head under "(ε = 5, δ)". The selection's fingerprints refuse it, and a retrain at the same ε
+    too (other weights), and a release without one of its tasks; the adapters it was made with pass."""
+    runs = _runs_copy(release, tmp_path)
+    _retrain(runs, "beta", 4.0, seed=0)
+    fingerprints = {task: adapter_fingerprint(runs / task / "adapter") for task in TASKS}  # as tune records them
+    merged = _selected_merge(release, tmp_path, False, fingerprints, beta_epsilon=4.0)
+    assert _dry(cli, merged, runs, "--tasks", "alpha,beta") == 0
+    card = (tmp_path / "merged-hub" / "README.md").read_text()
+    assert "**Guarantee: (ε = 5, δ = 1e-05)-DP**" in card and "| beta | 4 |" in card
+
+    assert _dry(cli, merged, runs, "--tasks", "alpha", "--staging_dir", str(tmp_path / "alpha-only")) == 2
+    assert "beta: not released" in capsys.readouterr().err
+    for epsilon, seed in ((8.0, 1), (4.0, 2)):
+        _retrain(runs, "beta", epsilon, seed)
+        staging = tmp_path / f"staged-{seed}"
+        assert _dry(cli, merged, runs, "--tasks", "alpha,beta", "--staging_dir", str(staging)) == 2
+        err = capsys.readouterr().err
+        assert ("chose the merge with: beta: fingerprint differs from the adapter selected with. Its ε_sel and total "
+                "do not cover this release: re-run hf-dpmerge tune") in err
+        assert not staging.exists()
+
+
+def test_an_older_selection_is_checked_by_each_adapters_epsilon_and_states_at_least_their_total(
+        release, cli, tmp_path, capsys):
+    """A selection record without fingerprints (schema 3): made with beta at ε = 4 (total 5), it is refused beside
+    beta retrained at ε = 7.75; made with the released adapters, the card states the larger of its stored total
+    and the one recomputed from their records (ε = 7.75 + 1)."""
+    merged = _selected_merge(release, tmp_path, False, beta_epsilon=4.0)
+    assert _dry(cli, merged, release.runs, "--tasks", "alpha,beta") == 2
+    assert "beta: (ε, δ) differs from the adapter selected with" in capsys.readouterr().err
+    shutil.rmtree(merged)
+    merged = _selected_merge(release, tmp_path, False, total_epsilon=5.0)  # an understated total
+    assert _dry(cli, merged, release.runs, "--tasks", "alpha,beta") == 0
+    assert "**Guarantee: (ε = 8.75, δ = 1e-05)-DP**" in (tmp_path / "merged-hub" / "README.md").read_text()

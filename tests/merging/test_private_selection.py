@@ -254,12 +254,13 @@ def test_selection_record_round_trips_and_states_the_public_size_and_relation(tm
     loaded = SelectionRecord.load(tmp_path / "dp_selection.json")
     assert loaded == record
     records = {"a": privacy_record("a", epsilon=8.0)}
-    statement = PrivacyStatement.from_selection(loaded, records).derivation()
+    statement = PrivacyStatement.from_selection(loaded, records, {}).derivation()
     assert "`lambda` = 1.0 was chosen" in statement
     assert "per addition, removal or replacement of one validation example" in statement
     assert "public validation size n = 500 per task" in statement
     record.validation_size = {"a": 500, "b": 200}
-    assert "public validation size n = a: 500, b: 200" in PrivacyStatement.from_selection(record, records).derivation()
+    assert "public validation size n = a: 500, b: 200" in PrivacyStatement.from_selection(record, records,
+                                                                                     {}).derivation()
     (tmp_path / "dp_selection.json").write_text("{}")
     with pytest.raises(ValueError, match="unreadable selection record"):
         SelectionRecord.load(tmp_path / "dp_selection.json")

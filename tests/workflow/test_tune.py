@@ -19,6 +19,7 @@ from hf_dpmerge.analysis.task_models import load_merged_with_head
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.load import load_task
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits
+from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.scripts import tune as tune_script
 from hf_dpmerge.scripts.tune import (
     GridAxis,
@@ -119,6 +120,18 @@ def test_validation_size_parsing_and_uniform_subsampling() -> None:
         assert len(set(sets["large"]["x"])) == 2
         seen.add(tuple(sets["large"]["x"]))
     assert seen == set(itertools.combinations(range(5), 2))  # P(some pair never drawn) < 10·0.9²⁰⁰ ≈ 7e-9
+
+
+def test_the_selection_record_holds_the_fingerprint_of_each_adapter_it_was_made_with(workdir, tmp_path) -> None:
+    """What push checks a release against: the scoring setup fingerprints each run's adapter (weights and
+    record) before any candidate is scored, and the selection record carries them."""
+    runs = task_runs(workdir / "runs", list(TASKS))
+    setup = tune_script.prepare_scoring(runs, tmp_path / "out", epsilon=1.0, composition="sequential",
+                                        base_dir=workdir / "runs" / "base", validation_size=5, batch_size=8,
+                                        device="cpu", rng=np.random.default_rng(0), seeded=False, command="tune")
+    record = setup.selection_record("exponential", [{"lambda": 0.0}, {"lambda": 1.0}], 1)
+    assert record.fingerprints == {task: adapter_fingerprint(workdir / "runs" / task / "adapter") for task in TASKS}
+    assert len(set(record.fingerprints.values())) == len(TASKS)
 
 
 @pytest.mark.slow
