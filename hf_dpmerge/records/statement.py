@@ -87,6 +87,10 @@ class InputPrivacy:
     seeded: bool | None
     eval_data_is_public: bool
     phases: tuple[PhasePrivacy, ...] = ()
+    labels_from_private_data: bool = False
+    """Whether its label names were read off the private training rows (``--label_names_from_private_data``)."""
+    carved_splits: tuple[str, ...] = ()
+    """The held-out splits carved from its own training rows because the dataset had none."""
 
     @classmethod
     def from_record(cls, name: str, record: PrivacyRecord) -> InputPrivacy:
@@ -97,6 +101,8 @@ class InputPrivacy:
             num_samples=record.num_samples, num_units=record.num_units, unit_column=record.unit_column,
             sam_mode=record.sam_mode, seeded=record.seeded, eval_data_is_public=record.eval_data_is_public,
             phases=PhasePrivacy.from_record(record) if private else (),
+            labels_from_private_data=bool(record.extra.get("label_names_private", False)),
+            carved_splits=tuple(record.extra.get("carved_splits") or ()),
         )
 
     @property
@@ -394,6 +400,18 @@ class PrivacyStatement:
                 f"**Evaluation data declared public: {', '.join(f'`{n}`' for n in public)}.** Evaluated (and "
                 "possibly selected: best checkpoint, early stopping) during training on data their trainer "
                 "declared public (`eval_data_is_public`); the guarantee does not cover that data.")
+        if private_labels := [item.name for item in self.inputs if item.labels_from_private_data]:
+            notes.append(
+                f"**Label names read off the private rows: {', '.join(f'`{n}`' for n in private_labels)}.** Their "
+                "label sets (the heads' `id2label`) were taken from the training rows "
+                "(`--label_names_from_private_data`), not from public information: the guarantee does not cover "
+                "them, and a label only one person's rows carry tells that they were in the data.")
+        for item in self.inputs:
+            if item.carved_splits:
+                missing = " or ".join(item.carved_splits)
+                notes.append(f"**Held-out splits of `{item.name}`.** Its dataset had no {missing} split: they were "
+                             "held out of the training rows by a seeded stratified split, and the adapter never "
+                             "trained on them.")
         return notes
 
     @staticmethod

@@ -50,7 +50,7 @@ from transformers import (
 )
 
 from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
-from hf_dpmerge.data.dataset_source import DatasetSource
+from hf_dpmerge.data.dataset_source import LABELS_FROM_PRIVATE_DATA, DatasetSource
 from hf_dpmerge.data.glue import GLUE_PATH
 from hf_dpmerge.data.load import TaskData
 from hf_dpmerge.data.metrics import trainer_compute_metrics
@@ -359,7 +359,8 @@ def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: 
     record.task = task
     if spec.dataset is not None:  # own data: where evaluate reads the same rows (beside the release, never in it)
         spec.dataset.save(out)
-        record.extra.update(label_names_from=spec.label_origin, carved_splits=list(spec.carved_splits))
+        record.extra.update(label_names_from=spec.label_origin, carved_splits=list(spec.carved_splits),
+                            label_names_private=spec.label_origin == LABELS_FROM_PRIVATE_DATA)
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
                         classifier_pooling=script.classifier_pooling, train_lora=script.train_lora,
                         base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model

@@ -256,3 +256,13 @@ def test_every_card_states_every_phase_so_a_reader_can_recompute_epsilon(card: s
     assert pld_epsilon(tuple(phases), delta) == pytest.approx(stated, abs=0.03)
     assert pld_epsilon(tuple(phases[-1:]), delta) < stated - 2.5
     assert card_phases(text, "beta") == ([] if card == "adapter" else [(0.9, 0.02, 100)])  # one phase: the record's
+
+
+def test_cards_say_when_an_own_datasets_label_set_is_outside_epsilon_and_which_splits_were_carved() -> None:
+    public = privacy_record("clinic", extra={"label_names_private": False, "carved_splits": ["validation", "test"]})
+    private = privacy_record("notes", extra={"label_names_private": True, "carved_splits": []})
+    text = PrivacyStatement.from_records({"clinic": public, "notes": private}).markdown()
+    assert "Label names read off the private rows: `notes`" in text and "`clinic`" not in text.split(
+        "Label names read off")[1].split("\n")[0]
+    assert "Held-out splits of `clinic`.** Its dataset had no validation or test split" in text
+    assert "read off the private rows" not in PrivacyStatement.from_record("clinic", public).markdown()
