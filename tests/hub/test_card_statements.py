@@ -200,7 +200,7 @@ def test_every_private_card_says_its_epsilon_is_about_the_training_set_as_split(
     assert "seeded permutation" in doc and "not about one row of the raw data" in doc
 
 
-# private LP-FT as bbc_news ran it (the numbers): a head phase of 1000 steps at ε₁ = 6, then 75 LoRA steps
+# private LP-FT as bbc_news ran it: a head phase of 1000 steps at ε₁ = 6, then 75 LoRA steps
 # calibrated to a total of ε = 8 in one accountant; q = 1024 / 9242 in both
 Q = 1024 / 9242
 LP_FT_PHASES = [{"name": "head", "noise_multiplier": 2.8046875, "effective_noise_multiplier": 2.8046875,
