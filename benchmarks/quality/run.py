@@ -132,12 +132,13 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     settings = pending(ctx, cell, f"train_{task}")
     if settings is None:
         return
-    script, config = parse_train_arguments(settings["argv"])
-    script = script.with_pooling()  # as the training script's main() does
+    # as the training script's main() plans it, after the one-phase defaults of parse_train_arguments
+    run = train_script.plan_runs(settings["argv"], defaults=train_script.ONE_PHASE_DEFAULTS)[task]
+    script, config = run.script, run.config
     base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(ctx.work_dir)))
     set_seed(cell.seed)  # LoRA and head initialisation do not depend on what ran before in this process
     start = time.perf_counter()
-    summary = train_script.train_task(task, script, config, base_dir)
+    summary = train_script.train_task(task, *run, base_dir)
     trained = time.perf_counter()
     report = diagnose_runs(ctx.runs_dir(cell), None, [task], split=DIAGNOSTIC_SPLIT,
                            max_samples=ctx.grid.diagnostic_samples, rho=SHARPNESS_RHO,

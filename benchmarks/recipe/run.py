@@ -71,12 +71,11 @@ def train_in_process(task: str, argv: list[str], seed: int, work_dir: Path) -> t
     (the script's summary, training seconds, the base directory)."""
     from transformers import set_seed
 
-    script, config = train_script.parse_arguments(argv)
-    script = script.with_pooling()
-    base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(work_dir)))
+    run = train_script.plan_runs(argv)[task]
+    base_dir = train_script.shared_base(dataclasses.replace(run.script, runs_dir=str(work_dir)))
     set_seed(seed)
     start = time.perf_counter()
-    summary = train_script.train_task(task, script, config, base_dir)
+    summary = train_script.train_task(task, *run, base_dir)
     return summary, time.perf_counter() - start, base_dir
 
 

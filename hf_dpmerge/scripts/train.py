@@ -40,7 +40,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 from transformers import (
@@ -430,27 +430,42 @@ def parse_arguments(argv: list[str], arguments: type = ScriptArguments, defaults
     return script, config
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict]:
-    """Train every task of ``argv`` (default: the command line) from one shared base: every dataset is loaded and
-    checked, and every release target checked, before the base or anything else is written. Returns each task's
-    summary (``eval_metrics.json``) on the process that writes the outputs."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script, config = parse_arguments(argv)
+class PlannedRun(NamedTuple):
+    """One task's checked data and the flags it trains with (the batches fitted to its size)."""
+
+    data: TaskData
+    script: ScriptArguments
+    config: DPSAMConfig
+
+
+def plan_runs(argv: list[str], defaults: list[str] = DP_DEFAULTS) -> dict[str, PlannedRun]:
+    """Parse ``argv`` (after ``defaults``), then load, check and fit every task's data and check every release
+    target: nothing is written (what :func:`main` and the benchmarks train from)."""
+    script, config = parse_arguments(argv, defaults=defaults)
     script = script.with_pooling()
-    parser = argument_parser()
-    given = given_flags(parser, argv)
+    given = given_flags(argument_parser(defaults=defaults), argv)
     if "max_steps" in given and "head_phase_steps" not in given:  # a quick run is quick in both phases
         script = dataclasses.replace(script, head_phase_steps=min(script.head_phase_steps, config.max_steps))
     sources = task_sources(script, given)
-    resume = resume_point(config, list(sources))
+    resume_point(config, list(sources))
     for task in sources:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     data = {task: load_training_data(task, source, script, config) for task, source in sources.items()}
     lp_ft = head_phase_epsilon(script, config) is not None
-    fitted = {task: fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft) for task in sources}
+    return {task: PlannedRun(data[task], *fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft))
+            for task in sources}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    """Train every task of ``argv`` (default: the command line) from one shared base: every dataset is loaded and
+    checked, and every release target checked, before the base or anything else is written (:func:`plan_runs`).
+    Returns each task's summary (``eval_metrics.json``) on the process that writes the outputs."""
+    runs = plan_runs(list(sys.argv[1:] if argv is None else argv))
+    script, config = next(iter(runs.values()))[1:]
+    resume = resume_point(config, list(runs))
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_base(script)
-    summaries = {task: train_task(task, data[task], *fitted[task], base_dir, resume) for task in sources}
+    summaries = {task: train_task(task, *run, base_dir, resume) for task, run in runs.items()}
     # multi-process: leave together and release the process group (a process leaving early can abort in gloo)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
