@@ -1,0 +1,123 @@
+"""One benchmark harness: a study declares its plan, how to run one unit and its report; :func:`main` gives every
+study the same command line and the same store.
+
+A unit is a name plus its full settings. :class:`Store` keeps one JSON per unit and reuses a stored result only when
+the study's schema and the unit's settings both match, so a changed setting reruns its units and nothing needs a
+shim. Studies live in ``benchmarks/studies/<name>.py``, run as ``python -m benchmarks.studies.<name>``, and read
+other studies' stored units through :meth:`Store.results`, never their modules.
+
+    python -m benchmarks.studies.data_size --plan          # the units, marked done or to run
+    python -m benchmarks.studies.data_size                 # run what is missing, then write the report
+    python -m benchmarks.studies.data_size --report-only   # the report from the stored units
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hf_dpmerge.utils.io import write_text_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "benchmarks" / "reports"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One resumable piece of work: ``name`` (its file name) and every setting its result depends on."""
+
+    name: str
+    settings: dict[str, Any] = field(hash=False)
+
+
+class Store:
+    """One JSON per unit under ``root``: ``{"schema", "settings", "result"}``."""
+
+    def __init__(self, root: Path, schema: int):
+        self.root, self.schema = Path(root), schema
+
+    def path(self, unit: Unit) -> Path:
+        return self.root / f"{unit.name}.json"
+
+    def load(self, unit: Unit) -> dict[str, Any] | None:
+        """The unit's stored result, or None when it is missing or was made under another schema or settings."""
+        path = self.path(unit)
+        if not path.is_file():
+            return None
+        stored = json.loads(path.read_text())
+        same = stored.get("schema") == self.schema and stored.get("settings") == _jsonable(unit.settings)
+        return stored["result"] if same else None
+
+    def save(self, unit: Unit, result: dict[str, Any]) -> None:
+        text = json.dumps({"schema": self.schema, "settings": _jsonable(unit.settings), "result": result},
+                          indent=1, allow_nan=True)
+        write_text_atomic(self.path(unit), text + "\n")
+
+    def results(self) -> list[dict[str, Any]]:
+        """Every stored unit of this schema, as ``{"name", "settings", "result"}``, sorted by name."""
+        found = []
+        for path in sorted(self.root.glob("*.json")):
+            stored = json.loads(path.read_text())
+            if stored.get("schema") == self.schema:
+                found.append({"name": path.stem, "settings": stored["settings"], "result": stored["result"]})
+        return found
+
+
+class Study(Protocol):
+    """What a study declares (``benchmarks/studies/<name>.py``)."""
+
+    name: str
+    schema: int
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def plan(self, args: argparse.Namespace) -> Sequence[Unit]: ...
+
+    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]: ...
+
+    def report(self, stored: list[dict[str, Any]]) -> str: ...
+
+
+def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None] | None = None) -> int:
+    """Run ``study``'s missing units (``--plan``: list them; ``--report-only``: none), then write its report to
+    ``benchmarks/reports/<name>/REPORT.md`` (or ``--report``) from every stored unit."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.studies.{study.name}",
+                                     description=sys.modules[type(study).__module__].__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs" / study.name,
+                        help="scratch space for training (default: runs/<study>)")
+    parser.add_argument("--units-dir", type=Path, default=REPORTS / study.name / "units",
+                        help="where the units are stored (default: benchmarks/reports/<study>/units)")
+    parser.add_argument("--report", type=Path, default=REPORTS / study.name / "REPORT.md")
+    parser.add_argument("--report-only", action="store_true", help="run nothing; write the report")
+    parser.add_argument("--plan", action="store_true", help="list the planned units and whether each is done")
+    study.add_arguments(parser)
+    args = parser.parse_args(argv)
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    store = Store(args.units_dir, study.schema)
+    plan = [] if args.report_only else list(study.plan(args))
+    if args.plan:
+        for unit in plan:
+            print(f"{'done' if store.load(unit) is not None else 'todo'}  {unit.name}")
+        return 0
+    for unit in plan:
+        if store.load(unit) is not None:
+            continue
+        log(f"[{study.name}] {unit.name}")
+        start = time.perf_counter()
+        result = study.run(unit, args.work_dir.resolve())
+        store.save(unit, {**result, "seconds": round(time.perf_counter() - start, 1)})
+    text = study.report(store.results())
+    write_text_atomic(args.report, text)
+    print(text)
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, allow_nan=True))

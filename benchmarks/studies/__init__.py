@@ -1,0 +1,1 @@
+"""Benchmark studies on the one harness (:mod:`benchmarks.harness`), one module each."""

@@ -1,0 +1,155 @@
+"""How much data does DP need to pay off? The default recipe on subsamples of N training rows (docs/workflow.md
+"How much data").
+
+Per task, N and seed: the private LoRA adapter (train_glue.py's default: private LP-FT, batches fitted to N by
+``hf_dpmerge/scripts/data_size.py``), the private head at the same ε (``--train_lora false``) and the non-private
+head (``--train_lora false --dp false``), on the first N rows of the seeded stratified subsample
+(``--max_train_samples``; the same rows for every seed and arm), scored on the task's whole test split. The seed is
+the unit of the paired t-test of adapter − private head; Holm over the rows of the table. Nothing is tuned here:
+the recipe is the packaged default, chosen on the full select tasks' validation splits.
+
+    python -m benchmarks.studies.data_size --tasks rotten_tomatoes,bbc_news --sizes 100,300,1000,3000 --seeds 0,1,2
+    python -m benchmarks.studies.data_size --epsilons 4,16 --sizes 300,1000   # the ε each N needs
+    python -m benchmarks.studies.data_size --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from benchmarks import harness
+from benchmarks.harness import Unit
+from benchmarks.markdown import table
+from benchmarks.quality.significance import ALPHA, holm
+
+ARMS = {"adapter": [], "private_head": ["--train_lora", "false"],
+        "nonprivate_head": ["--train_lora", "false", "--dp", "false"]}
+FULL = 0
+"""N = 0 stands for the whole training split."""
+
+
+class DataSize:
+    name = "data_size"
+    schema = 1
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--tasks", default="rotten_tomatoes,bbc_news")
+        parser.add_argument("--sizes", default="100,300,1000,3000", help="N; 0 is the whole training split")
+        parser.add_argument("--seeds", default="0,1,2")
+        parser.add_argument("--epsilons", default="8")
+        parser.add_argument("--arms", default=",".join(ARMS))
+
+    def plan(self, args: argparse.Namespace) -> list[Unit]:
+        """Cheapest first (N ascending, heads before adapters), so a partial run already answers the small N."""
+        sizes = sorted(map(int, args.sizes.split(",")), key=lambda n: n or sys.maxsize)
+        units = []
+        for n in sizes:
+            for arm in args.arms.split(","):
+                for epsilon in map(float, args.epsilons.split(",")):
+                    if arm == "nonprivate_head" and epsilon != 8:
+                        continue  # no ε: once
+                    for task in args.tasks.split(","):
+                        for seed in map(int, args.seeds.split(",")):
+                            settings = {"task": task, "n": n, "arm": arm, "seed": seed,
+                                        "epsilon": None if arm == "nonprivate_head" else epsilon}
+                            eps = "" if settings["epsilon"] is None else f"-eps{epsilon:g}"
+                            units.append(Unit(f"{task}-n{n or 'full'}-{arm}{eps}-seed{seed}", settings))
+        return units
+
+    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
+        from benchmarks.recipe.run import train_in_process, validation_metrics
+        from hf_dpmerge.records.record import PrivacyRecord
+
+        s = unit.settings
+        runs_dir = work_dir / unit.name
+        argv = [*ARMS[s["arm"]], "--task", s["task"], "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
+                "--overwrite", "true", "--disable_tqdm", "true", "--prefix_cache_dir", str(work_dir / "prefix_cache")]
+        argv += ["--max_train_samples", str(s["n"])] if s["n"] else []
+        argv += ["--target_epsilon", f"{s['epsilon']:g}"] if s["epsilon"] is not None else []
+        summary, seconds, base_dir = train_in_process(s["task"], argv, s["seed"], work_dir)
+        record = PrivacyRecord.load(runs_dir / s["task"] / "adapter")
+        result = {"test": summary["test"]["accuracy"],
+                  "validation": validation_metrics(s["task"], runs_dir, base_dir)["accuracy"],
+                  "rows": record.num_samples, "expected_batch_size": record.expected_batch_size,
+                  "steps": record.steps, "epsilon": summary["epsilon"], "train_seconds": round(seconds, 1)}
+        shutil.rmtree(runs_dir, ignore_errors=True)
+        gc.collect()
+        return result
+
+    def report(self, stored: list[dict[str, Any]]) -> str:
+        cells: dict[tuple, dict[int, dict]] = {}
+        for unit in stored:
+            s = unit["settings"]
+            cells.setdefault((s["task"], s["n"], s["arm"], s["epsilon"]), {})[s["seed"]] = unit["result"]
+        rows, tests = [], []
+        keys = sorted({(task, n, eps) for task, n, arm, eps in cells if arm == "adapter"},
+                      key=lambda k: (k[0], k[1] or sys.maxsize, k[2]))
+        for task, n, eps in keys:
+            adapter, head = cells[(task, n, "adapter", eps)], cells.get((task, n, "private_head", eps), {})
+            nonprivate = cells.get((task, n, "nonprivate_head", None), {})
+            seeds = sorted(set(adapter) & set(head))
+            gains = [100 * (adapter[s]["test"] - head[s]["test"]) for s in seeds]
+            p = stats.ttest_rel([adapter[s]["test"] for s in seeds], [head[s]["test"] for s in seeds]).pvalue \
+                if len(seeds) >= 2 and len(set(gains)) > 1 else float("nan")
+            tests.append(p)
+            rows.append([task, str(next(iter(adapter.values()))["rows"]), f"{eps:g}", ",".join(map(str, seeds)),
+                         _mean(adapter), _mean(head), _mean(nonprivate), _mean_points(gains), _p(p),
+                         _minutes(adapter)])
+        finite = [i for i, p in enumerate(tests) if p == p]
+        adjusted = holm([tests[i] for i in finite]) if finite else []
+        for i, q in zip(finite, adjusted, strict=True):
+            rows[i].insert(9, _p(q) + (" *" if q < ALPHA else ""))
+        for i in set(range(len(rows))) - set(finite):
+            rows[i].insert(9, "–")
+        header = ["task", "N", "ε", "seeds", "private adapter", "private head", "non-private head",
+                  "adapter − head (points)", "p", "Holm", "adapter min"]
+        return ("# How much data: the default recipe by training-set size\n\n"
+                "Generated by `python -m benchmarks.studies.data_size` from its stored units; test accuracy (%) on "
+                "the whole test split, mean ± sd over seeds; N the training rows; paired t-test over seeds, Holm "
+                f"over the table's rows (* < {ALPHA}).\n\n" + table(header, rows) + "\n" + _needed(keys, cells))
+
+
+def _needed(keys: list[tuple], cells: dict) -> str:
+    """Per (task, N): the smallest ε of the grid at which the adapter's mean beats the private head's."""
+    lines = []
+    for task, n in sorted({(t, n) for t, n, _ in keys}, key=lambda k: (k[0], k[1] or sys.maxsize)):
+        grid = sorted(eps for t, m, eps in keys if (t, m) == (task, n))
+        if len(grid) < 2:
+            continue
+        beats = [eps for eps in grid if cells.get((task, n, "private_head", eps)) and
+                 statistics.fmean(r["test"] for r in cells[(task, n, "adapter", eps)].values())
+                 > statistics.fmean(r["test"] for r in cells[(task, n, "private_head", eps)].values())]
+        lines.append(f"- {task}, N = {n or 'all'}: the adapter's mean beats the private head's from ε = "
+                     f"{min(beats):g} on the grid {grid}" if beats else
+                     f"- {task}, N = {n or 'all'}: the adapter's mean beats the private head's at no ε of {grid}")
+    return ("\nThe ε each N needs for the adapter to beat the head:\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def _mean(by_seed: dict) -> str:
+    values = [100 * r["test"] for r in by_seed.values()]
+    return "–" if not values else f"{statistics.fmean(values):.1f}" + (
+        f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
+
+
+def _mean_points(gains: list[float]) -> str:
+    return "–" if not gains else f"{statistics.fmean(gains):+.2f}"
+
+
+def _p(p: float) -> str:
+    return "–" if p != p else f"{p:.3f}"
+
+
+def _minutes(by_seed: dict) -> str:
+    return f"{statistics.fmean(r['train_seconds'] for r in by_seed.values()) / 60:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(DataSize()))
