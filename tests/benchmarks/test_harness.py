@@ -1,0 +1,83 @@
+"""The one benchmark harness: a store that reuses a unit only when schema and settings match, a main that runs
+what is missing and writes the report from every stored unit; the data-size study's plan and report on it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.harness import Store, Unit
+from benchmarks.studies.data_size import DataSize
+
+
+class Squares:
+    """A toy study: one unit per x, its result x²; counts the units it runs."""
+
+    name = "squares"
+    schema = 1
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--xs", default="1,2,3")
+        parser.add_argument("--offset", type=int, default=0)
+
+    def plan(self, args: argparse.Namespace) -> list[Unit]:
+        return [Unit(f"x{x}", {"x": int(x), "offset": args.offset}) for x in args.xs.split(",")]
+
+    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
+        self.ran.append(unit.name)
+        return {"value": unit.settings["x"] ** 2 + unit.settings["offset"]}
+
+    def report(self, stored: list[dict[str, Any]]) -> str:
+        return "\n".join(f"{unit['name']}: {unit['result']['value']}" for unit in stored) + "\n"
+
+
+def test_a_unit_is_reused_only_while_its_schema_and_settings_match(tmp_path: Path) -> None:
+    store = Store(tmp_path, schema=2)
+    unit = Unit("a", {"lr": 0.1})
+    store.save(unit, {"score": 1.0})
+    assert store.load(unit) == {"score": 1.0}
+    assert store.load(Unit("a", {"lr": 0.2})) is None
+    assert Store(tmp_path, schema=3).load(unit) is None and Store(tmp_path, schema=3).results() == []
+
+
+def test_main_runs_what_is_missing_and_reports_every_stored_unit(tmp_path: Path, capsys) -> None:
+    paths = ["--units-dir", str(tmp_path / "units"), "--report", str(tmp_path / "REPORT.md"),
+             "--work-dir", str(tmp_path / "work")]
+    study = Squares()
+    assert harness.main(study, [*paths, "--xs", "1,2"], log=lambda _: None) == 0
+    assert study.ran == ["x1", "x2"] and (tmp_path / "REPORT.md").read_text() == "x1: 1\nx2: 4\n"
+    harness.main(study, [*paths, "--xs", "1,2,3"], log=lambda _: None)
+    assert study.ran == ["x1", "x2", "x3"]  # x1, x2 reused
+    harness.main(study, [*paths, "--xs", "1", "--offset", "5"], log=lambda _: None)
+    assert study.ran[-1] == "x1" and "x1: 6" in (tmp_path / "REPORT.md").read_text()  # a changed setting reruns
+    capsys.readouterr()
+    harness.main(study, [*paths, "--xs", "1,4", "--offset", "5", "--plan"])
+    assert capsys.readouterr().out.split("\n")[:2] == ["done  x1", "todo  x4"]
+    harness.main(study, [*paths, "--report-only"])
+    assert len(study.ran) == 4
+
+
+def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: Path) -> None:
+    study = DataSize()
+    parser = argparse.ArgumentParser()
+    study.add_arguments(parser)
+    plan = study.plan(parser.parse_args(["--tasks", "t", "--sizes", "0,100", "--seeds", "0,1,2"]))
+    assert [u.settings["n"] for u in plan][:9] == [100] * 9 and plan[-1].settings["n"] == 0  # cheapest first
+    stored = []
+    for unit in plan:
+        s = unit.settings
+        test = {"adapter": 0.80, "private_head": 0.78, "nonprivate_head": 0.85}[s["arm"]] + 0.001 * s["seed"] ** 2
+        stored.append({"name": unit.name, "settings": s,
+                       "result": {"test": test - (0.002 * s["seed"] if s["arm"] == "private_head" else 0),
+                                  "rows": s["n"] or 900, "train_seconds": 60.0}})
+    text = study.report(stored)
+    row = next(line for line in text.splitlines() if line.startswith("| t | 100 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4:7] == ["80.2 ± 0.2", "78.0 ± 0.1", "85.2 ± 0.2"]
+    assert cells[7] == "+2.20"  # 2.0, 2.2, 2.4 points over seeds 0, 1, 2
+    assert float(cells[8]) < 0.05 and cells[9] != "–"
