@@ -4,6 +4,7 @@ DP-SGD LoRA on the top layers from it; ``--lora_recipe one_phase``: DP-SGD + DP-
     accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
+    accelerate launch examples/train_glue.py --train_file notes.csv --label_names neg,pos    # your own data
 
 Every ScriptArguments / DPSAMConfig / TrainingArguments field is a flag (``--target_epsilon``, ``--sam_mode``,
 ``--no-dp``, ``--lora_r``…); the tuned DP recipe (hf_dpmerge/training/recipe.py) comes first, so any flag overrides

@@ -5,6 +5,7 @@ phase): the workflow behind ``examples/train_glue.py`` (:func:`shared_base`, :fu
     accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
     accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
+    accelerate launch examples/train_glue.py --train_file notes.csv --label_names neg,pos    # your own data
 
 Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…), each
 honoured or refused (docs/bad-inputs.md has the table): the flags of :data:`TRAIN_GLUE_REFUSED_FLAGS` are
@@ -325,7 +326,7 @@ def load_training_data(task: str, source: DatasetSource | None, script: ScriptAr
 
 def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
                resume: str | bool | None = None) -> dict | None:
-    """Train one task on its loaded ``data`` (``resume``: a checkpoint, or True for the last complete one); returns
+    """Train one task on its loaded ``task_data`` (``resume``: a checkpoint, or True for the last complete one); returns
     its summary on the process that writes the outputs, None on the others. ``--eval_strategy`` evaluates on the
     validation split, private data like the training split: those logs are not covered by the DP guarantee."""
     splits, spec = task_data
