@@ -238,6 +238,7 @@ def workdir(merge_runs) -> Path:
 
 
 ADAPTERS = ["./runs/a/encoder_adapter", "./runs/b/encoder_adapter"]
+WEIGHT = "    parameters: {weight: 1.0}\n"  # mergekit's task_arithmetic needs each input's
 
 
 def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> int:
@@ -268,6 +269,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
          "unknown per-model parameter 'epsilon'"),
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS).replace(
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
+        (lora_config_yaml("task_arithmetic", "./runs/other_base", ADAPTERS, per_model=WEIGHT),
+         "input ./runs/other_base+./runs/a/encoder_adapter was trained on another base model"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
         (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/truncated"]),
@@ -282,8 +285,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
          "task_arithmetic: parameters.lambda = 'abc': Input should be a valid number"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "guarantee_override", "mixed_bases", "dora", "truncated", "top_level_typo",
-         "model_level_typo", "no_scale", "bad_value"],
+         "invalid_override", "guarantee_override", "mixed_bases", "stock_method_other_base", "dora", "truncated",
+         "top_level_typo", "model_level_typo", "no_scale", "bad_value"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:
