@@ -104,14 +104,19 @@ def _evaluation_rows(evaluation: EvaluationReport) -> list[list[str]]:
     return rows
 
 
-def _fingerprint_text(records: Mapping[str, PrivacyRecord]) -> str | None:
+def _fingerprint_text(records: Mapping[str, PrivacyRecord], base_checked: bool) -> str | None:
+    """What the card says of the adapters' base fingerprints; that they match the merge's base only when
+    ``base_checked`` (:func:`hf_dpmerge.hub.staging.check_release_base` checked every one against it)."""
     hashes = {t: r.base_model_hash.split(":")[-1][:16] for t, r in records.items() if r.base_model_hash}
-    if hashes and len(set(hashes.values())) == 1 and len(hashes) == len(records):
+    if base_checked and len(set(hashes.values())) == 1 and len(hashes) == len(records):
         return (f"All adapters record the same base fingerprint (`base_model_hash`, SHA-256 over the base tensors "
-                f"they modify): `{next(iter(hashes.values()))}…`.")
+                f"they modify): `{next(iter(hashes.values()))}…`, that of the base this model was merged from "
+                "(checked when the release was staged).")
     if hashes:
-        return ("Base fingerprints recorded by the adapters (`base_model_hash`, SHA-256 over the base tensors each "
-                "modifies; adapters modifying different tensors differ): "
+        checked = ("each checked against the base this model was merged from" if base_checked
+                   else "not checked against the base this model was merged from")
+        return (f"Base fingerprints recorded by the adapters (`base_model_hash`, SHA-256 over the base tensors each "
+                f"modifies; adapters modifying different tensors differ; {checked}): "
                 + ", ".join(f"`{t}`: `{h}…`" for t, h in hashes.items()) + ".")
     return None
 
@@ -133,6 +138,7 @@ def build_model_card(
     local_roots: Sequence[str | os.PathLike] = (),
     selection: SelectionRecord | None = None,
     shared_encoder: bool = False,
+    base_checked: bool = False,
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
 
@@ -143,6 +149,7 @@ def build_model_card(
     ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private hyper-parameter selection
     and the composed total. ``shared_encoder``: the release stages the merged encoder once at its root and each
     ``<task>/`` folder holds only its head (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`).
+    ``base_checked``: every record's base fingerprint was checked against the merge's base (the card then says so).
     """
     if not records:
         raise ValueError("a model card needs the privacy record of at least one adapter")
@@ -178,7 +185,7 @@ def build_model_card(
         method=merge.method,
         merge_text=merge.text.rstrip() if merge.text is not None else None,
         merge_source=merge.source,
-        fingerprint_text=_fingerprint_text(records),
+        fingerprint_text=_fingerprint_text(records, base_checked),
         heads=list((heads or {}).values()),
         evaluation=evaluation,
         evaluation_rows=_evaluation_rows(evaluation) if evaluation is not None else [],
