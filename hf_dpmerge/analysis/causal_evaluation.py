@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.evaluation_report import mean_of_defined
-from hf_dpmerge.analysis.merged_origin import check_merged_from_base
+from hf_dpmerge.analysis.merged_origin import check_is_merge, check_merges_runs
 from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_rows, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
 from hf_dpmerge.data.instructions import verbaliser_choices
@@ -189,10 +189,11 @@ def evaluate_causal_runs(
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
     check_model_dirs(base_dir, merged_dir)
+    check_is_merge(base_dir, merged_dir)
     device = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
-    check_merged_from_base(base_dir, merged_dir, runs)
+    check_merges_runs(runs_dir, base_dir, merged_dir, runs)
     splits = {run.name: task_rows(run, split, max_samples=max_eval_samples) for run in runs}
     scores: dict[str, dict[str, float]] = {run.name: {} for run in runs}
 

@@ -24,7 +24,7 @@ from hf_dpmerge.analysis.evaluation_report import (
     EvaluationReport,
     TaskEvaluation,
 )
-from hf_dpmerge.analysis.merged_origin import check_merged_from_base
+from hf_dpmerge.analysis.merged_origin import check_is_merge, check_merges_runs
 from hf_dpmerge.analysis.runs_layout import TaskRun, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
 from hf_dpmerge.data.metrics import (
@@ -83,16 +83,20 @@ def evaluate_runs(
     task and per batch of each of its three models. ``floor_runs``: a runs folder of head-only releases
     (``--train_lora false``) of the same tasks at the same ε; the floor is then each task's private head (the
     strongest baseline a user could run) and the base encoder with the adapter's own head is kept as ``own_head``.
+    ``merged_dir`` must be a merge of the runs scored (:mod:`~hf_dpmerge.analysis.merged_origin`: not the base itself,
+    its ``mergekit_config.yml`` merging each of them, every one trained on its base); it is refused before any
+    model is scored otherwise.
     """
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
     check_model_dirs(base_dir, merged_dir)
+    check_is_merge(base_dir, merged_dir)
     device = resolve_device(device)
     results = []
     from tqdm.auto import tqdm
 
     runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
-    check_merged_from_base(base_dir, merged_dir, runs)
+    check_merges_runs(runs_dir, base_dir, merged_dir, runs)
     for run in tqdm(runs, desc="tasks", unit="task", disable=not progress):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])

@@ -12,6 +12,10 @@ Example::
     hf-dpmerge evaluate --max_eval_samples 200        # a quick look on a stratified subset of each test split
     hf-dpmerge evaluate --runs runs_causal --merged merged_causal   # causal-LM runs (examples/train_causal_lm.py)
 
+``--merged`` must be a merge of the runs scored: the runs' base itself, a folder without ``mergekit_config.yml``, one
+that merges none (or not each) of the tasks, and runs trained on another base than the merge's are refused before
+anything is scored or written.
+
 Causal-LM runs (their base a ``*ForCausalLM``) are scored by verbaliser log-likelihood, with the zero-shot base
 as the floor and gain retained = (merged − floor) / (individual − floor) per task.
 """

@@ -4,8 +4,9 @@
 DIR``, ``--cuda``, …) goes to mergekit unchanged. It runs :func:`hf_dpmerge.merging.run.merge`: the merge is
 written into a temporary directory beside OUT and renamed into place only when it succeeded, so a failed or
 killed merge leaves nothing at OUT; an existing non-empty OUT is refused, and with ``--overwrite`` replaced only if
-it holds a previous merge; misspelt keys are refused and ``cauchy_poe``/``dp_aware`` inputs are checked before
-anything is written. This policy is this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour.
+it holds a previous merge; misspelt keys are refused, every input whose privacy record names another base is refused
+whatever the method, and ``cauchy_poe``/``dp_aware`` inputs are checked in full before anything is written. This
+policy is this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour (a stock method checks no base).
 ``hf-dpmerge merge --list-methods`` lists the
 merge methods mergekit knows, ours included.
 
@@ -13,8 +14,8 @@ merge methods mergekit knows, ours included.
 instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``task_arithmetic``,
 ``dp_aware``, ``cauchy_poe`` or ``safe_merge``, ``models:`` as ``base+adapter``) without mergekit, honouring every
 setting whose merge is exact in factor space and refusing the others by name
-(:mod:`~hf_dpmerge.merging.adapter_merge_config`); mergekit's options (``--lora-merge-cache``, …) are ignored
-with a note.
+(:mod:`~hf_dpmerge.merging.adapter_merge_config`) and inputs whose record names another base; mergekit's options
+(``--lora-merge-cache``, …) are ignored with a note.
 """
 
 from __future__ import annotations
@@ -72,12 +73,17 @@ def _click_command(overwrite: bool):
 
 
 def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
-    """The ``--as-adapter`` merge of the YAML at ``config_path`` into the adapter ``out_path``."""
+    """The ``--as-adapter`` merge of the YAML at ``config_path`` into the adapter ``out_path``; as for a dense merge,
+    every input whose privacy record names another base than the YAML's is refused first."""
     from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
     from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
     from hf_dpmerge.merging.config_edit import read_merge_config
+    from hf_dpmerge.merging.run import parse_config
+    from hf_dpmerge.merging.validation import check_recorded_bases
 
-    arguments = adapter_merge_arguments(read_merge_config(config_path))
+    config = read_merge_config(config_path)
+    arguments = adapter_merge_arguments(config)
+    check_recorded_bases(parse_config(config)[0])
     return merge_shared_a_adapters(out_dir=out_path, overwrite=overwrite, **arguments)
 
 

@@ -7,6 +7,9 @@ Example::
     hf-dpmerge push merged/ --dry-run             # write the card + staged folder, list files, no network
     hf-dpmerge push merged_causal/ --runs runs_causal --dry-run   # a merged causal LM (examples/train_causal_lm.py)
 
+An adapter whose privacy record names another base than the merge's (the ``base_model`` of MERGED_DIR's
+``mergekit_config.yml``, else ``<runs>/base``) is refused before anything is staged.
+
 Causal-LM runs release the merged LM itself at the repository root (``pipeline("text-generation")``) with each
 task's ``<task>/dp_privacy.json``; their ``--eval_json`` is the causal ``results.json`` of ``hf-dpmerge evaluate``.
 """
@@ -22,7 +25,7 @@ from hf_dpmerge.data.tasks import parse_task_list
 from hf_dpmerge.hub.causal_release import push_merged_causal_lm
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, push_merged_model
 from hf_dpmerge.hub.staging import PushError, default_staging_dir
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, run_adapters
+from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, run_adapters
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             base_model=args.base_model,
             license=args.license,
             allow_seeded=args.allow_seeded,
+            runs_base=Path(args.runs) / BASE_DIR,
         )
     except network_errors as err:
         print(f"hf-dpmerge push: upload to the Hub failed: {err}", file=sys.stderr)

@@ -24,7 +24,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from hf_dpmerge.hub.model_card import CARD_TAGS, MergeRecipe, _common, _fingerprint_text, hub_model_id
 from hf_dpmerge.hub.push import PushResult, release_staged
-from hf_dpmerge.hub.staging import PushError, load_task_record, place_file
+from hf_dpmerge.hub.staging import PushError, check_release_base, load_task_record, place_file
 from hf_dpmerge.records.card import render_card
 from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
@@ -58,11 +58,12 @@ def _evaluation_rows(evaluation: Mapping) -> list[list[str]]:
 def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, merge: MergeRecipe,
                       evaluation: Mapping | None = None, base_model: str | None = None,
                       license: str = "apache-2.0", local_roots=(), selection: SelectionRecord | None = None,
-                      fingerprints: Mapping[str, str] | None = None) -> ModelCard:
+                      fingerprints: Mapping[str, str] | None = None, base_checked: bool = False) -> ModelCard:
     """The card of a merged causal LM built from the causal-LM adapters whose privacy ``records`` are given;
     ``selection`` (``dp_selection.json`` of ``hf-dpmerge tune``) adds the private choice of the merge's
     hyper-parameters and states the composed total, refused unless the adapters are the ones it was made with
-    (``fingerprints``: task → :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`)."""
+    (``fingerprints``: task → :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`); ``base_checked``: every
+    record's base fingerprint was checked against the merge's base."""
     hub_base = hub_model_id(base_model or _common([r.extra.get("base_model_hub_id") for r in records.values()]),
                             local_roots)
     data = ModelCardData(license=license, base_model=hub_base, base_model_relation="merge" if hub_base else None,
@@ -73,7 +74,7 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
         "causal_merged", data, statement, title=repo_id.split("/")[-1], tasks=list(records),
         kind="differentially private (DP-SGD) LoRA adapters" if statement.private else "LoRA adapters",
         base_model=hub_base, method=merge.method, merge_text=merge.text.rstrip() if merge.text else None,
-        merge_source=merge.source, fingerprint_text=_fingerprint_text(records), evaluation=evaluation,
+        merge_source=merge.source, fingerprint_text=_fingerprint_text(records, base_checked), evaluation=evaluation,
         evaluation_rows=_evaluation_rows(evaluation) if evaluation else [], repo_id=repo_id,
         verbalisers={task: r.extra.get("verbalisers") or [] for task, r in records.items()},
         unended_tasks=[task for task, r in records.items() if not r.answer_end_trained],
@@ -111,11 +112,13 @@ def push_merged_causal_lm(
     license: str = "apache-2.0",
     endpoint: str | None = None,
     allow_seeded: bool = False,
+    runs_base: str | os.PathLike | None = None,
 ) -> PushResult:
     """Stage the merged causal LM + each task's privacy record + the card, then upload (or, ``dry_run``, keep the
     folder). ``evaluation`` is the causal ``results.json`` of ``hf-dpmerge evaluate`` (``model_kind: causal_lm``).
     A merge chosen by ``hf-dpmerge tune`` (its ``dp_selection.json``) is released under the composed total.
-    Seeded adapters or a seeded selection are refused unless ``allow_seeded`` (the card then warns)."""
+    Seeded adapters or a seeded selection are refused unless ``allow_seeded`` (the card then warns), and so are
+    adapters trained on another base than the merge's (:func:`~hf_dpmerge.hub.staging.check_release_base`)."""
     from huggingface_hub.utils import validate_repo_id
 
     validate_repo_id(repo_id)
@@ -128,11 +131,12 @@ def push_merged_causal_lm(
     records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
     selection = find_selection_record(merged_dir)
     check_unseeded_release(records, allow_seeded, "--allow-seeded", selection)
+    local_roots = [merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())]
     card = causal_model_card(
         records, repo_id=repo_id, merge=MergeRecipe.load(merged_dir, merge_config), evaluation=evaluation,
-        base_model=base_model, license=license, selection=selection,
+        base_model=base_model, license=license, selection=selection, local_roots=local_roots,
         fingerprints={task: adapter_fingerprint(path) for task, path in adapter_dirs.items()} if selection else None,
-        local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
+        base_checked=check_release_base(merged_dir, records, runs_base, local_roots),
     )
     card_text = str(card)
     return release_staged(

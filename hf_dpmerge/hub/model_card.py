@@ -154,14 +154,19 @@ def _evaluation_columns(evaluation: EvaluationReport) -> tuple[list[tuple[str, s
     return [(COLUMN_LABELS[key], text) for key, text in definitions.items()], rows
 
 
-def _fingerprint_text(records: Mapping[str, PrivacyRecord]) -> str | None:
+def _fingerprint_text(records: Mapping[str, PrivacyRecord], base_checked: bool) -> str | None:
+    """What the card says of the adapters' base fingerprints; that they match the merge's base only when
+    ``base_checked`` (:func:`hf_dpmerge.hub.staging.check_release_base` checked every one against it)."""
     hashes = {t: r.base_model_hash.split(":")[-1][:16] for t, r in records.items() if r.base_model_hash}
-    if hashes and len(set(hashes.values())) == 1 and len(hashes) == len(records):
+    if base_checked and len(set(hashes.values())) == 1 and len(hashes) == len(records):
         return (f"All adapters record the same base fingerprint (`base_model_hash`, SHA-256 over the base tensors "
-                f"they modify): `{next(iter(hashes.values()))}…`.")
+                f"they modify): `{next(iter(hashes.values()))}…`, that of the base this model was merged from "
+                "(checked when the release was staged).")
     if hashes:
-        return ("Base fingerprints recorded by the adapters (`base_model_hash`, SHA-256 over the base tensors each "
-                "modifies; adapters modifying different tensors differ): "
+        checked = ("each checked against the base this model was merged from" if base_checked
+                   else "not checked against the base this model was merged from")
+        return (f"Base fingerprints recorded by the adapters (`base_model_hash`, SHA-256 over the base tensors each "
+                f"modifies; adapters modifying different tensors differ; {checked}): "
                 + ", ".join(f"`{t}`: `{h}…`" for t, h in hashes.items()) + ".")
     return None
 
@@ -184,6 +189,7 @@ def build_model_card(
     selection: SelectionRecord | None = None,
     fingerprints: Mapping[str, str] | None = None,
     shared_encoder: bool = False,
+    base_checked: bool = False,
 ) -> ModelCard:
     """The Hub card of a merged model built from the adapters whose privacy ``records`` are given.
 
@@ -195,7 +201,8 @@ def build_model_card(
     and the composed total, refused unless the adapters are the ones it was made with (``fingerprints``: task →
     :func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`). ``shared_encoder``: the release stages the merged
     encoder once at its root and each ``<task>/`` folder holds only its head
-    (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`).
+    (:func:`hf_dpmerge.modeling.stock_release.write_task_head_folder`). ``base_checked``: every record's base
+    fingerprint was checked against the merge's base (the card then says so).
     """
     if not records:
         raise ValueError("a model card needs the privacy record of at least one adapter")
@@ -232,7 +239,7 @@ def build_model_card(
         method=merge.method,
         merge_text=merge.text.rstrip() if merge.text is not None else None,
         merge_source=merge.source,
-        fingerprint_text=_fingerprint_text(records),
+        fingerprint_text=_fingerprint_text(records, base_checked),
         heads=list((heads or {}).values()),
         evaluation=evaluation,
         evaluation_columns=columns,

@@ -17,6 +17,7 @@ from hf_dpmerge.hub.staging import (
     STAGING_MARKER,
     PushError,
     check_merged_dir,
+    check_release_base,
     default_staging_dir,
     extract_head,
     load_task_record,
@@ -61,6 +62,7 @@ def push_merged_model(
     license: str = "apache-2.0",
     endpoint: str | None = None,
     allow_seeded: bool = False,
+    runs_base: str | os.PathLike | None = None,
 ) -> PushResult:
     """Stage ``merged_dir`` + each task's head and privacy record + the card, then upload (or not).
 
@@ -75,7 +77,9 @@ def push_merged_model(
     the ``seeded`` field), and a merge chosen by a seeded ``hf-dpmerge tune``/``evolve`` (its ``dp_selection.json``
     says ``seeded`` true, or predates the field), are refused unless ``allow_seeded``; the card then warns that the
     seed undoes the noise. A merge chosen by ``hf-dpmerge tune``/``evolve`` is released only with the adapters its
-    selection was made with (their fingerprints), under the composed total.
+    selection was made with (their fingerprints), under the composed total. An adapter whose record's base
+    fingerprint is not that of the merge's base (the one its ``mergekit_config.yml`` names, else ``runs_base``: the
+    runs' ``base/``) is refused (:func:`~hf_dpmerge.hub.staging.check_release_base`).
     """
     from huggingface_hub.utils import validate_repo_id
 
@@ -90,6 +94,9 @@ def push_merged_model(
     records = {task: load_task_record(task, path) for task, path in adapter_dirs.items()}
     selection = find_selection_record(merged_dir)
     check_unseeded_release(records, allow_seeded, "--allow-seeded", selection)
+    # where relative base paths (runs/base) were written from: beside the merged dir or runs/
+    local_roots = [merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())]
+    base_checked = check_release_base(merged_dir, records, runs_base, local_roots)
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
     shared = shares_encoder(merged_dir)
     card = build_model_card(
@@ -100,11 +107,11 @@ def push_merged_model(
         evaluation=evaluation,
         base_model=base_model,
         license=license,
-        # where relative base paths (runs/base) were written from: beside the merged dir or runs/
-        local_roots=[merged_dir.resolve().parent, *(p.resolve().parent.parent.parent for p in adapter_dirs.values())],
+        local_roots=local_roots,
         selection=selection,
         fingerprints={task: adapter_fingerprint(path) for task, path in adapter_dirs.items()} if selection else None,
         shared_encoder=shared,
+        base_checked=base_checked,
     )
     card_text = str(card)
     return release_staged(

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from hf_dpmerge.hub.model_card import HeadInfo
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
+from hf_dpmerge.records.merge_base import check_trained_on, merge_base_dir
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.utils.own_output import check_own_output
@@ -66,6 +67,18 @@ def check_merged_dir(merged_dir: Path) -> None:
             "(hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST); remove these files from the merged directory "
             "(or move them elsewhere) and push again"
         )
+
+
+def check_release_base(merged_dir: Path, records: Mapping[str, PrivacyRecord], runs_base: str | os.PathLike | None,
+                       roots: Sequence[Path]) -> bool:
+    """Refuse a task whose adapter was trained on another base than the merge's (``mergekit_config.yml``'s
+    ``base_model``, relative ones looked up under ``roots`` too, else ``runs_base``:
+    :func:`~hf_dpmerge.records.merge_base.merge_base_dir`); True when every record was checked against it (the card
+    may then say so)."""
+    base_dir = merge_base_dir(merged_dir, runs_base, roots)
+    return base_dir is not None and check_trained_on(
+        records, base_dir, "push a merge of adapters trained on that base (hf-dpmerge merge refuses the others), or "
+                           "pass --runs with the runs this merge was made from")
 
 
 def _skipped(rel: PurePosixPath) -> bool:

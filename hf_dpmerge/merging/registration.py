@@ -6,9 +6,11 @@ imported. That only registers ``cauchy_poe`` and ``dp_aware``: stock mergekit (`
 ``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
 
 :func:`check_config` is what ``hf-dpmerge merge`` (:func:`hf_dpmerge.merging.run.merge`) checks before writing
-anything: an unknown method name, and for ``cauchy_poe``/``dp_aware`` unknown parameter keys, a missing scale and
-every input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods check each
-input when they merge its first tensor (mergekit's own output handling applies).
+anything: an unknown method name; for every method, each input's privacy record against the merge base (its
+recorded base fingerprint); for ``cauchy_poe``/``dp_aware`` also unknown parameter keys, a missing scale and every
+input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods check each
+input when they merge its first tensor (mergekit's own output handling applies); mergekit's own methods check no
+base there.
 """
 
 from __future__ import annotations
@@ -62,19 +64,20 @@ def check_parameter_values(merge_config: Any) -> None:
 
 
 def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
-    """Reject an unknown method; for our methods, also unknown YAML keys and bad inputs, before any output exists."""
+    """Reject an unknown method and, whatever the method, an input whose privacy record names another base; for our
+    methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.inputs import input_settings, require_private
     from hf_dpmerge.merging.methods import ALLOW_NON_PRIVATE, METHODS
     from hf_dpmerge.merging.safe_merge import check_safe_merge_config, safe_merge
-    from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
+    from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys, check_recorded_bases
 
     check_method_name(merge_config.merge_method)
     check_parameter_values(merge_config)
-    if merge_config.merge_method == safe_merge.spec.name:
-        check_safe_merge_config(merge_config)
-        return
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
-    if method is None:
+    if method is None:  # mergekit's own methods and safe_merge: every recorded base, mergekit checks the rest
+        if merge_config.merge_method == safe_merge.spec.name:
+            check_safe_merge_config(merge_config)
+        check_recorded_bases(merge_config)
         return
     check_parameter_keys(
         merge_config,

@@ -3,7 +3,8 @@
 mergekit drops unknown YAML keys silently, so :func:`check_parameter_keys` rejects them; :func:`check_inputs` checks
 every input: directories exist, adapters are plain LoRA, shapes match the base, no weight is NaN or infinite, every
 adapter is applied to the merge base's weights (no mixed bases), records parse and stay valid under the per-model
-overrides, each adapter's record is its own, and each record's base fingerprint matches the merge base.
+overrides, each adapter's record is its own, and each record's base fingerprint matches the merge base. For
+mergekit's own methods :func:`check_recorded_bases` checks that last point alone.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from hf_dpmerge.merging.inputs import (
     adapter_weights,
     apply_overrides,
     check_finite,
+    input_directory,
     input_record,
     input_settings,
     missing_record,
     record_overrides,
 )
-from hf_dpmerge.records.fingerprint import base_fingerprint, directory_base_tensors
+from hf_dpmerge.records.fingerprint import directory_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.utils.io import require_model_source
 
@@ -71,13 +73,7 @@ def _check_same_base(reference: ModelReference, base_dir: str) -> None:
     if os.path.realpath(model_dir) == os.path.realpath(base_dir):
         return
     names = sorted(adapter_weights(reference.lora.path).factors)
-    try:
-        same = base_fingerprint(directory_base_tensors(model_dir, names)) == base_fingerprint(
-            directory_base_tensors(base_dir, names)
-        )
-    except KeyError:
-        same = False
-    if not same:
+    if directory_fingerprint(model_dir, names) != directory_fingerprint(base_dir, names):  # missing ones differ too
         raise ValueError(
             f"input {reference} applies its adapter to {model_dir}, but the merge base is {base_dir} and the "
             "weights the adapter modifies differ: mixed base models in one merge; give every input the merge base"
@@ -113,15 +109,35 @@ def _check_fingerprint(reference: ModelReference, record: PrivacyRecord, base_di
     if not record.base_model_hash or not record.base_model_hash_tensors:
         warnings.warn(f"input {reference}: its privacy record has no base fingerprint; base not checked", stacklevel=2)
         return
-    try:
-        actual = base_fingerprint(directory_base_tensors(base_dir, record.base_model_hash_tensors))
-    except KeyError as err:
-        actual = f"(missing tensors: {err})"
+    actual = directory_fingerprint(base_dir, record.base_model_hash_tensors)
     if actual != record.base_model_hash:
         raise ValueError(
             f"input {reference} was trained on another base model: its privacy record's base_model_hash "
             f"{record.base_model_hash} does not match {base_dir} {actual}; merge adapters trained from this base"
         )
+
+
+def _record_base(reference: ModelReference, base: ModelReference | None) -> str | None:
+    """The base directory an input's record must match: the merge base, else (no ``base_model``) the model a
+    ``base+adapter`` input applies its adapter to; None where there is none to check against."""
+    target = base if base is not None else ModelReference(model=reference.model) if reference.lora else None
+    if target is None or target.lora:
+        return None
+    require_model_source(target.model.path, "base model")
+    return target.local_path()
+
+
+def check_recorded_bases(config: MergeConfiguration) -> None:
+    """Every local input that carries a privacy record was trained on the merge base (its recorded base fingerprint,
+    :func:`_check_fingerprint`): what ``hf-dpmerge merge`` checks for mergekit's own methods, whose other checks
+    stay mergekit's (:func:`check_inputs` checks it for ours, with the rest). Hub inputs are left to mergekit."""
+    for reference, _, base in input_settings(config):
+        directory = input_directory(reference)
+        if reference == base or directory is None or not directory.is_dir():
+            continue
+        record = input_record(reference)
+        if record is not None and (base_dir := _record_base(reference, base)) is not None:
+            _check_fingerprint(reference, record, base_dir)
 
 
 def _check_weights(reference: ModelReference, base_shapes: Mapping[str, tuple[int, ...]]) -> None:

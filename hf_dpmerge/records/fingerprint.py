@@ -95,3 +95,12 @@ def directory_base_tensors(base_dir: str | Path, names: Iterable[str]) -> dict[s
         with safe_open(index[name], "pt") as handle:
             tensors[name] = handle.get_tensor(name)
     return tensors
+
+
+def directory_fingerprint(base_dir: str | Path, names: Iterable[str]) -> str:
+    """:func:`base_fingerprint` of the named tensors of a saved base directory, or ``(missing tensors: …)`` when it
+    lacks some (never equal to a recorded fingerprint)."""
+    try:
+        return base_fingerprint(directory_base_tensors(base_dir, names))
+    except KeyError as err:
+        return f"(missing tensors: {err})"

@@ -1,5 +1,6 @@
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -16,8 +17,8 @@ from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
 from hf_dpmerge.records.record import PrivacyRecordError
-from tests.utils.merging_builders import save_shared_a_adapter
-from tests.utils.runs_builders import MAX_LENGTH, runs_record, save_fake_adapter
+from tests.utils.merging_builders import lora_config_yaml, save_shared_a_adapter
+from tests.utils.runs_builders import MAX_LENGTH, fake_merge_config, runs_record, save_fake_adapter
 from tests.utils.tiny_models import save_tiny_bert, save_tiny_llama, tiny_tokenizer
 
 
@@ -70,12 +71,15 @@ def test_evaluate_runs_scores_retention_and_epsilon(fake_runs, capsys):
     assert avg["interference"] == pytest.approx((bbc.interference + tweets.interference) / 2)
 
 
-def test_evaluate_scores_the_floor_beside_the_adapter_and_the_merge(fake_runs):
-    """The floor is the unmodified base encoder with the task's own head: scoring the base as the "merged"
-    model must give exactly the floor; gain retained is (merged − floor)/(individual − floor) or below floor."""
+def test_evaluate_scores_the_floor_beside_the_adapter_and_the_merge(fake_runs, tmp_path):
+    """The floor is the unmodified base encoder with the task's own head: scoring a merge at weight 0 (the base's
+    weights) as the "merged" model must give exactly the floor; gain retained is (merged − floor)/(individual −
+    floor) or below floor."""
     report = evaluate_runs(fake_runs["runs"], fake_runs["merged"], max_eval_samples=30, max_length=MAX_LENGTH,
                            log=lambda line: None)
-    on_base = evaluate_runs(fake_runs["runs"], fake_runs["base"], ["bbc", "election_tweets"], max_eval_samples=30,
+    at_zero = shutil.copytree(fake_runs["base"], tmp_path / "at_zero")
+    (at_zero / "mergekit_config.yml").write_text(fake_merge_config({"bbc": 0.0, "election_tweets": 0.0}))
+    on_base = evaluate_runs(fake_runs["runs"], at_zero, ["bbc", "election_tweets"], max_eval_samples=30,
                             max_length=MAX_LENGTH, log=lambda line: None)
     floors = {t.task: t.floor for t in report.tasks}
     assert floors == {t.task: t.merged for t in on_base.tasks} and None not in floors.values()
@@ -192,6 +196,7 @@ def test_default_tasks_are_the_ones_the_merged_model_merged(fake_runs, tmp_path)
 
     merged = tmp_path / "merged"
     shutil.copytree(fake_runs["merged"], merged)
+    (merged / "mergekit_config.yml").unlink()
     assert [r.name for r in task_runs(fake_runs["runs"], merged_dir=merged)] == ["bbc", "election_tweets"]  # no config
     (merged / "mergekit_config.yml").write_text(
         "merge_method: dp_aware\nbase_model: runs/base\nmodels:\n  - model: runs/base+runs/bbc/encoder_adapter\n"
@@ -281,6 +286,53 @@ def test_a_merged_model_of_another_base_is_refused_naming_the_tensor(merge_runs,
     with pytest.raises(ValueError, match=r"merged model .*other was not merged from the runs' base .*base: "
                                          r"bert\.embeddings\..*, which no adapter changes, has base fingerprint"):
         check_merged_from_base(base, other, task_runs(runs))
+
+
+def test_evaluate_refuses_what_is_no_merge_of_the_runs_and_writes_nothing(fake_runs, tmp_path, capsys):
+    """The runs' base itself, a model without mergekit_config.yml, and merges of none or not each of the runs scored
+    are refused in one line before any model is scored: the previous results.json and retention.png stay."""
+    runs = fake_runs["runs"]
+    output = tmp_path / "eval"
+    output.mkdir()
+    previous = {RESULTS_NAME: b'{"previous": true}', CHART_NAME: b"previous chart"}
+    for name, content in previous.items():
+        (output / name).write_bytes(content)
+    no_config = shutil.copytree(fake_runs["merged"], tmp_path / "no_config")
+    (no_config / "mergekit_config.yml").unlink()
+    elsewhere = shutil.copytree(fake_runs["merged"], tmp_path / "elsewhere")
+    (elsewhere / "mergekit_config.yml").write_text("merge_method: linear\nmodels:\n  - model: elsewhere/x\n")
+    bbc_only = shutil.copytree(fake_runs["merged"], tmp_path / "bbc_only")
+    (bbc_only / "mergekit_config.yml").write_text(fake_merge_config({"bbc": 1.0}))
+    cases = [
+        ([str(runs / "base")], "--merged .*/runs/base is the runs' base .*/runs/base itself, not a merge of the runs"),
+        ([str(runs / ".." / "runs" / "base"), "--tasks", "bbc"], "is the runs' base .* itself"),
+        ([str(no_config)], "merged model .*no_config is no merge output: it has no mergekit_config.yml"),
+        ([str(elsewhere)], "mergekit_config.yml merges none of the run folders under"),
+        ([str(bbc_only), "--tasks", "bbc,election_tweets"], "bbc_only does not merge election_tweets .*merges bbc"),
+    ]
+    for merged, message in cases:
+        assert main(["evaluate", "--runs", str(runs), "--merged", *merged, "--output", str(output)]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and re.search(f"^hf-dpmerge evaluate: error: .*{message}", errors[0]), errors
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == previous
+
+
+def test_evaluate_refuses_runs_trained_on_another_base_than_the_merges(merge_runs, tmp_path, capsys):
+    """A merge whose mergekit_config.yml names another base (as a stock method merged it before hf-dpmerge merge
+    checked bases): each run's record fingerprints its own base, so the task is named before anything is scored."""
+    runs = merge_runs({"rotten_tomatoes": 2, "bbc_news": 5})
+    other = save_tiny_bert(tmp_path / "other", seed=1)
+    merged = shutil.copytree(other, tmp_path / "merged")
+    adapters = [str(runs / task / "encoder_adapter") for task in ("rotten_tomatoes", "bbc_news")]
+    (merged / "mergekit_config.yml").write_text(lora_config_yaml("task_arithmetic", str(other), adapters))
+    output = tmp_path / "eval"
+    assert main(["evaluate", "--runs", str(runs), "--merged", str(merged), "--output", str(output)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and re.search(
+        r"error: task 'rotten_tomatoes' was trained on another base model: its privacy record's base_model_hash "
+        rf"sha256:\w+ does not match the merge's base {re.escape(str(other))} sha256:\w+; pass --merged with the "
+        "merge of these runs$", errors[0]), errors
+    assert not output.exists()
 
 
 def test_the_floor_is_the_private_head_when_floor_runs_are_given(fake_runs, tmp_path):

@@ -210,6 +210,9 @@ def test_dry_run_stages_without_network(release, cli, loopback_hub, tmp_path, ca
     card = ModelCard.load(staging / "README.md")
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert "| alpha | 2.5 |" in card.text and "| beta | 7.75 |" in card.text
+    # the records' one fingerprint names no tensors and runs/ holds no base: nothing was checked, and the card says so
+    assert "All adapters record the same base fingerprint" not in card.text
+    assert "not checked against the base this model was merged from): `alpha`: `abababababababab…`" in card.text
     assert json.loads((staging / "alpha/config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
     # a second dry run replaces its own staging folder
     (staging / "stale.txt").write_text("old")

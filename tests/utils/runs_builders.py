@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import torch
+import yaml
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForSequenceClassification
 
@@ -41,9 +42,18 @@ def save_fake_adapter(base: Path, out: Path, num_labels: int, seed: int) -> torc
     return peft_model
 
 
+def fake_merge_config(weights: dict[str, float]) -> str:
+    """A ``mergekit_config.yml`` merging the fake runs' adapters (run folder → weight) by task arithmetic."""
+    models = [{"model": f"runs/base+runs/{name}/adapter", "parameters": {"weight": weight}}
+              for name, weight in weights.items()]
+    return yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": "runs/base", "models": models},
+                          sort_keys=False)
+
+
 def build_fake_runs(root: Path) -> dict[str, Path]:
     """runs/base (2 labels), bbc (bbc_news, 5 labels, DP) and election_tweets (2 labels, non-private) adapters;
-    merged = base + bbc_news's LoRA with a meaningless 2-label head (so bbc_news must be reproduced exactly)."""
+    merged = base + bbc_news's LoRA with a meaningless 2-label head (so bbc_news must be reproduced exactly), and the
+    mergekit_config.yml that says so (election_tweets at weight 0)."""
     runs_dir = root / "runs"
     base = save_tiny_bert(runs_dir / "base", num_labels=2, seed=0)
     bbc = save_fake_adapter(base, runs_dir / "bbc" / "adapter", num_labels=5, seed=1)
@@ -57,4 +67,5 @@ def build_fake_runs(root: Path) -> dict[str, Path]:
     merged.load_state_dict(encoder_state, strict=False)
     torch.nn.init.normal_(merged.classifier.weight, std=3.0)
     merged.save_pretrained(root / "merged")
+    (root / "merged" / "mergekit_config.yml").write_text(fake_merge_config({"bbc": 1.0, "election_tweets": 0.0}))
     return {"runs": runs_dir, "base": base, "merged": root / "merged"}

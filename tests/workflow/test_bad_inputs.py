@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mergekit.io.tensor_writer import TensorWriter
 from peft import IA3Config, LoraConfig, get_peft_model
 
@@ -238,6 +239,7 @@ def workdir(merge_runs) -> Path:
 
 
 ADAPTERS = ["./runs/a/encoder_adapter", "./runs/b/encoder_adapter"]
+WEIGHT = "    parameters: {weight: 1.0}\n"  # mergekit's task_arithmetic needs each input's
 
 
 def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> int:
@@ -268,6 +270,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
          "unknown per-model parameter 'epsilon'"),
         (lora_config_yaml("dp_aware", "./runs/base", ADAPTERS).replace(
             "./runs/base+./runs/b", "./runs/other_base+./runs/b"), "mixed base models in one merge"),
+        (lora_config_yaml("task_arithmetic", "./runs/other_base", ADAPTERS, per_model=WEIGHT),
+         "input ./runs/other_base+./runs/a/encoder_adapter was trained on another base model"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
          "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
         (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/truncated"]),
@@ -282,14 +286,42 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
          "task_arithmetic: parameters.lambda = 'abc': Input should be a valid number"),
     ],
     ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "newer_schema", "foreign_record",
-         "invalid_override", "guarantee_override", "mixed_bases", "dora", "truncated", "top_level_typo",
-         "model_level_typo", "no_scale", "bad_value"],
+         "invalid_override", "guarantee_override", "mixed_bases", "stock_method_other_base", "dora", "truncated",
+         "top_level_typo", "model_level_typo", "no_scale", "bad_value"],
 )
 def test_bad_merge_inputs_fail_before_any_output(workdir: Path, monkeypatch, capsys, config: str | None,
                                                  message: str) -> None:
     monkeypatch.chdir(workdir)
     assert _merge(workdir, config) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_stock_merge_on_the_runs_base_is_released_and_one_on_another_base_is_refused(workdir: Path, monkeypatch,
+                                                                                       capsys) -> None:
+    """task_arithmetic through hf-dpmerge merge on the base the adapters trained on is written and push stages it,
+    its card saying the fingerprints were checked; the same merge onto another base, as plain mergekit writes it
+    (its own methods check no base), is refused by push --dry-run before anything is staged."""
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    monkeypatch.chdir(workdir)
+    (workdir / "stock.yaml").write_text(lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, per_model=WEIGHT))
+    assert main(["merge", "stock.yaml", "stock", "--lora-merge-cache", "cache", "--quiet"]) == 0
+    assert main(["push", "stock", "--runs", "runs", "--dry-run"]) == 0
+    card = (workdir / "stock-hub" / "README.md").read_text()
+    assert "All adapters record the same base fingerprint" in card and "checked when the release was staged" in card
+
+    config = lora_config_yaml("task_arithmetic", "./runs/other_base", ADAPTERS, per_model=WEIGHT)
+    run_merge(MergeConfiguration.model_validate(yaml.safe_load(config)), "plain", options=MergeOptions(
+        lora_merge_cache="cache", quiet=True), config_source=config)
+    capsys.readouterr()
+    assert main(["push", "plain", "--runs", "runs", "--dry-run"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and re.fullmatch(
+        r"hf-dpmerge push: error: task 'a' was trained on another base model: its privacy record's base_model_hash "
+        r"sha256:\w+ does not match the merge's base runs/other_base sha256:\w+; .*--runs.*", errors[0]), errors
+    assert not (workdir / "plain-hub").exists()
 
 
 def test_merge_on_a_full_disk_names_the_output_and_leaves_nothing(workdir: Path, monkeypatch, capsys) -> None:

@@ -164,8 +164,14 @@ def test_an_adapter_that_never_learnt_the_answers_end_is_scored_without_it(proje
     floor = naive_accuracy(base, tokenizer, "election_tweets", 24, 48, answer_end=False)
     metrics = json.loads((runs / "election_tweets" / "eval_metrics.json").read_text())
     assert metrics["test"]["accuracy"] == pytest.approx(individual, abs=1e-12)
-    # the base itself as the "merge" (nothing changed): merged must then score as the floor, both without the end
-    assert hf_dpmerge(["evaluate", "--runs", str(runs), "--merged", str(runs / "base"), "--max_eval_samples", "24",
+    # a merge at λ = 0 (the base's weights: nothing changed): merged must then score as the floor, both without the end
+    (tmp_path / "zero.yaml").write_text(
+        f"merge_method: task_arithmetic\nbase_model: {runs / 'base'}\nmodels:\n"
+        f"  - model: {runs / 'base'}+{runs / 'election_tweets' / 'adapter'}\ndtype: float32\n"
+        "parameters:\n  weight: 1.0\n  lambda: 0.0\n")
+    assert hf_dpmerge(["merge", str(tmp_path / "zero.yaml"), str(tmp_path / "zero"), "--lora-merge-cache",
+                       str(tmp_path / "cache"), "--quiet"]) == 0
+    assert hf_dpmerge(["evaluate", "--runs", str(runs), "--merged", str(tmp_path / "zero"), "--max_eval_samples", "24",
                        "--output", str(tmp_path / "eval")]) == 0
     row = json.loads((tmp_path / "eval" / "results.json").read_text())["tasks"]["election_tweets"]
     assert row["answer_end_scored"] is False
