@@ -102,6 +102,8 @@ def _read_dataset(source: DatasetSource) -> datasets.DatasetDict:
 def _named_dataset(source: DatasetSource) -> datasets.DatasetDict | datasets.Dataset:
     """A local ``save_to_disk`` folder, else a Hub dataset (an offline or unknown id: one clear error)."""
     name = source.dataset_name
+    if Path(name).is_file():
+        raise ValueError(f"--dataset_name {name} is a file: pass it as --train_file {name}")
     if Path(name).is_dir():
         if source.dataset_config_name:
             raise ValueError(f"--dataset_config_name applies to Hub datasets; {name} is a local save_to_disk folder")

@@ -96,3 +96,9 @@ def test_a_label_outside_the_set_is_counted_never_quoted(tmp_path) -> None:
     with pytest.raises(ValueError) as err:
         load_task("mine", source=DatasetSource(train_file=csv_file(tmp_path, frame), label_names=("neg", "pos")))
     assert "2 row(s)" in str(err.value) and "RARE-DIAGNOSIS" not in str(err.value)
+
+
+def test_a_file_given_as_dataset_name_is_pointed_to_train_file(tmp_path) -> None:
+    path = csv_file(tmp_path, rows())
+    with pytest.raises(ValueError, match="is a file: pass it as --train_file"):
+        load_task("mine", source=DatasetSource(dataset_name=path, label_names=("neg", "pos")))
