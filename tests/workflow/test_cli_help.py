@@ -62,3 +62,20 @@ def test_similarity_help_says_grouping_uses_the_noise_aware_cosine_as_merge_grou
 def test_readme_step_2_says_what_merge_writes_at_the_root() -> None:
     step = re.search(r"^2\. `hf-dpmerge merge`.*?(?=^3\. )", (REPO / "README.md").read_text(), re.S | re.M).group(0)
     assert "placeholder head:" not in step and f"`{ROOT_NOTE}`" in step and "without" in step
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+def test_the_top_level_help_and_version_import_no_verb_and_no_heavy_library(argv: list[str]) -> None:
+    """``hf-dpmerge --help``/``--version`` start in well under a second: neither imports a verb module nor torch,
+    transformers, mergekit, peft or datasets (checked on the modules the process imported, not by timing)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hf_dpmerge.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+            "    pass\nprint('MODULES', *sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'torch', 'transformers', 'mergekit', 'peft', 'datasets'} or m.endswith('_command')))")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "MODULES"
+    if argv == ["--help"]:
+        assert all(verb in done.stdout for verb in ("train", "merge", "evolve")) and "``" not in done.stdout
