@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.data.tasks import OWN, TaskSpec
 from hf_dpmerge.data.tokenize import dropped_columns
 
 IGNORE_INDEX = -100  # the label of a token that carries no loss (transformers' and torch's convention)
@@ -60,12 +60,20 @@ _FORMATS = {
 
 
 def instruction_format(spec: TaskSpec) -> InstructionFormat:
-    """The task's format: a hand-written one for the quickstart tasks, else the label names as verbalisers."""
+    """The task's format: a hand-written one for the quickstart tasks (an own task of the same name included: never
+    theirs), else "Which label fits: …?" answered by the spec's verbalisers (an own task's ``--verbalizers``) or its
+    label names (``_``, ``.`` and ``-`` as spaces)."""
     if spec.is_regression:
         raise ValueError(f"{spec.name} is a regression task: a causal LM is trained on classification tasks only")
-    if spec.name in _FORMATS:
+    if spec.source != OWN and spec.name in _FORMATS:
         return _FORMATS[spec.name]
-    words = tuple(_plain(label) for label in spec.label_names)
+    words = spec.verbalisers or tuple(_plain(label) for label in spec.label_names)
+    if len(words) != spec.num_labels:
+        raise ValueError(f"--verbalizers gives {len(words)} answer words for the {spec.num_labels} labels "
+                         f"{','.join(spec.label_names)}: give one per label, in their order")
+    if not all(word.strip() for word in words) or len(set(words)) != len(words):
+        raise ValueError(f"{spec.name}: the answer words {','.join(words)} must be distinct and non-empty (one per "
+                         "label): pass --verbalizers")
     fields = ("Text",) if not spec.is_pair else ("First", "Second")
     return InstructionFormat(fields, f"Which label fits: {_listed(words)}?", words)
 

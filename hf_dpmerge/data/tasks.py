@@ -26,8 +26,9 @@ class TaskSpec:
     ``text_columns`` has one column for single texts and two for sentence pairs; the label column is
     always ``label``. ``metric`` is the primary metric (a key of :func:`hf_dpmerge.data.metrics.
     compute_metrics`) used for model selection and retention. ``source`` is ``"packaged"``, ``"glue"`` or ``"own"``;
-    an own task carries its ``dataset``, where its label names came from (``label_origin``) and the splits carved
-    from its training rows because the dataset had none (``carved_splits``).
+    an own task carries its ``dataset``, where its label names came from (``label_origin``), the splits carved
+    from its training rows because the dataset had none (``carved_splits``) and, for a causal LM, the answer word of
+    each label (``verbalisers``; None: the label names, :func:`hf_dpmerge.data.instructions.instruction_format`).
     """
 
     name: str
@@ -40,6 +41,7 @@ class TaskSpec:
     dataset: DatasetSource | None = None
     label_origin: str | None = None
     carved_splits: tuple[str, ...] = ()
+    verbalisers: tuple[str, ...] | None = None
 
     @property
     def is_regression(self) -> bool:

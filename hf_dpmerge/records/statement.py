@@ -403,7 +403,7 @@ class PrivacyStatement:
         if private_labels := [item.name for item in self.inputs if item.labels_from_private_data]:
             notes.append(
                 f"**Label names read off the private rows: {', '.join(f'`{n}`' for n in private_labels)}.** Their "
-                "label sets (the heads' `id2label`) were taken from the training rows "
+                "label sets (the heads' `id2label`, a causal LM's record) were taken from the training rows "
                 "(`--label_names_from_private_data`), not from public information: the guarantee does not cover "
                 "them, and a label only one person's rows carry tells that they were in the data.")
         for item in self.inputs:

@@ -50,3 +50,14 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
     if "head_phase_batch_size" in shrink:
         script = dataclasses.replace(script, head_phase_batch_size=cap)
     return script, config
+
+
+def check_batch_fits(task: str, config, train) -> None:
+    """Refuse an expected batch larger than N before anything is written (a script whose recipe is not fitted to N:
+    DPSAMTrainer would refuse it only after the base is written)."""
+    units = training_units(train, config.privacy_unit_column)
+    batch = config.per_device_train_batch_size * max(config.world_size, 1)
+    if batch > units:
+        what = "rows" if config.privacy_unit_column is None else f"values of {config.privacy_unit_column}"
+        raise ValueError(f"{task}: the expected batch {batch} exceeds the {units} training {what}: lower "
+                         "--per_device_train_batch_size (the expected Poisson batch per device)")

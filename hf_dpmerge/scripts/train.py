@@ -56,7 +56,7 @@ from hf_dpmerge.data.glue import GLUE_PATH
 from hf_dpmerge.data.load import TaskData
 from hf_dpmerge.data.metrics import trainer_compute_metrics
 from hf_dpmerge.data.model_path import source_hub_id
-from hf_dpmerge.data.tasks import GLUE, parse_task_list
+from hf_dpmerge.data.tasks import GLUE, TaskSpec, parse_task_list
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.modeling.stock_release import SHARED_ENCODER_FILE, make_adapter_stock_loadable
@@ -296,9 +296,9 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
     return [trainer.privacy_phase("head")]
 
 
-def task_sources(script: ScriptArguments, given: set[str]) -> dict[str, DatasetSource | None]:
-    """The runs to train: ``{run name: own dataset}`` for ``--train_file``/``--dataset_name``, else ``{task: None}``
-    for each registry task of ``--task``/``--tasks``."""
+def task_sources(script: DataArguments, given: set[str]) -> dict[str, DatasetSource | None]:
+    """The runs to train (``script``: either training script's arguments): ``{run name: own dataset}`` for
+    ``--train_file``/``--dataset_name``, else ``{task: None}`` for each registry task of ``--task``/``--tasks``."""
     source = script.dataset_source()
     if source is None:
         return dict.fromkeys(parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task",
@@ -309,19 +309,32 @@ def task_sources(script: ScriptArguments, given: set[str]) -> dict[str, DatasetS
     return {script.own_task_name(): source}
 
 
-def load_training_data(task: str, source: DatasetSource | None, script: ScriptArguments,
-                       config: DPSAMConfig) -> TaskData:
-    """Task ``task``'s splits, checked (columns, labels, privacy unit) before anything is written."""
+def load_training_data(task: str, source: DatasetSource | None, config: DPSAMConfig, *,
+                       max_train_samples: int | None = None, max_eval_samples: int | None = None,
+                       path: str | None = None) -> TaskData:
+    """Task ``task``'s splits (``load_task``'s subsets and GLUE ``path``), checked (columns, labels, privacy unit)
+    before anything is written."""
     unit = config.privacy_unit_column
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
-        data = load_task(task, max_train_samples=script.max_train_samples, max_eval_samples=script.max_eval_samples,
-                         path=script.dataset_path, source=source, keep_columns=(unit,) if unit and source else ())
+        data = load_task(task, max_train_samples=max_train_samples, max_eval_samples=max_eval_samples, path=path,
+                         source=source, keep_columns=(unit,) if unit and source else ())
     if unit is not None and unit not in data.splits["train"].column_names:
         raise ValueError(
             f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
             f"{data.splits['train'].column_names}); rotten_tomatoes has 'movie', the other packaged tasks none"
         )
     return data
+
+
+def record_own_dataset(spec: TaskSpec, run_dir: Path, record: PrivacyRecord) -> None:
+    """For an own dataset's run: write ``<run_dir>/dataset.json``, where evaluate and tune read the same rows (beside
+    the release, never in it), and state in ``record`` where its label names came from and which splits were
+    carved from its training rows (the cards say so)."""
+    if spec.dataset is None:
+        return
+    spec.dataset.save(run_dir)
+    record.extra.update(label_names_from=spec.label_origin, carved_splits=list(spec.carved_splits),
+                        label_names_private=spec.label_origin == LABELS_FROM_PRIVATE_DATA)
 
 
 def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: DPSAMConfig, base_dir: Path,
@@ -358,10 +371,7 @@ def train_task(task: str, task_data: TaskData, script: ScriptArguments, config: 
         return None
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
-    if spec.dataset is not None:  # own data: where evaluate reads the same rows (beside the release, never in it)
-        spec.dataset.save(out)
-        record.extra.update(label_names_from=spec.label_origin, carved_splits=list(spec.carved_splits),
-                            label_names_private=spec.label_origin == LABELS_FROM_PRIVATE_DATA)
+    record_own_dataset(spec, out, record)
     record.extra.update(label_names=list(spec.label_names), max_length=script.max_length,
                         classifier_pooling=script.classifier_pooling, train_lora=script.train_lora,
                         base_model_hub_id=source_hub_id(script.model_source()),  # for the card's base_model
@@ -451,7 +461,9 @@ def plan_runs(argv: list[str], defaults: list[str] = DP_DEFAULTS) -> dict[str, P
     resume_point(config, list(sources))
     for task in sources:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
-    data = {task: load_training_data(task, source, script, config) for task, source in sources.items()}
+    data = {task: load_training_data(task, source, config, max_train_samples=script.max_train_samples,
+                                     max_eval_samples=script.max_eval_samples, path=script.dataset_path)
+            for task, source in sources.items()}
     lp_ft = head_phase_epsilon(script, config) is not None
     return {task: PlannedRun(data[task], *fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft))
             for task in sources}

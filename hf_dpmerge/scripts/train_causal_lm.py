@@ -5,6 +5,13 @@ workflow behind ``examples/train_causal_lm.py`` (:func:`shared_causal_base`, :fu
     accelerate launch examples/train_causal_lm.py       # rotten_tomatoes, packaged SmolLM2-135M-Instruct, ε = 8
     accelerate launch examples/train_causal_lm.py --tasks rotten_tomatoes,election_tweets --max_train_samples 2000
     accelerate launch examples/train_causal_lm.py --model_name_or_path HuggingFaceTB/SmolLM2-360M-Instruct  # Hub
+    accelerate launch examples/train_causal_lm.py --train_file notes.csv --label_names neg,pos --verbalizers no,yes
+
+Own data takes the classifier script's flags (``--train_file``/``--dataset_name``, ``--text_column``,
+``--label_column``, ``--label_names``…: :class:`~hf_dpmerge.scripts.arguments.DataArguments`, loaded and checked by the
+same code) and ``--verbalizers``, each label's answer word (default: the label names); the run writes
+``<runs_dir>/<task>/dataset.json`` as that script does, so ``hf-dpmerge evaluate`` scores the same rows.
+``--prompt_column``/``--completion_column`` (generative data without labels) are refused: not supported yet.
 
 Each example is ``prompt → verbaliser`` (:mod:`hf_dpmerge.data.instructions`); the loss is the causal-LM loss
 of the response tokens only (the prompt's labels are -100) and one example, prompt and response together, is
@@ -16,7 +23,9 @@ All adapters start from one float32 base saved once under ``<runs_dir>/base`` (t
 or the given model), so mergekit applies them with ``<runs_dir>/base+<runs_dir>/<task>/adapter``. Per task it
 writes ``<runs_dir>/<task>/adapter/`` (LoRA + ``dp_privacy.json``; the record's ``extra`` holds the
 verbalisers and ``max_length``) and ``eval_metrics.json`` (the ``--eval_split`` split, test by default, scored by
-verbaliser log-likelihood; evaluation on private data is not covered by the DP guarantee).
+verbaliser log-likelihood; evaluation on private data is not covered by the DP guarantee). Every dataset is
+loaded and checked, with its instruction format and expected batch, before the base or anything else is written
+(:func:`plan_causal_runs`).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import datasets
 import torch
@@ -34,15 +43,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq
 
 from hf_dpmerge.analysis.causal_evaluation import task_score
 from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, tokenize_instructions
-from hf_dpmerge.data.load import load_task
+from hf_dpmerge.data.load import TaskData
 from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_gguf
 from hf_dpmerge.data.public_prompts import PACKAGED, load_public_prompts, prompts_digest
-from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec, parse_task_list
+from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec
 from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
-from hf_dpmerge.scripts.arguments import LoraArguments
-from hf_dpmerge.scripts.train import REFUSED_FLAGS, parse_arguments, resume_point
+from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments
+from hf_dpmerge.scripts.data_size import check_batch_fits, given_flags
+from hf_dpmerge.scripts.train import (
+    REFUSED_FLAGS,
+    argument_parser,
+    load_training_data,
+    parse_arguments,
+    record_own_dataset,
+    resume_point,
+    task_sources,
+)
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
@@ -73,13 +91,17 @@ CAUSAL_DP_DEFAULTS: list[str] = [
     "--report_to", "none",
     "--seed", "0",
 ]
+GENERATIVE = ("prompt → completion data (a generative task without labels) is not supported yet: give a text and a "
+              "label column (--text_column, --label_column, --label_names) and each label's answer with --verbalizers")
+CAUSAL_REFUSED_FLAGS = {**REFUSED_FLAGS, "prompt_column": GENERATIVE, "completion_column": GENERATIVE}
 
 
 @dataclass
-class CausalScriptArguments(LoraArguments):
-    """The causal-LM script's flags besides DPSAMConfig's: tasks and base, LoRA, and the run's outputs."""
+class CausalScriptArguments(LoraArguments, DataArguments):
+    """The causal-LM script's flags besides DPSAMConfig's: tasks or own data and base, LoRA, and the run's
+    outputs."""
 
-    refused_flags: ClassVar[dict[str, str]] = REFUSED_FLAGS  # what parse_arguments refuses (name → why)
+    refused_flags: ClassVar[dict[str, str]] = CAUSAL_REFUSED_FLAGS  # what parse_arguments refuses (name → why)
 
     task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
     tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
@@ -105,6 +127,20 @@ class CausalScriptArguments(LoraArguments):
                 "list, or one prompt per line) of public prompts, none from the private data (docs/design.md §14.1)."})
     anchor_max_new_tokens: int = field(default=24, metadata={
         "help": "The longest base answer the public anchor reads, in tokens (it ends earlier at the end of sequence)."})
+    verbalizers: str | None = field(default=None, metadata={
+        "help": "Own data: each label's answer word, comma-separated in the order of the label names (default: the "
+                "label names, with _ . - as spaces); released in the record and the card."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Refused: " + GENERATIVE})
+    completion_column: str | None = field(default=None, metadata={"help": "Refused: " + GENERATIVE})
+
+    def answer_words(self, own_data: bool) -> tuple[str, ...] | None:
+        """``--verbalizers`` as words (None when not given), refused without own data: a packaged task has its own."""
+        if self.verbalizers is None:
+            return None
+        if not own_data:
+            raise ValueError("--verbalizers gives an own dataset's answer words (a packaged or GLUE task has its "
+                             "own): pass --train_file or --dataset_name too, or drop --verbalizers")
+        return tuple(word.strip() for word in self.verbalizers.split(","))
 
     def public_prompts(self, anchor_lambda: float) -> list[str] | None:
         """The public anchor's prompts when ``anchor_lambda`` > 0, else None (``--anchor_prompts`` refused then)."""
@@ -160,19 +196,15 @@ def base_anchor_rows(script: CausalScriptArguments, base_dir: Path, prompts: lis
     return anchor_rows(base, AutoTokenizer.from_pretrained(base_dir), prompts, script.anchor_max_new_tokens)
 
 
-def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMConfig, base_dir: Path,
-                      resume: str | bool | None = None, prompts: list[str] | None = None,
+def train_causal_task(task: str, task_data: TaskData, script: CausalScriptArguments, config: DPSAMConfig,
+                      base_dir: Path, resume: str | bool | None = None, prompts: list[str] | None = None,
                       anchor: datasets.Dataset | None = None) -> dict | None:
-    """Train one task (``prompts`` and ``anchor``: the public anchor's prompts and rows, with ``--anchor_lambda``
-    > 0); returns its summary on the process that writes the outputs, None on the others."""
-    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} data"):
-        splits, spec = load_task(task, max_train_samples=script.max_train_samples,
-                                 max_eval_samples=script.max_eval_samples)
-        tokenizer = AutoTokenizer.from_pretrained(base_dir)
-        unit = config.privacy_unit_column
-        if unit is not None and unit not in splits["train"].column_names:
-            raise ValueError(f"--privacy_unit_column {unit}: task {task} has no such column (its columns: "
-                             f"{splits['train'].column_names})")
+    """Train one task on its checked ``task_data`` (``prompts`` and ``anchor``: the public anchor's prompts and rows,
+    with ``--anchor_lambda`` > 0); returns its summary on the process that writes the outputs, None on the others."""
+    splits, spec = task_data
+    unit = config.privacy_unit_column
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} tokens"):
         train = tokenize_instructions(splits["train"], spec, tokenizer, script.max_length,
                                       keep_columns=(unit,) if unit is not None else (),
                                       train_answer_end=script.train_answer_end)
@@ -189,6 +221,7 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
         return None
     record = PrivacyRecord.load(adapter_dir)
     record.task = task
+    record_own_dataset(spec, out, record)
     record.extra.update(model_kind=CAUSAL_LM, label_names=list(spec.label_names),
                         verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
                         train_answer_end=script.train_answer_end,
@@ -211,22 +244,48 @@ def train_causal_task(task: str, script: CausalScriptArguments, config: DPSAMCon
     return summary
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Train every task of ``argv`` (default: the command line) from one shared causal-LM base."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+class CausalPlan(NamedTuple):
+    """The parsed flags and every task's checked data (its spec with the answer words it trains)."""
+
+    script: CausalScriptArguments
+    config: DPSAMConfig
+    data: dict[str, TaskData]
+
+
+def plan_causal_runs(argv: list[str]) -> CausalPlan:
+    """Parse ``argv`` (after :data:`CAUSAL_DP_DEFAULTS`), then check every release target and load and check every
+    task's data (as ``examples/train_glue.py`` does), its instruction format (a regression task, answer words that
+    do not fit its labels) and its expected batch: nothing is written."""
     script, config = parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
-    tasks = parse_task_list(script.tasks or script.task, "--tasks" if script.tasks else "--task", known=True)
-    for task in tasks:  # a regression task is refused before any training
-        instruction_format(get_task_spec(task))
-    prompts = script.public_prompts(config.anchor_lambda)  # refused before any training
-    resume = resume_point(config, tasks)
-    for task in tasks:  # refuse to replace a release before training anything, not after
+    sources = task_sources(script, given_flags(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS), argv))
+    words = script.answer_words(own_data=None not in sources.values())
+    resume_point(config, list(sources))
+    for task in sources:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
+    for task in (task for task, source in sources.items() if source is None):  # a regression task, before loading
+        instruction_format(get_task_spec(task))
+    data = {}
+    for task, source in sources.items():
+        splits, spec = load_training_data(task, source, config, max_train_samples=script.max_train_samples,
+                                          max_eval_samples=script.max_eval_samples)
+        spec = spec if words is None else dataclasses.replace(spec, verbalisers=words)
+        instruction_format(spec)  # an own task's answer words against its labels
+        check_batch_fits(task, config, splits["train"])
+        data[task] = TaskData(splits, spec)
+    return CausalPlan(script, config, data)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train every task of ``argv`` (default: the command line) from one shared causal-LM base, once every task's
+    data is checked (:func:`plan_causal_runs`)."""
+    script, config, data = plan_causal_runs(list(sys.argv[1:] if argv is None else argv))
+    prompts = script.public_prompts(config.anchor_lambda)  # refused before any training
+    resume = resume_point(config, list(data))
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_causal_base(script)
     anchor = None if prompts is None else base_anchor_rows(script, base_dir, prompts)
-    for task in tasks:
-        train_causal_task(task, script, config, base_dir, resume, prompts, anchor)
+    for task, task_data in data.items():
+        train_causal_task(task, task_data, script, config, base_dir, resume, prompts, anchor)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
 

@@ -1,5 +1,7 @@
 """Tasks written as instructions: one distinct verbaliser per label, regression refused, the answer always fits."""
 
+from dataclasses import replace
+
 import pytest
 from datasets import Dataset
 
@@ -10,7 +12,7 @@ from hf_dpmerge.data.instructions import (
     tokenize_instructions,
     verbaliser_choices,
 )
-from hf_dpmerge.data.tasks import TASKS, get_task_spec
+from hf_dpmerge.data.tasks import OWN, TASKS, TaskSpec, get_task_spec
 from tests.utils.tiny_models import tiny_causal_tokenizer
 
 
@@ -24,6 +26,18 @@ def test_every_classification_task_has_one_distinct_verbaliser_per_label(name):
 def test_a_regression_task_is_refused():
     with pytest.raises(ValueError, match="stsb is a regression task"):
         instruction_format(get_task_spec("stsb"))
+
+
+def test_an_own_task_is_asked_with_its_verbalisers_or_label_names_never_a_packaged_tasks_format():
+    own = TaskSpec("rotten_tomatoes", 2, ("neg", "pos_note"), ("text",), "accuracy", OWN)
+    assert instruction_format(own).verbalisers == ("neg", "pos note")  # the label names, as for GLUE tasks
+    assert instruction_format(own).question == "Which label fits: neg or pos note?"
+    answered = instruction_format(replace(own, verbalisers=("rotten", "fresh")))
+    assert answered.verbalisers == ("rotten", "fresh") and answered.question == "Which label fits: rotten or fresh?"
+    with pytest.raises(ValueError, match="--verbalizers gives 3 answer words for the 2 labels neg,pos_note"):
+        instruction_format(replace(own, verbalisers=("a", "b", "c")))
+    with pytest.raises(ValueError, match="must be distinct and non-empty"):
+        instruction_format(replace(own, verbalisers=("yes", "yes")))
 
 
 def test_a_max_length_without_room_for_the_text_is_refused_naming_the_flag():

@@ -96,13 +96,19 @@ def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() ->
 
 def test_each_script_hides_and_refuses_its_own_arguments_table() -> None:
     from hf_dpmerge.scripts.train import REFUSED_FLAGS, TRAIN_GLUE_REFUSED_FLAGS, argument_parser
-    from hf_dpmerge.scripts.train_causal_lm import CAUSAL_DP_DEFAULTS, SCRIPT, CausalScriptArguments
+    from hf_dpmerge.scripts.train_causal_lm import (
+        CAUSAL_DP_DEFAULTS,
+        CAUSAL_REFUSED_FLAGS,
+        SCRIPT,
+        CausalScriptArguments,
+    )
 
     assert ScriptArguments.refused_flags is TRAIN_GLUE_REFUSED_FLAGS
-    assert CausalScriptArguments.refused_flags is REFUSED_FLAGS
+    assert CausalScriptArguments.refused_flags is CAUSAL_REFUSED_FLAGS
+    assert set(CAUSAL_REFUSED_FLAGS) == {*REFUSED_FLAGS, "prompt_column", "completion_column"}  # not supported yet
     causal_help = " ".join(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS).format_help().split())
-    assert "--anchor_lambda " in causal_help  # the causal LM's own flag: shown, and taken
-    assert not [name for name in REFUSED_FLAGS if f"--{name} " in causal_help]
+    assert "--anchor_lambda " in causal_help and "--verbalizers " in causal_help  # the causal LM's own flags
+    assert not [name for name in CAUSAL_REFUSED_FLAGS if f"--{name} " in causal_help]
     config = parse_arguments(["--anchor_lambda", "0.5"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)[1]
     assert config.anchor_lambda == 0.5
     with pytest.raises(ValueError, match=f"--output_dir is not used by {SCRIPT}"):
