@@ -29,27 +29,34 @@ def training_units(train, unit_column: str | None) -> int:
 
 def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool):
     """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too) fitted
-    to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch had to shrink."""
+    to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch had to shrink, and
+    whenever a batch (the user's) exceeds N, before anything is written."""
     units = training_units(train, config.privacy_unit_column)
     cap = int(MAX_SAMPLE_RATE * units)
     world = max(config.world_size, 1)
     fits = {"per_device_train_batch_size": config.per_device_train_batch_size * world <= cap,
-            "head_phase_batch_size": not head_phase or script.head_phase_batch_size <= cap}
+            "head_phase_batch_size": not head_phase or script.head_phase_batch_size * world <= cap}
     shrink = [name for name, fit in fits.items() if not fit and name not in given]
-    if not shrink:
-        return script, config
-    if units < MIN_TRAINING_UNITS:
-        what = "rows" if config.privacy_unit_column is None else f"values of {config.privacy_unit_column}"
-        raise ValueError(f"{task}: {units} training {what}; the default recipe needs at least {MIN_TRAINING_UNITS} "
-                         "privacy units (DP noise swamps fewer): add data, or set --per_device_train_batch_size and "
-                         "--head_phase_batch_size yourself")
+    if shrink and units < MIN_TRAINING_UNITS:
+        raise ValueError(f"{task}: {units} training {_units(config)}; the default recipe needs at least "
+                         f"{MIN_TRAINING_UNITS} privacy units (DP noise swamps fewer): add data, or set "
+                         "--per_device_train_batch_size and --head_phase_batch_size yourself")
     if "per_device_train_batch_size" in shrink:
         batch = max(cap // world, 1)
         config = dataclasses.replace(config, per_device_train_batch_size=batch,
                                      physical_batch_size=min(config.physical_batch_size, batch))
     if "head_phase_batch_size" in shrink:
-        script = dataclasses.replace(script, head_phase_batch_size=cap)
+        script = dataclasses.replace(script, head_phase_batch_size=max(cap // world, 1))
+    check_batch_fits(task, config, train)
+    if head_phase and script.head_phase_batch_size * world > units:
+        raise ValueError(f"{task}: the head phase's expected batch {script.head_phase_batch_size * world} exceeds "
+                         f"the {units} training {_units(config)}: lower --head_phase_batch_size, or pass "
+                         "--head_phase_share 0 (no head phase)")
     return script, config
+
+
+def _units(config) -> str:
+    return "rows" if config.privacy_unit_column is None else f"values of {config.privacy_unit_column}"
 
 
 def check_batch_fits(task: str, config, train) -> None:
@@ -58,6 +65,5 @@ def check_batch_fits(task: str, config, train) -> None:
     units = training_units(train, config.privacy_unit_column)
     batch = config.per_device_train_batch_size * max(config.world_size, 1)
     if batch > units:
-        what = "rows" if config.privacy_unit_column is None else f"values of {config.privacy_unit_column}"
-        raise ValueError(f"{task}: the expected batch {batch} exceeds the {units} training {what}: lower "
+        raise ValueError(f"{task}: the expected batch {batch} exceeds the {units} training {_units(config)}: lower "
                          "--per_device_train_batch_size (the expected Poisson batch per device)")

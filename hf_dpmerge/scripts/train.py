@@ -278,9 +278,6 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
         return []
     if resume:
         return checkpoint_head_phase(script, config, resume)
-    if script.head_phase_batch_size > len(train):
-        raise ValueError(f"--head_phase_batch_size {script.head_phase_batch_size} exceeds the {len(train)} training "
-                         "examples: pass a smaller --head_phase_batch_size, or --head_phase_share 0 (no head phase)")
     head_model = lora_sequence_classifier(base_dir.resolve(), spec, train_lora=False, **script.lora_options())
     head_config = dataclasses.replace(
         config, output_dir=str(out / "checkpoints-head"), target_epsilon=epsilon,
