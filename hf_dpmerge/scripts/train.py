@@ -417,7 +417,10 @@ class ScriptParser(HfArgumentParser):
             action.type, action.nargs, action.help = str, None, item.metadata["help"]
 
     def parse_args_into_dataclasses(self, args=None, **_: object) -> tuple:
-        namespace = vars(self.parse_args(args))
+        parsed, remaining = self.parse_known_args(args)
+        if remaining:  # as HfArgumentParser says it: one line through run_script, not argparse's usage
+            raise ValueError(f"Some specified arguments are not used by the HfArgumentParser: {remaining}")
+        namespace = vars(parsed)
         own = [kind for kind in self.dataclass_types if issubclass(kind, DataArguments)]
 
         def value(kind: type, name: str):

@@ -188,12 +188,12 @@ NOT_EXACT = {  # packaged config -> the parameter the refusal names and why no m
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The packaged configs' folders: runs/ (tiny BERT, the quickstart's four tasks) and runs_causal/ (tiny
-    Llama, two tasks), every adapter sharing its frozen A."""
+    """The packaged configs' folders: runs/ (tiny BERT, the quickstart's four tasks and own_data.yaml's two runs) and
+    runs_causal/ (tiny Llama, two tasks), every adapter sharing its frozen A."""
     root = tmp_path_factory.mktemp("layout")
     save_base(root / "runs" / "base")
     for seed, (task, labels) in enumerate({"rotten_tomatoes": 2, "election_tweets": 3, "reuters_r8": 8,
-                                           "bbc_news": 5}.items(), start=1):
+                                           "bbc_news": 5, "notes": 2, "clinic": 3}.items(), start=1):
         save_shared_a_adapter(root / "runs", task, labels, seed)
     save_tiny_llama(root / "runs_causal" / "base")
     for seed, task in enumerate(("rotten_tomatoes", "election_tweets"), start=1):
