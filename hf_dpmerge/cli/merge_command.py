@@ -4,17 +4,17 @@
 DIR``, ``--cuda``, …) goes to mergekit unchanged. It runs :func:`hf_dpmerge.merging.run.merge`: the merge is
 written into a temporary directory beside OUT and renamed into place only when it succeeded, so a failed or
 killed merge leaves nothing at OUT; an existing non-empty OUT is refused, and with ``--overwrite`` replaced only if
-it holds a previous merge; misspelt keys are refused and ``cauchy_poe``/``dp_aware`` inputs are checked before
+it holds a previous merge; misspelt keys are refused and the inputs of our methods are checked before
 anything is written. This policy is this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour.
 ``hf-dpmerge merge --list-methods`` lists the
 merge methods mergekit knows, ours included.
 
 ``--as-adapter`` merges shared-A LoRA adapters (``--lora_freeze_a``) in factor space and writes a LoRA adapter
 instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``task_arithmetic``,
-``dp_aware``, ``cauchy_poe`` or ``safe_merge``, ``models:`` as ``base+adapter``) without mergekit, honouring every
-setting whose merge is exact in factor space and refusing the others by name
-(:mod:`~hf_dpmerge.merging.adapter_merge_config`); mergekit's options (``--lora-merge-cache``, …) are ignored
-with a note.
+``dp_aware``, ``cauchy_poe``, ``safe_merge``, ``tsv``, ``iso_c``, ``iso_cts`` or ``wudi``, ``models:`` as
+``base+adapter``) without mergekit, honouring every setting whose merge is exact in factor space and refusing the
+others by name (:mod:`~hf_dpmerge.merging.adapter_merge_config`); mergekit's options (``--lora-merge-cache``, …) are
+ignored with a note.
 """
 
 from __future__ import annotations
