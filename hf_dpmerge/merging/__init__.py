@@ -1,7 +1,9 @@
-"""Merging: the mergekit methods ``cauchy_poe`` and ``dp_aware``, and what they need.
+"""Merging: the mergekit methods ``cauchy_poe``, ``dp_aware``, ``tsv``, ``iso_c``, ``iso_cts``, ``wudi`` and
+``safe_merge``, and what they need.
 
-- :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.sure_threshold`, :mod:`.noise_variance`, :mod:`.optimizer_response`:
-  the maths (torch only);
+- :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.sure_threshold`, :mod:`.noise_variance`, :mod:`.optimizer_response`,
+  the spectral merges :mod:`.tsv`, :mod:`.iso`, :mod:`.wudi` with :mod:`.spectral` and the noise floor
+  :mod:`.noise_floor`: the maths (torch only);
 - :mod:`.methods`: mergekit method specs and per-tensor kernels (importing it registers them);
 - :mod:`.inputs`: privacy records, noise statistics and LoRA factors of each input, per-model overrides
   (``RECORD_OVERRIDES``);

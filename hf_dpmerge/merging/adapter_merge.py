@@ -24,7 +24,14 @@ import yaml
 from safetensors.torch import save_file
 
 from hf_dpmerge.lora import SavedAdapter
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS, cauchy_poe_lora_b, merged_lora_b, safe_merge_lora_b
+from hf_dpmerge.merging.factor_space import (
+    FACTOR_METHODS,
+    SPECTRAL_METHODS,
+    cauchy_poe_lora_b,
+    merged_lora_b,
+    safe_merge_lora_b,
+    spectral_lora_b,
+)
 from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     adapter_input,
@@ -32,6 +39,7 @@ from hf_dpmerge.merging.inputs import (
     input_lora_b_noise,
     require_private,
 )
+from hf_dpmerge.merging.noise_floor import lora_noise_edge
 from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
 from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint
@@ -125,7 +133,8 @@ def check_shared_a(inputs: Sequence[_Loaded]) -> None:
 
 
 def _noise_variances(item: _Loaded, method: str, allow_non_private: bool) -> dict[str, torch.Tensor | float]:
-    """V_B per layer of one ``dp_aware`` input, from its record and noise statistics (0 for a non-DP input)."""
+    """V_B per layer of one input (``dp_aware``, ``cauchy_poe``'s DP-calibrated widths, a spectral noise floor), from
+    its record and noise statistics (0 for a non-DP input)."""
     if item.merged:
         raise ValueError(
             f"input {item.source.directory} is itself a merged adapter: the noise variance of its B is not "
@@ -163,7 +172,7 @@ def merge_shared_a_adapters(
     allow_non_private: bool = False,
     overwrite: bool = False,
     shrinkage: str = "scale",
-    poe_options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
     unwanted: Sequence[bool] | None = None,
     projection: str = "none",
 ) -> Path:
@@ -172,8 +181,10 @@ def merge_shared_a_adapters(
 
     ``weights`` are the w_i (1 each by default); ``overrides`` the per-input record overrides of ``dp_aware``;
     ``base_model`` becomes the adapter's ``base_model_name_or_path`` (the first input's otherwise).
-    ``poe_options`` are ``cauchy_poe``'s settings (``tol``, ``jitter``, ``max_iter``, ``conv_tol``, ``layers``,
-    ``dp_calibrated``; its mergekit parameters); it weighs its inputs itself, so every weight must be 1.
+    ``options`` are the method's own mergekit parameters: ``cauchy_poe``'s (``tol``, ``jitter``, ``max_iter``,
+    ``conv_tol``, ``layers``, ``dp_calibrated``) or a spectral method's (``noise_floor`` and ``k``,
+    ``common_space_fraction`` or ``steps``/``lr``/``solver``); these methods weigh their inputs themselves, so every
+    weight must be 1. ``noise_floor: record`` truncates each input at its noise edge s·e(V_B, A) (frozen A).
     ``safe_merge`` (``lam`` its ``scale``) adds the inputs not flagged in ``unwanted``, projected away from (or
     onto) the unwanted ones' outputs with ``projection``; with ``none`` it is its ``percentile: 100`` form.
     """
@@ -185,18 +196,20 @@ def merge_shared_a_adapters(
     overrides = [{}] * len(adapter_dirs) if overrides is None else list(overrides)
     if not len(weights) == len(overrides) == len(adapter_dirs):
         raise ValueError(f"{len(adapter_dirs)} adapters but {len(weights)} weights and {len(overrides)} overrides")
-    options = dict(poe_options or {})
+    options = dict(options or {})
     dp_calibrated = bool(options.pop("dp_calibrated", False))
-    if method == "cauchy_poe" and any(w != 1.0 for w in weights):
-        raise ValueError("cauchy_poe weighs its inputs itself (one α_i per input): drop the per-model `weight`")
+    noise_floor = options.pop("noise_floor", "none")
+    if method in ("cauchy_poe", *SPECTRAL_METHODS) and any(w != 1.0 for w in weights):
+        raise ValueError(f"{method} weighs its inputs itself: drop the per-model `weight`")
     unwanted = [False] * len(adapter_dirs) if unwanted is None else [bool(u) for u in unwanted]
     if method == "safe_merge" and (all(unwanted) or not any(unwanted) or len(unwanted) != len(adapter_dirs)):
         raise ValueError("safe_merge needs at least one useful input and one marked `unwanted: true`")
     check_merge_output(out_dir, overwrite)
     inputs = [_load(AdapterInput(Path(d), float(w), dict(o))) for d, w, o in zip(adapter_dirs, weights, overrides)]
     check_shared_a(inputs)
-    noised = method == "dp_aware" or (method == "cauchy_poe" and dp_calibrated)
-    variances = [_noise_variances(item, method, allow_non_private) for item in inputs] if noised else None
+    noised = method == "dp_aware" or (method == "cauchy_poe" and dp_calibrated) or noise_floor == "record"
+    private = allow_non_private or method in SPECTRAL_METHODS  # a noise floor needs no guarantee, only the noise
+    variances = [_noise_variances(item, method, private) for item in inputs] if noised else None
 
     first = inputs[0].adapter
     tensors: dict[str, torch.Tensor] = {}
@@ -210,6 +223,10 @@ def merge_shared_a_adapters(
                 for v, b in zip(layer_variances, lora_bs)]  # mean Var(τ_i) = mean s²·V_B·(A∘A)
             merged = cauchy_poe_lora_b(lora_bs, factor.lora_a, factor.scaling, lam, without_peft_prefix(name),
                                        widths, **options)
+        elif method in SPECTRAL_METHODS:
+            edges = None if layer_variances is None else [
+                lora_noise_edge(factor.lora_a, b, factor.scaling, 0.0, v) for b, v in zip(lora_bs, layer_variances)]
+            merged = spectral_lora_b(method, lora_bs, factor, lam, without_peft_prefix(name), edges, options)
         elif method == "safe_merge" and projection != "none":
             merged = safe_merge_lora_b(lora_bs, weights, unwanted, factor.lora_a, factor.scaling, lam, projection,
                                        without_peft_prefix(name), factor.fan_in_fan_out)
@@ -233,6 +250,7 @@ def merge_shared_a_adapters(
               "fingerprint": inputs[0].lora_a["fingerprint"]}
     parameters = {"lambda": lam, **({"shrinkage": shrinkage} if method == "dp_aware" else {}),
                   **({**options, "dp_calibrated": dp_calibrated} if method == "cauchy_poe" else {}),
+                  **({**options, "noise_floor": noise_floor} if method in SPECTRAL_METHODS else {}),
                   **({"projection": projection} if method == "safe_merge" else {})}
     description = {"merge_method": method, "parameters": parameters,
                    "models": [{"model": name, "parameters": {"weight": item.source.weight,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS
+from hf_dpmerge.merging.factor_space import FACTOR_METHODS, SPECTRAL_METHODS
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES
 
 DENSE = "use the dense merge (hf-dpmerge merge without --as-adapter)"
@@ -28,6 +28,10 @@ HONOURED: dict[str, frozenset[str]] = {
     "cauchy_poe": frozenset({"lambda", "tol", "jitter", "max_iter", "conv_tol", "dp_calibrated", "layers",
                              *RECORD_OVERRIDES}),
     "safe_merge": frozenset({"scale", "weight", "unwanted", "projection", "percentile"}),  # percentile: see below
+    "tsv": frozenset({"lambda", "k", "noise_floor", *RECORD_OVERRIDES}),
+    "iso_c": frozenset({"lambda", "noise_floor", *RECORD_OVERRIDES}),
+    "iso_cts": frozenset({"lambda", "common_space_fraction", "noise_floor", *RECORD_OVERRIDES}),
+    "wudi": frozenset({"lambda", "steps", "lr", "solver", "noise_floor", *RECORD_OVERRIDES}),  # solver: see below
 }
 EXACT_PERCENTILE = 100.0  # safe_merge without a projection: the mask keeps every entry (plain task arithmetic)
 
@@ -35,7 +39,7 @@ EXACT_PERCENTILE = 100.0  # safe_merge without a projection: the mask keeps ever
 def _specs(method: str) -> dict[str, Any]:
     from mergekit.merge_methods import registered_methods
 
-    import hf_dpmerge.merging.methods  # noqa: F401  (registers cauchy_poe and dp_aware)
+    import hf_dpmerge.merging.methods  # noqa: F401  (registers cauchy_poe, dp_aware and the spectral methods)
     import hf_dpmerge.merging.safe_merge  # noqa: F401  (registers safe_merge)
 
     spec = next(m.spec for m in registered_methods() if m.spec.name == method)
@@ -123,7 +127,11 @@ def adapter_merge_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     arguments["lam"] = float(setting("lambda"))
     if method == "dp_aware":
         arguments |= {"shrinkage": setting("shrinkage"), "allow_non_private": bool(setting("allow_non_private"))}
-    if method == "cauchy_poe":
-        arguments["poe_options"] = {name: setting(name) for name, spec in specs.items()
-                                    if spec.scope == ParameterScope.SHARED and name != "lambda"}
+    if method == "wudi" and setting("solver") != "least_squares":
+        raise ValueError(f"--as-adapter: wudi parameter solver={setting('solver')!r} takes Adam steps on every "
+                         "coordinate of the dense ΔW, which leave the shared A's row space, so a merged adapter cannot "
+                         f"equal the dense merge; {DENSE}, or use 'solver: least_squares' (exact in factor space)")
+    if method in ("cauchy_poe", *SPECTRAL_METHODS):
+        arguments["options"] = {name: setting(name) for name, spec in specs.items()
+                                if spec.scope == ParameterScope.SHARED and name != "lambda"}
     return arguments

@@ -39,6 +39,8 @@ from typing import Literal
 
 import torch
 
+from hf_dpmerge.merging.spectral import is_embedding
+
 _SKETCH_START = 64
 _BASIS_RTOL = 1e-4
 _JITTER_RETRIES = 3
@@ -361,7 +363,6 @@ def _last(iterates: Iterator[torch.Tensor]) -> torch.Tensor:
 
 
 LayerRule = Literal["reference", "whole"]
-_EMBEDDING_NAMES = ("embed", "wte", "wpe")
 
 
 def averaged_by_rule(name: str, shape: torch.Size, layers: LayerRule) -> bool:
@@ -374,7 +375,7 @@ def averaged_by_rule(name: str, shape: torch.Size, layers: LayerRule) -> bool:
     if len(shape) < 2:
         return True
     rows, cols = shape[0], math.prod(shape[1:])
-    return layers == "reference" and (any(key in name.lower() for key in _EMBEDDING_NAMES) or rows < cols)
+    return layers == "reference" and (is_embedding(name) or rows < cols)
 
 
 def row_blocks(rows: int, cols: int, layers: LayerRule) -> list[slice]:

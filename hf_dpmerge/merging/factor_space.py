@@ -21,18 +21,30 @@ and a merge that combines the τ_i linearly is exactly the LoRA adapter with the
   unwanted inputs' column space, acts on the rows of every τ_i = s·B_i·A and leaves the trailing ·A, so it is read
   back the same way (:func:`safe_merge_lora_b`); without a projection only ``percentile: 100`` (plain task
   arithmetic of the useful inputs) is linear in B; a percentile mask picks dense coordinates and is refused.
+- ``tsv``, ``iso_c``, ``iso_cts``, ``wudi`` with ``solver: least_squares``: not linear, but built from the right
+  singular vectors of the τ_i (or, for WUDI, a solve in their joint row space), all in A's row space, so the dense
+  merge of the τ_i = s·B_i·A, computed from the factors in float64, is read back as B' (:func:`spectral_lora_b`).
+  WUDI's Adam steps act on every coordinate of the dense ΔW, leave A's row space, and are refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from hf_dpmerge.lora import LoraFactor
+from hf_dpmerge.merging.iso import iso_c_merge, iso_cts_merge
 from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
+from hf_dpmerge.merging.tsv import tsv_merge
+from hf_dpmerge.merging.wudi import wudi_merge
 
-FACTOR_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe", "safe_merge")
+SPECTRAL_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "tsv": tsv_merge, "iso_c": iso_c_merge, "iso_cts": iso_cts_merge, "wudi": wudi_merge,
+}  # method → kernel(task_vectors, edges=…, **its own YAML settings)
+SPECTRAL_METHODS = tuple(SPECTRAL_KERNELS)
+FACTOR_METHODS = ("task_arithmetic", "dp_aware", "cauchy_poe", "safe_merge", *SPECTRAL_METHODS)
 FACTOR_RESIDUAL_RTOL = 1e-9  # ‖ζ − s·B'·A‖ ≤ this · ‖ζ‖ in float64, else ζ left A's row space
 SHRINKAGES = ("scale", "soft_threshold")
 
@@ -96,6 +108,18 @@ def cauchy_poe_lora_b(
     merged = cauchy_poe_merge(base, [left @ right for left, right in factors], lam=lam, name=name,
                               noise_variance=noise_variance, factors=factors, **options)
     return read_back_lora_b(merged, a, scaling, name, "cauchy_poe")
+
+
+def spectral_lora_b(method: str, lora_bs: Sequence[torch.Tensor], shared: LoraFactor, lam: float, name: str,
+                    edges: Sequence[float] | None, options: dict[str, Any]) -> torch.Tensor:
+    """One layer's merged B for a spectral ``method``: B' with s·B'·A = λ·(its kernel on the τ_i = s·B_i·A), ``shared``
+    giving A, s and the layout: from the factors in float64 and in the weight's layout, as the dense kernel
+    (``fan_in_fan_out``: (s·B·A)ᵀ); ``edges`` the inputs' noise edges (``noise_floor: record``) or None, ``options``
+    the method's own settings (``k``, ``common_space_fraction``, ``steps``/``lr``/``solver``)."""
+    a, scaling, transposed = shared.lora_a.double(), shared.scaling, shared.fan_in_fan_out
+    factors = [(a.T, scaling * b.double().T) if transposed else (scaling * b.double(), a) for b in lora_bs]
+    merged = lam * SPECTRAL_KERNELS[method](factors, edges=edges, **options)
+    return read_back_lora_b(merged.T if transposed else merged, a, scaling, name, method)
 
 
 def safe_merge_lora_b(

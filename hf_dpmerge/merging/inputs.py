@@ -25,6 +25,7 @@ from mergekit.common import ModelPath, ModelReference
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
+from hf_dpmerge.merging.noise_floor import lora_noise_edge, noise_edge
 from hf_dpmerge.merging.noise_variance import (
     alignment_restoring,
     capped_variance,
@@ -135,7 +136,7 @@ def _load_adapter(adapter_dir: str, _stamp: tuple[int, int]) -> SavedAdapter:
         return load_saved_adapter(adapter_dir)
     except UnsupportedAdapterError as err:
         raise ValueError(
-            f"{err}: cauchy_poe and dp_aware support plain LoRA adapters only (their task vector s·B·A and its "
+            f"{err}: hf_dpmerge's merge methods support plain LoRA adapters only (their task vector s·B·A and its "
             "noise model)"
         ) from None
 
@@ -297,6 +298,19 @@ def input_noise_variance(
     else:
         return 0.0
     return variance if task_vector is None else capped_variance(variance, task_vector)
+
+
+def input_noise_edge(
+    reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any], task_vector: torch.Tensor
+) -> float:
+    """The noise floor of one input's task vector τ (W_i − W_0) for one 2-D tensor (:mod:`.noise_floor`): from its
+    factors' noise for a noisy LoRA delta (s·e(V_B, A) with A frozen), else from the per-coordinate s² of
+    :func:`input_noise_variance` (a per-model ``noise_std``, heads, full models; 0 for non-DP inputs)."""
+    lora = input_lora_noise(reference, tensor_name, overrides)
+    if lora is not None:
+        factors, variance_a, variance_b = lora
+        return lora_noise_edge(factors.lora_a, factors.lora_b, factors.scaling, variance_a, variance_b)
+    return noise_edge(input_noise_variance(reference, tensor_name, overrides, task_vector), tuple(task_vector.shape))
 
 
 def check_finite(tensor_name: str, reference: ModelReference, tensor: torch.Tensor) -> None:

@@ -1,12 +1,14 @@
-"""The mergekit 0.1.5 methods ``cauchy_poe`` and ``dp_aware``: parameter specs and per-tensor kernels.
+"""The mergekit 0.1.5 methods ``cauchy_poe``, ``dp_aware`` and the spectral ``tsv``, ``iso_c``, ``iso_cts``,
+``wudi``: parameter specs and per-tensor kernels (the maths: :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.tsv`,
+:mod:`.iso`, :mod:`.wudi`).
 
-Importing this module registers both with mergekit, as mergekit's own registry does for its methods.
+Importing this module registers them with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
-Both methods need a base (task vectors τ_i = W_i − W_0) and take, per input, the overridable noise-model
+Every method needs a base (task vectors τ_i = W_i − W_0) and takes, per input, the overridable noise-model
 values of :data:`~hf_dpmerge.merging.inputs.RECORD_OVERRIDES` plus ``noise_std``. They run the same
 through ``mergekit-yaml``/``run_merge`` and ``mergekit.merge_methods.api.merge_state_dicts`` (in-memory inputs
 have no privacy record: ``dp_aware`` then needs ``allow_non_private: true`` and ``noise_std`` per input or
-``noise: estimate``, and says so otherwise).
+``noise: estimate``, and says so otherwise; so does a spectral method's ``noise_floor: record``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pydantic import Field
 
 from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.dp_aware import dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.factor_space import SPECTRAL_KERNELS
 from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     RECORD_OVERRIDES,
@@ -39,9 +42,12 @@ from hf_dpmerge.merging.inputs import (
     factor_noise_variance,
     input_lora_factors,
     input_lora_noise,
+    input_noise_edge,
     input_noise_variance,
     require_private,
 )
+from hf_dpmerge.merging.spectral import TaskVector, merged_as_matrix
+from hf_dpmerge.merging.wudi import Solver
 
 ALLOW_NON_PRIVATE = "allow_non_private"
 Positive = Annotated[float, Field(gt=0)]
@@ -232,7 +238,97 @@ class DPAwareMethod(_TaskVectorMethod):
         )
 
 
-METHODS: tuple[_TaskVectorMethod, ...] = (CauchyPoEMethod(), DPAwareMethod())
+class _SpectralMethod(_TaskVectorMethod):
+    """The spectral merges: τ_i exactly from an input's LoRA factors when it has them (else W_i − W_0), each
+    task's spectrum truncated at its noise edge with ``noise_floor: record`` (:func:`~.inputs.input_noise_edge`),
+    matrices merged by the method's kernel (:data:`~.factor_space.SPECTRAL_KERNELS`, given its ``own`` settings),
+    1-D tensors and embeddings by task arithmetic as the papers do (λ·mean, or λ·Σ where ``fallback_sum``).
+    ``lambda`` defaults to the papers' scale, 1."""
+
+    fallback_sum = False
+
+    def __init__(self, *own: ParameterSpec) -> None:
+        self.own = tuple(spec.name for spec in own)
+        noise_floor = _shared("noise_floor", Literal["none", "record"], "none")
+        super().__init__((_shared("lambda", float, 1.0), *own, noise_floor))
+
+    def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
+        return shared.get("noise_floor", "none") == "record" and NOISE_STD not in {**shared, **per_model}
+
+    def merge(
+        self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
+    ) -> torch.Tensor:
+        base_c = base if base.dtype == torch.float64 else base.float()
+        if not merged_as_matrix(name, base.shape):  # one task vector at a time: no N copies of an embedding
+            total = sum(entry.tensor.to(base_c.dtype) - base_c for entry in entries)
+            scale = parameters["lambda"] / (1 if self.fallback_sum else len(entries))
+            return (base_c + scale * total).to(base.dtype)
+        task_vectors: list[TaskVector] = []
+        edges: list[float] | None = [] if parameters["noise_floor"] == "record" else None
+        for entry in entries:
+            factors = input_lora_factors(entry.id, name)
+            dense = entry.tensor.to(base_c.dtype) - base_c
+            if factors is None and not bool(dense.any()):
+                continue  # τ_i = 0 (a weight the adapter leaves alone) changes no method's merge
+            task_vectors.append(dense if factors is None else tuple(f.to(base.device) for f in factors.delta_factors()))
+            if edges is not None:
+                edges.append(input_noise_edge(entry.id, name, _overrides(parameters, entry.id), dense))
+        if not task_vectors:
+            return base
+        own = {key: parameters[key] for key in self.own}
+        merged = SPECTRAL_KERNELS[self.name](task_vectors, edges=edges, **own)
+        return (base_c + parameters["lambda"] * merged.to(base_c.dtype)).to(base.dtype)
+
+
+class TSVMethod(_SpectralMethod):
+    """TSV-Merge (:mod:`hf_dpmerge.merging.tsv`)."""
+
+    name = "tsv"
+    pretty_name = "TSV-Merge (task singular vectors)"
+    reference_url = "https://arxiv.org/abs/2412.00081"
+
+    def __init__(self) -> None:
+        super().__init__(_shared("k", Optional[Annotated[int, Field(ge=1)]], None))  # None: ⌊R/T⌋
+
+
+class IsoCMethod(_SpectralMethod):
+    """Iso-C (:mod:`hf_dpmerge.merging.iso`)."""
+
+    name = "iso_c"
+    pretty_name = "Iso-C (isotropic merging in the common subspace)"
+    reference_url = "https://arxiv.org/abs/2502.04959"
+
+
+class IsoCTSMethod(_SpectralMethod):
+    """Iso-CTS (:mod:`hf_dpmerge.merging.iso`)."""
+
+    name = "iso_cts"
+    pretty_name = "Iso-CTS (isotropic merging in common and task-specific subspaces)"
+    reference_url = "https://arxiv.org/abs/2502.04959"
+
+    def __init__(self) -> None:
+        super().__init__(_shared("common_space_fraction", Annotated[float, Field(gt=0, le=1)], 0.8))
+
+
+class WUDIMethod(_SpectralMethod):
+    """WUDI-Merging (:mod:`hf_dpmerge.merging.wudi`); 1-D tensors keep its start, the task-arithmetic sum."""
+
+    name = "wudi"
+    pretty_name = "WUDI-Merging (interference guided by the task vectors)"
+    reference_url = "https://arxiv.org/abs/2503.08099"
+    fallback_sum = True
+
+    def __init__(self) -> None:
+        super().__init__(
+            _shared("steps", Annotated[int, Field(ge=0)], 300),
+            _shared("lr", Positive, 1e-5),
+            _shared("solver", Solver, "adam"),
+        )
+
+
+METHODS: tuple[_TaskVectorMethod, ...] = (
+    CauchyPoEMethod(), DPAwareMethod(), TSVMethod(), IsoCMethod(), IsoCTSMethod(), WUDIMethod(),
+)
 _known = {method.spec.name for method in registered_methods()}
 for _method in METHODS:
     if _method.spec.name not in _known:

@@ -2,15 +2,15 @@
 
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
-imported. That only registers ``cauchy_poe`` and ``dp_aware``: stock mergekit (``mergekit-yaml``,
-``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
+imported. That only registers our methods (:data:`~.methods.METHODS`, ``safe_merge``): stock mergekit
+(``mergekit-yaml``, ``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
 
 :func:`check_config` is what ``hf-dpmerge merge`` (:func:`hf_dpmerge.merging.run.merge`) checks before writing
 anything: an unknown method name; for every method, each input's privacy record against the merge base (its
-recorded base fingerprint); for ``cauchy_poe``/``dp_aware`` also unknown parameter keys, a missing scale and every
-input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods check each
-input when they merge its first tensor (mergekit's own output handling applies); mergekit's own methods check no
-base there.
+recorded base fingerprint); for the methods of :data:`~.methods.METHODS` also unknown parameter keys, a missing
+scale and every input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods
+check each input when they merge its first tensor (mergekit's own output handling applies); mergekit's own methods
+check no base there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 
 def register_methods() -> None:
-    """Register ``cauchy_poe``, ``dp_aware`` and ``safe_merge`` with mergekit: importing their modules does it.
+    """Register our methods (:data:`~.methods.METHODS`, ``safe_merge``) with mergekit: importing their modules does it.
 
     When that module is itself being imported (it imports ``mergekit.merge_methods``, which fires the
     hook), ``import_module`` returns it half-initialised and its last lines register the methods.

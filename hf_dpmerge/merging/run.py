@@ -6,8 +6,8 @@ For any method, before anything is written: the YAML keys are checked against me
 is an error, :func:`~hf_dpmerge.merging.config_edit.unknown_config_keys`), the method name must be known, an
 existing non-empty output is refused unless ``overwrite`` and it holds a previous merge
 (:func:`check_merge_output`), every input's privacy record must name the merge base (its recorded base fingerprint),
-and for ``cauchy_poe``/``dp_aware``/``safe_merge`` every input and setting is checked
-(:func:`.registration.check_config`).
+and for our methods (``cauchy_poe``, ``dp_aware``, the spectral ones, ``safe_merge``) every input and setting is
+checked (:func:`.registration.check_config`).
 Stale ``--lora-merge-cache`` entries are dropped, and so are the tensor loaders mergekit keeps for the whole process
 (keyed by the path *as written*: a second merge in one process, from another working directory or after an input
 was rewritten, would read the first one's tensors). The merge is written into a scratch directory beside the output

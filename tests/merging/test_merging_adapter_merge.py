@@ -22,17 +22,13 @@ from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
 from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, adapter_weights
 from hf_dpmerge.merging.methods import DPAwareMethod
 from tests.utils.merging_builders import SHARED_A_SEED as SEED
-from tests.utils.merging_builders import lora_config_yaml, save_base, save_shared_a_adapter
+from tests.utils.merging_builders import lora_config_yaml, save_shared_a_adapter, save_shared_a_runs
 from tests.utils.tiny_models import save_tiny_llama, tiny_causal_tokenizer, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    runs = tmp_path_factory.mktemp("runs")
-    save_base(runs / "base")
-    for seed, (task, labels) in enumerate({"sst2": 2, "mnli": 3, "qnli": 2}.items(), start=1):
-        save_shared_a_adapter(runs, task, labels, seed)
-    return runs
+    return save_shared_a_runs(tmp_path_factory.mktemp("runs"), {"sst2": 2, "mnli": 3, "qnli": 2})
 
 
 def adapters(runs: Path, *tasks: str) -> list[Path]:
@@ -183,6 +179,7 @@ NOT_EXACT = {  # packaged config -> the parameter the refusal names and why no m
     "ties": ("merge_method 'ties'", "sign election and magnitude trimming pick dense coordinates"),
     "causal_ties": ("merge_method 'ties'", "sign election and magnitude trimming pick dense coordinates"),
     "safe_merge": ("percentile=50.0", "its entry mask keeps dense coordinates of each ΔW, not a change of B"),
+    "wudi": ("solver='adam'", "Adam's per-coordinate steps on the dense ΔW leave the shared A's row space"),
 }
 
 
@@ -191,10 +188,8 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The packaged configs' folders: runs/ (tiny BERT, the quickstart's four tasks and own_data.yaml's two runs) and
     runs_causal/ (tiny Llama, two tasks), every adapter sharing its frozen A."""
     root = tmp_path_factory.mktemp("layout")
-    save_base(root / "runs" / "base")
-    for seed, (task, labels) in enumerate({"rotten_tomatoes": 2, "election_tweets": 3, "reuters_r8": 8,
-                                           "bbc_news": 5, "notes": 2, "clinic": 3}.items(), start=1):
-        save_shared_a_adapter(root / "runs", task, labels, seed)
+    save_shared_a_runs(root / "runs", {"rotten_tomatoes": 2, "election_tweets": 3, "reuters_r8": 8, "bbc_news": 5,
+                                       "notes": 2, "clinic": 3})
     save_tiny_llama(root / "runs_causal" / "base")
     for seed, task in enumerate(("rotten_tomatoes", "election_tweets"), start=1):
         save_shared_a_adapter(root / "runs_causal", task, 2, seed, causal=True)

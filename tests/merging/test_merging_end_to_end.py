@@ -64,7 +64,7 @@ def _assert_merged(workdir: Path, out: str, expect_changed: str, privacy_card: b
         assert "## Differential privacy" in readme and "(ε = 8, δ = 1e-05)-DP" in readme
 
 
-@pytest.mark.parametrize("method", ["dp_aware", "cauchy_poe"])
+@pytest.mark.parametrize("method", ["dp_aware", "cauchy_poe", "tsv", "iso_c", "iso_cts", "wudi"])
 def test_mergekit_yaml_merges_lora_adapters(workdir: Path, method: str) -> None:
     config = lora_config_yaml(method, "./runs/base", ADAPTERS, "parameters:\n  lambda: 0.5\n")
     result = _mergekit_yaml(workdir, config, f"out_lora_{method}")

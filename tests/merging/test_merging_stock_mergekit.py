@@ -163,5 +163,5 @@ def test_a_misspelt_parameters_block_fails_instead_of_merging_at_lambda_one(vari
 def test_list_methods_names_ours_and_mergekits(capsys) -> None:
     assert main(["merge", "--list-methods"]) == 0
     lines = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
-    assert lines["dp_aware"] == lines["cauchy_poe"] == "hf_dpmerge"
+    assert {lines[m] for m in ("dp_aware", "cauchy_poe", "tsv", "iso_c", "iso_cts", "wudi")} == {"hf_dpmerge"}
     assert lines["ties"] == lines["task_arithmetic"] == "mergekit"

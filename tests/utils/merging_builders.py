@@ -88,6 +88,14 @@ def save_shared_a_adapter(runs: Path, task: str, labels: int, seed: int, a_seed:
     return adapter if causal else export_encoder_adapter(adapter, runs / task / "encoder_adapter")
 
 
+def save_shared_a_runs(runs: Path, tasks: dict[str, int]) -> Path:
+    """``runs/base`` and, for the i-th task (from 1), its shared-A encoder adapter with that many labels, seeded i."""
+    save_base(runs / "base")
+    for seed, (task, labels) in enumerate(tasks.items(), start=1):
+        save_shared_a_adapter(runs, task, labels, seed)
+    return runs
+
+
 def save_merge_runs(runs: Path, tasks: dict[str, int]) -> Path:
     """``runs/base`` and, for the i-th task (from 1), its adapters with that many labels, seeded i."""
     save_base(runs / "base")
