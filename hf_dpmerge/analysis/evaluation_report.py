@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-# the formulas of the shipped merge_retention evaluate module: evaluate.load(<merge_retention>) gives the same numbers
+# retention and interference by the shipped merge_retention evaluate module's kernel: evaluate.load gives the same
 from hf_dpmerge.data.metrics import gain_retained, retention_and_interference
 
 RESULTS_NAME = "results.json"

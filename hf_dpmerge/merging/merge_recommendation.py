@@ -6,8 +6,8 @@ task vectors (:mod:`hf_dpmerge.merging.task_similarity`), each task vector's noi
 trainer and ε each record names. :data:`RULES` map them to advice, citing only figures read from
 ``data/benchmark_evidence.json`` (:data:`EVIDENCE`) and ``data/recipe_floor_gap.json`` (:data:`RECIPE_FLOOR_GAP`):
 the merge measured at the nearest ε and an interference at least the adapters', the head-only comparison first
-where the floor won. A measurement within :data:`TOLERANCE` of a threshold does not cross it; outside the measured
-range a rule says so instead of extrapolating.
+where the floor won there or in the LP-FT benchmark. A measurement within :data:`TOLERANCE` of a threshold does
+not cross it; outside the measured range a rule says so instead of extrapolating.
 """
 
 from __future__ import annotations
