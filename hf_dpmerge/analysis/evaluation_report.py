@@ -1,29 +1,13 @@
-"""What ``hf-dpmerge evaluate`` reports and writes (``results.json``, ``retention.png``): per task, the three
-scores :mod:`hf_dpmerge.analysis.evaluation` computes and what is derived from them.
+"""What ``hf-dpmerge evaluate`` reports and writes (``results.json``, ``retention.png``): per task, the floor
+(:data:`FLOOR_KINDS`), the individual adapter and the merged model's scores (:mod:`hf_dpmerge.analysis.evaluation`)
+and what is derived from them:
 
-- **floor** — what the adapters and the merge must beat (:data:`FLOOR_KINDS`): the unmodified base encoder with
-  that task's own (released) head, a multi-task model that needs no adapter and no merge; with ``--floor_runs``
-  the private head, trained by its own recipe at the same ε (the adapter's own head then moves to **own head**);
-- **individual** — the base with that task's adapter (LoRA + head) applied;
-- **merged** — the merged encoder with that task's own head put in place of the merged model's head;
-- **gain retained** = (merged − floor) / (individual − floor) (1: the merge keeps all the adapter adds over the
-  floor; undefined, "below floor", when the adapter does not beat the floor);
-- **retention** = merged / individual (1.0: merging lost nothing; undefined when individual ≤ 0), only ever
-  shown beside the floor: where the floor does as well, retention above 100 % measures nothing the adapters did;
-- **interference** = individual − merged, in points of the task's primary metric (positive: the merged
-  model is worse on this task). It is the whole drop from the task's own model to the merge, i.e. what
-  sharing one encoder with the other tasks costs, including the merge method's own shrinkage (e.g. task
-  arithmetic's scaling); it is not corrected for either.
+    gain retained = (merged − floor) / (individual − floor)   ("below floor" where individual ≤ floor)
+    retention = merged / individual,   interference = individual − merged   (points of the primary metric)
 
-:meth:`EvaluationReport.definitions` says what each column is, in one place: the table's legend, the
-``definitions`` of ``results.json`` and a merged model's card (:mod:`hf_dpmerge.hub.model_card`) all print it.
-Retention and interference come from the shipped ``merge_retention`` evaluate module
-(``retention_and_interference``), so they equal ``evaluate.load(<merge_retention>).compute(...)`` on the same
-predictions.
-
-Averages are unweighted means over tasks; the average gain retained is the formula on the averaged scores (a
-mean of per-task ratios explodes where an adapter barely beats its floor). ε is each adapter's recorded ε (∞
-for non-private adapters); the merged release is (max ε_t, δ)-DP per dataset when the task datasets are disjoint.
+Retention is read beside the floor only; interference is the whole drop from the task's own model to the merge
+(the merge method's own shrinkage included). :meth:`EvaluationReport.definitions` is the one legend of the
+table, ``results.json`` and the merged card. Averages are unweighted over tasks. See docs/design.md §11.
 """
 
 from __future__ import annotations
@@ -37,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+# retention and interference by the shipped merge_retention evaluate module's kernel: evaluate.load gives the same
 from hf_dpmerge.data.metrics import gain_retained, retention_and_interference
 
 RESULTS_NAME = "results.json"
@@ -114,6 +99,8 @@ class EvaluationReport:
         mean = mean_of_defined
         individual, merged = mean([t.individual for t in self.tasks]), mean([t.merged for t in self.tasks])
         floor = mean([t.floor for t in self.tasks]) if all(t.floor is not None for t in self.tasks) else None
+        # the formula on the averaged scores: a mean of per-task ratios explodes where an adapter barely beats
+        # its floor
         gain = None if None in (floor, individual, merged) else gain_retained(merged, individual, floor)
         return {
             "floor": floor,

@@ -1,23 +1,12 @@
-"""One-run empirical privacy audit of a training configuration (Steinke, Nasr & Jagielski 2023).
+"""One-run empirical privacy audit of a training configuration (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846).
 
-1. Draw m random-word canaries with random labels; include each in the training set with probability 1/2
-   (:mod:`hf_dpmerge.audit.canaries`).
-2. Train once with :class:`~hf_dpmerge.DPSAMTrainer` and the given :class:`~hf_dpmerge.DPSAMConfig` on the task
-   data plus the included canaries; save the adapter with its ``dp_privacy.json`` (the claimed (ε, δ)).
-3. Score every canary from the trained adapter against its base and guess "in" for the k₊ highest scores,
-   "out" for the k₋ lowest (:mod:`hf_dpmerge.audit.membership`).
-4. Turn the number of correct guesses into ε_lo at the claimed δ (:mod:`hf_dpmerge.audit.one_run_bound`):
-   with probability ≥ confidence over the inclusion draw, an (ε, δ)-DP training has ε ≥ ε_lo.
-
-ε_lo > claimed ε (beyond the confidence level) means the claim is wrong (a bug in noise, clipping, sampling or
-accounting). ε_lo ≤ claimed ε proves nothing: the audit is a lower bound and one-run audits with input-space
-canaries are far from tight. The trainer sets q = B/N from the realised dataset size, which varies with the
-draw by about √m/2 examples; the claim is the accountant's at that N.
-
-User-level DP (``config.privacy_unit_column`` set): the task rows keep their unit column, each canary is a
-unit of ``rows_per_canary`` rows with its own unit id, and a canary's score is the mean of its rows' scores,
-so the audit tests the per-unit claim. Canaries of several rows under an example-level claim are refused:
-that claim does not cover them (group privacy).
+Draw m random-word canaries, each included in the training set with probability 1/2
+(:mod:`hf_dpmerge.audit.canaries`); train once with the given :class:`~hf_dpmerge.DPSAMConfig`; score each canary
+by the adapter's loss reduction over its base and guess "in" for the k₊ highest, "out" for the k₋ lowest
+(:mod:`hf_dpmerge.audit.membership`); turn the correct guesses into ε_lo at the claimed δ
+(:mod:`hf_dpmerge.audit.one_run_bound`). ε_lo above the claimed ε refutes the claim; below it proves nothing.
+With ``privacy_unit_column`` set, a canary is a unit of ``rows_per_canary`` rows scored by its rows' mean, so the
+audit tests the per-unit claim. See docs/design.md §11.
 """
 
 from __future__ import annotations
@@ -115,6 +104,7 @@ def audit_training(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     unit = config.privacy_unit_column
+    # an example-level claim does not cover a canary of several rows (only group privacy would)
     if rows_per_canary > 1 and unit is None:
         raise ValueError(
             f"canaries of {rows_per_canary} rows audit a per-unit guarantee, but the run is example-level: "
@@ -137,6 +127,8 @@ def audit_training(
     scored_rows = canary_rows.remove_columns(list(keep))
     included = canary_rows.select(np.flatnonzero(canaries.included[canaries.canary_of_row]))
     train_set = datasets.concatenate_datasets([task_rows, included])
+    # the trainer sets q = B/N from this realised N, which varies with the draw by about √m/2 examples: the claim
+    # checked is the accountant's at that N
     collator = DataCollatorWithPadding(tokenizer)
     trainer = dp_trainer(model, config, train_dataset=train_set, data_collator=collator, **(trainer_options or {}))
     trainer.train()

@@ -1,25 +1,14 @@
 """Empirical ε lower bound from one training run (Steinke, Nasr & Jagielski, NeurIPS 2023, arXiv:2305.08846).
 
-m canaries are each included in the training set independently with probability 1/2; from the released model
-the auditor guesses "in" or "out" for r of them and abstains on the others; v guesses are correct. If
-training is (ε, δ)-DP, then for every v (their §5, the (ε, δ) form of the main theorem, Corollary 5.4 in
-arXiv v1; evaluated as in their App. D)
+m canaries are each included with probability 1/2; the auditor makes r guesses fixed in advance, v of them
+correct. For an (ε, δ)-DP training (their §5, Corollary 5.4 in arXiv v1, evaluated as in their App. D)
 
     P[V ≥ v] ≤ p(ε) = T(v) + 2mδ · max_{i=1..v} [T(v − i) − T(v)] / i,
-    T(k) = P[Binomial(r, q) ≥ k],   q = e^ε / (1 + e^ε),
+    T(k) = P[Binomial(r, q) ≥ k],   q = e^ε / (1 + e^ε)
 
-and δ = 0 leaves the pure-DP bound p(ε) = T(v) of their §3. Observing v correct guesses therefore rejects
-"(ε, δ)-DP" at level β whenever p(ε) ≤ β, and ε_lo = sup{ε ≥ 0 : p(ε) ≤ β} is a lower bound on the ε of the
-training algorithm at confidence 1 − β (0 when even ε = 0 is not rejected).
-
-(ε, δ)-DP implies (ε', δ)-DP for every ε' ≥ ε, so the test of ε may use inf_{ε' ≥ ε} p(ε'), which is
-non-decreasing: the rejected ε form the interval [0, ε_lo] with ε_lo = sup{ε : p(ε) ≤ β}. Writing c = 2mδ,
-p(ε) = max_i g_i(ε) with g_i = T(v)(1 − c/i) + c·T(v − i)/i, and both tails grow with q, so g_i is
-non-decreasing for i ≥ c: past the first ε where g_⌈c⌉ > β nothing is rejected (c ≥ v rejects nothing). Below
-that ceiling ε_lo is located on a grid and refined by bisection, always reporting a rejected ε (when 2mδ ≤ 1,
-p itself is monotone and this is exactly ε_lo; otherwise a dip between grid points could only make the
-reported bound smaller, never invalid).
-The bound holds for guesses fixed in advance; choosing r after looking at the scores needs a correction.
+(δ = 0: the pure-DP bound T(v) of their §3), and ε_lo = sup{ε ≥ 0 : p(ε) ≤ β} is a lower bound on ε at
+confidence 1 − β (0 when no ε is rejected). Choosing r after looking at the scores would need a correction.
+See docs/design.md §11.
 """
 
 from __future__ import annotations
@@ -68,6 +57,9 @@ def _rejection_ceiling(
     num_canaries: int, num_guesses: int, num_correct: int, delta: float, beta: float
 ) -> float | None:
     """An ε beyond which p(ε) > β for good (via the monotone g_⌈c⌉ ≤ p), or None when p ≡ 1."""
+    # (ε, δ)-DP implies (ε', δ)-DP for every ε' ≥ ε, so the rejected ε form an interval [0, ε_lo]. With c = 2mδ,
+    # p(ε) = max_i g_i(ε), g_i = T(v)(1 − c/i) + c·T(v − i)/i; both tails grow with q, so g_i is non-decreasing for
+    # i ≥ c: past the first ε where g_⌈c⌉ > β nothing is rejected (and c ≥ v rejects nothing at all).
     c = 2 * num_canaries * delta
     if num_correct == 0 or c >= num_correct:
         return None
@@ -101,6 +93,8 @@ def epsilon_lower_bound(
     ceiling = _rejection_ceiling(num_canaries, num_guesses, num_correct, delta, beta)
     if ceiling is None:
         return 0.0
+    # grid, then bisection, always reporting a rejected ε: when 2mδ ≤ 1, p is monotone and this is exactly ε_lo;
+    # otherwise a dip between grid points could only make the reported bound smaller, never invalid
     grid = np.linspace(0.0, ceiling, _GRID_POINTS + 1)
     hits = [index for index, epsilon in enumerate(grid) if rejected(float(epsilon))]
     if not hits:

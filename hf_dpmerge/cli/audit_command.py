@@ -1,23 +1,13 @@
 """Empirical privacy audit of a training configuration: an ε lower bound from one run with canaries.
 
-Trains one LoRA adapter with DPSAMTrainer on the task's training split plus random-word canaries (each
-included with probability 1/2), guesses from the adapter which canaries were trained on, and turns the
-number of correct guesses into an empirical lower bound on ε at the adapter's claimed δ (one-run auditing,
-Steinke, Nasr & Jagielski 2023). Prints the lower bound next to the claimed ε and saves both to JSON.
+Trains one LoRA adapter on the task's training split plus random-word canaries (each included with probability
+1/2), guesses which canaries were trained on and turns the correct guesses into a lower bound on ε at the claimed δ
+(Steinke, Nasr & Jagielski 2023; docs/design.md §11). A bound above the claim refutes it; one below it does NOT
+prove the guarantee. Every training-script flag and DPSAMConfig / TrainingArguments field is accepted, with the
+same defaults (examples/train_glue.py). Example::
 
-A lower bound above the claim refutes the claim (a bug in noise, clipping, sampling or accounting); a lower
-bound below it does NOT prove the guarantee: it only says this attack found no more leakage.
-
-Example::
-
-    hf-dpmerge audit                                        # rotten_tomatoes, packaged MiniLM, ε = 8
-    hf-dpmerge audit --task bbc_news --target_epsilon 4 --sam_mode two_query --align_lambda 0.1
-    hf-dpmerge audit --no_dp --max_steps 20                 # the same run without noise: how much leaks
+    hf-dpmerge audit --task bbc_news --target_epsilon 4      # --no_dp: the same run without noise
     hf-dpmerge audit --privacy_unit_column movie --canary_rows 4 --per_device_train_batch_size 16   # per film
-
-The task, base-model and LoRA flags are the training script's (examples/train_glue.py;
-:mod:`hf_dpmerge.scripts.arguments`), with the same defaults, and so is the DP recipe: every DPSAMConfig /
-TrainingArguments field is accepted as a flag (--target_epsilon, --sam_mode, --no_dp, --max_steps, ...).
 """
 
 from __future__ import annotations

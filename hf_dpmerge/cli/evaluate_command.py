@@ -1,23 +1,13 @@
 """Evaluate each task's adapter and the merged model (with that task's own head) on the task's test split.
 
-Prints and saves (``<output>/results.json``, ``<output>/retention.png``) per task: the floor (the unmodified
-base encoder with the task's own head: no adapter, no merge), the individual score, the merged score, gain
-retained = (merged − floor) / (individual − floor) ("below floor" where the adapter does not beat the floor),
-retention = merged / individual (read beside the floor), interference = individual − merged, and the adapter's
-ε (∞ when non-private); plus averages over tasks.
-
-Example::
+Prints and saves (``<output>/results.json``, ``<output>/retention.png``) per task the floor, the individual and
+merged scores, gain retained = (merged − floor) / (individual − floor), retention = merged / individual,
+interference = individual − merged and the adapter's ε, plus averages (docs/design.md §11). ``--merged`` must be a
+merge of the runs scored, or nothing is scored (docs/bad-inputs.md). Causal-LM runs are scored by verbaliser
+log-likelihood, the zero-shot base as the floor. Example::
 
     hf-dpmerge evaluate --runs runs --merged merged --tasks rotten_tomatoes,bbc_news --output runs/eval
     hf-dpmerge evaluate --max_eval_samples 200        # a quick look on a stratified subset of each test split
-    hf-dpmerge evaluate --runs runs_causal --merged merged_causal   # causal-LM runs (examples/train_causal_lm.py)
-
-``--merged`` must be a merge of the runs scored: the runs' base itself, a folder without ``mergekit_config.yml``, one
-that merges none (or not each) of the tasks, and runs trained on another base than the merge's are refused before
-anything is scored or written.
-
-Causal-LM runs (their base a ``*ForCausalLM``) are scored by verbaliser log-likelihood, with the zero-shot base
-as the floor and gain retained = (merged − floor) / (individual − floor) per task.
 """
 
 from __future__ import annotations

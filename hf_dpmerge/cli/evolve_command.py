@@ -1,20 +1,11 @@
 """Search per-model (optionally per-layer) merge weights with CMA-ES on private validation data, every
 generation's choice made by an ε-DP mechanism.
 
-Each generation CMA-ES proposes --population weight vectors (one weight per ``models:`` entry of CONFIG, or
---layer_points weights interpolated over the layers); every proposal is merged with mergekit and scored like a
-``hf-dpmerge tune`` candidate (task-averaged validation accuracy on public-size subsamples); one is chosen by
-the exponential mechanism at ε_sel / --generations, and CMA-ES learns only that choice. The whole search is
-ε_sel-DP (basic composition of the generations' choices); the last choice is kept at OUTPUT with its
-mergekit_config.yml and dp_selection.json (ε_sel composed with the adapters' records, as tune does). Scores are
-never printed or saved. Needs the ``evolve`` extra (``pip install 'hf_dpmerge[evolve]'``: the cma package).
-
-Validation size (``--validation_size``), rows per unit (``--rows_per_unit``) and composition (``--composition``) are
-tune's: a PUBLIC n per task, each validation set subsampled to it (Δ = 1/(T·n), or m/(T·n) with at most m rows of
-each privacy unit of a user-level adapter); ``sequential`` (default) ε_total = max_t ε_t + ε_sel, or
-``parallel`` when the validation people are disjoint from the training people (``hf-dpmerge tune --help``).
-
-Example::
+Each generation CMA-ES proposes --population weight vectors, each merged with mergekit and scored like a
+``hf-dpmerge tune`` candidate; the exponential mechanism at ε_sel / --generations picks one and CMA-ES learns only
+that choice, so the search is ε_sel-DP (basic composition). The last choice is kept at OUTPUT with its
+dp_selection.json; scores are never printed or saved. --validation_size, --rows_per_unit and --composition are
+tune's (``hf-dpmerge tune --help``; docs/design.md §13). Needs ``pip install 'hf_dpmerge[evolve]'``. Example::
 
     hf-dpmerge evolve merge_configs/task_arithmetic.yaml merged/evolved --epsilon 1 --generations 3 \\
         --population 4 --runs runs --lora-merge-cache runs/lora_cache

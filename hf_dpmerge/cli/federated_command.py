@@ -1,26 +1,15 @@
 """Federated DP fine-tuning on Flower: clients train LoRA adapters with DPSAMTrainer, the server aggregates.
 
-K clients hold disjoint shards of a task's training split. Each round every client is sampled with
-probability --client_sample_rate (Poisson); a sampled client runs --local_steps DP-SGD steps (Poisson
-batches of expected size --batch_size) from the global adapter on its own shard and sends back its LoRA
-factors and head. The server (--server_strategy: Flower's fedavg, fedprox with the clients' proximal term
---proximal_mu, or fedadam's server Adam step) aggregates them (--aggregation fedavg | task_arithmetic |
-dp_aware | ties | dare) and, with
---client_noise_multiplier, adds client-level DP: each client's update is clipped to --client_clip_norm S,
-N(0, z²S²) is added to the sum, which is divided by the expected number of sampled clients.
-Client-level δ defaults to 1/(100·K); δ ≥ 1/K needs --allow_large_client_delta.
-
-Reported (federated_privacy.json, the adapter's dp_privacy.json, and printed): each client's example-level
-(ε, δ) over all its rounds (one accountant over all its DP-SGD steps; the global model: the maximum over
-clients, shards being disjoint) and, with server DP, the client-level (ε, δ) of the rounds at (z, q):
-add/remove-one client's whole data, and its ε under replace-one client at the same δ.
-
-Example::
+K clients hold disjoint shards of a task's training split. Each round every client is sampled with probability
+--client_sample_rate; a sampled client runs --local_steps DP-SGD steps from the global adapter and sends back its
+LoRA factors and head; the server (--server_strategy fedavg | fedprox | fedadam) aggregates them (--aggregation)
+and, with --client_noise_multiplier z, adds client-level DP: each update clipped to --client_clip_norm S, N(0, z²S²)
+added to the sum. Reported (federated_privacy.json, dp_privacy.json): each client's example-level (ε, δ) and, with
+server DP, the client-level (ε, δ) (δ = 1/(100·K) by default). See docs/federated.md and docs/design.md §12.
+Runs in Flower's simulation engine (the ``federated`` extra). Example::
 
     hf-dpmerge federated --task rotten_tomatoes --num_clients 4 --rounds 4 --local_steps 10 --batch_size 64
     hf-dpmerge federated --client_noise_multiplier 1.0 --client_clip_norm 0.05 --output_dir runs/fed-dp
-
-The simulation runs in Flower's engine (Ray backend, installed with hf_dpmerge's ``federated`` extra).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Task grouping: cosine similarity and sign conflicts of adapters' task vectors, merge groups and their configs.
 
-Each RUN is a run folder (``runs/<task>``: its ``encoder_adapter/``, else ``adapter/``) or a peft adapter
-folder. Prints the cosine similarity of the dense task vectors τ = s·B·A (computed from r×r Gram matrices,
-ΔW is never built) and the exact sign-conflict rate of every pair and, for DP adapters, the noise-aware
-cosine: the cosine with the DP noise energy their records predict subtracted from each norm, with its 95 %
-interval. Grouping uses the noise-aware cosine (equal to the raw one without DP records; the raw one for a
-pair where it is undefined because an adapter's energy is not above its predicted noise): average-linkage
-clustering on 1 − that cosine, two clusters joining while its mean over their pairs of members is
-≥ --threshold. Writes to --output_dir: ``similarity.json``, ``similarity.png`` (heatmap) and one mergekit
-config ``merge_group_<k>.yaml`` per group of two or more adapters (merge method: --method). Reads released
-adapters only: no privacy cost.
-
-Example::
+Each RUN is a run folder (``runs/<task>``) or a peft adapter folder. Prints the cosine of the task vectors
+τ = s·B·A (from r×r Gram matrices), their sign-conflict rate and, for DP adapters, the noise-aware cosine (the
+recorded noise energy subtracted from each norm; 95 % interval). Grouping uses the noise-aware cosine (the raw
+one for a pair where it is undefined): average linkage on 1 − cosine, clusters joining while their mean is
+≥ --threshold. Writes ``similarity.json``, ``similarity.png`` and a mergekit config ``merge_group_<k>.yaml`` per
+group of two or more; reads released adapters only (no privacy cost; docs/merging.md). Example::
 
     hf-dpmerge similarity runs/reuters_r8 runs/reuters_r52 runs/bbc_news runs/rotten_tomatoes --method dp_aware
     mergekit-yaml similarity/merge_group_1.yaml merged/group_1 --lora-merge-cache lora_cache

@@ -1,30 +1,15 @@
 """Choose merge hyper-parameters on private validation data with a differentially private selection.
 
-Every candidate of the grid is merged with mergekit and scored by its validation accuracy (each task's
-head on the merged encoder, averaged over tasks); one candidate is chosen by an ε-DP mechanism and kept at
-OUTPUT with its mergekit_config.yml and dp_selection.json (the selection's ε_sel composed with the
-adapters' records; ``hf-dpmerge push`` states the total on the card). Scores are never printed or saved.
-
-Example::
+Every grid candidate is merged with mergekit and scored by its validation accuracy (each task's head on the
+merged encoder, averaged over the T tasks); an ε-DP mechanism chooses one, kept at OUTPUT with its
+mergekit_config.yml and dp_selection.json (ε_sel composed with the adapters' records). Scores are never printed or
+saved. Public settings, fixed before the data is read: --validation_size n per task (each set subsampled to n,
+Δ = 1/(T·n)); --rows_per_unit m for a user-level adapter (at most m rows of each unit scored, Δ = m/(T·n) per
+unit); --composition sequential (ε_total = max_t ε_t + ε_sel) or, only when the validation people are disjoint
+from the training people, parallel (max(max_t ε_t, ε_sel)). See docs/design.md §13. Example::
 
     hf-dpmerge tune merge_configs/task_arithmetic.yaml merged/tuned --grid lambda=0.3,0.5,0.7,1.0 \\
         --epsilon 1 --runs runs --tasks rotten_tomatoes,election_tweets --lora-merge-cache runs/lora_cache
-
-Validation size (``--validation_size``): a PUBLIC number n of validation examples per task (default 500;
-``N`` for every task or ``TASK=N,TASK=N``), stated before looking at the data. Each task's validation set is
-subsampled uniformly at random to n examples (a smaller set scores its missing examples as wrong), so
-Δ = 1/(T·n) and the selection is ε_sel-DP under the addition, removal or replacement of one example; the
-private set sizes are neither used in Δ nor written anywhere. A larger n uses more of each set.
-
-User-level adapters (trained with ``--privacy_unit_column``, e.g. ``movie``): the selection is made per the same
-unit. That task's validation split must hold the column (else refused); at most m of each unit's rows are scored
-(``--rows_per_unit M``, public, default 1), then n of those, so Δ = m/(T·n) under the addition, removal or
-replacement of one whole unit. A unit's rows beyond m are never scored: raise m when units have many rows and
-there are few units, at the price of a larger Δ.
-
-Composition (``--composition``): ``sequential`` (default; the validation data may belong to the people the
-adapters were trained on): ε_total = max_t ε_t + ε_sel. ``parallel`` only when the validation people are
-disjoint from the training people: ε_total = max(max_t ε_t, ε_sel); the record and card say which.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Server-side aggregation of client LoRA updates with hf_dpmerge's merge kernels.
 
-Client k returns its trained LoRA factors and head θ_k; its update is Δ_k = θ_k − θ_g against the global
-state θ_g it started from. Each LoRA factor and head tensor is a directly trained parameter, so the
-per-tensor kernels of :mod:`hf_dpmerge.merging.dp_aware` apply to it as to a task vector:
-
-- ``fedavg``: θ_g + Σ_k (n_k/Σn) Δ_k — Flower's own FedAvg aggregation (done by the strategy);
-- ``task_arithmetic``: θ_g + λ·Σ_k Δ_k/K (the dp_aware kernel with zero noise is exactly task arithmetic);
-- ``dp_aware``: each Δ_k SURE-denoised at the DP noise its client's record implies, combined by
-  random-effects (inverse-variance) weights — the clients share one task (docs/design.md §6, §12);
-- ``ties``: θ_g + λ·TIES(Δ_1…Δ_K) (Yadav et al., NeurIPS 2023 §3): each Δ_k trimmed to its ``density`` share
-  of largest magnitudes, a sign elected per coordinate by the sum of the trimmed updates, and the mean of the
-  entries that agree with it (mergekit's ``sparsify`` and ``get_mask``). Not under client-level DP: the sign
-  election compares clients coordinate by coordinate, so no clipped sum bounds one client's influence;
-- ``dare``: θ_g + λ·Σ_k DARE(Δ_k)/K (Yu et al., ICML 2024 §3): each coordinate of each Δ_k kept with
-  probability ``density`` (the server's seeded generator) and rescaled by 1/density, E[DARE(Δ)] = Δ. One
-  client's update is transformed on its own, so under client-level DP DARE(Δ_k) is clipped and noised like
-  Δ_k. The rescaling also multiplies the client's own DP noise by 1/density on the kept coordinates.
-
-With client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
-θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), where u_k is Δ_k (fedavg, task_arithmetic), its
-SURE-denoised estimate (dp_aware) or DARE(Δ_k) (dare): per-client post-processing of the client's own
-release. Weights that depend on the clients' data (num-examples, random effects) would leave the sensitivity
-unbounded, so they are replaced by the uniform, clipped sum.
+Client k's update is Δ_k = θ_k − θ_g (its trained LoRA factors and head against the global state). ``fedavg``
+is Flower's own; ``task_arithmetic`` is θ_g + λ·Σ_k Δ_k/K; ``dp_aware`` SURE-denoises each Δ_k at its record's
+noise and weights by random effects (docs/design.md §6); ``ties`` is TIES (Yadav et al., NeurIPS 2023,
+arXiv:2306.01708) and ``dare`` θ_g + λ·Σ_k DARE(Δ_k)/K (Yu et al., ICML 2024, arXiv:2311.03099). Under
+client-level DP (:mod:`~hf_dpmerge.federated.client_level_dp`) the server releases
+θ_g + λ·(Σ_k clip_S(u_k) + N(0, z²S²I))/(q·K), u_k the client's own post-processed update, with uniform weights
+(data-dependent ones would leave the sensitivity unbounded). See docs/design.md §12.
 """
 
 from __future__ import annotations
@@ -37,7 +22,9 @@ from hf_dpmerge.merging.noise_variance import record_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 
 AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "ties", "dare")
-PRIVATE_AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "dare")  # what a client-level mechanism can release
+# what a client-level mechanism can release: not ties, whose sign election compares clients coordinate by
+# coordinate, so no clipped sum bounds one client's influence
+PRIVATE_AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "dare")
 DEFAULT_TIES_DENSITY = 0.2
 DEFAULT_DARE_DENSITY = 0.5
 HEAD_MARKER = ".modules_to_save."
@@ -80,6 +67,8 @@ def ties_update(deltas: Sequence[torch.Tensor], density: float) -> torch.Tensor:
 
 def dare_update(delta: torch.Tensor, density: float, generator: torch.Generator) -> torch.Tensor:
     """DARE(Δ) = m ⊙ Δ / density, m_i ~ Bernoulli(density) drawn from ``generator`` (unbiased: E = Δ)."""
+    # one client's update is transformed on its own (so under client-level DP DARE(Δ_k) is clipped and noised like
+    # Δ_k); the rescaling also multiplies the client's own DP noise by 1/density on the kept coordinates
     keep = torch.rand(delta.shape, generator=generator) < density
     return torch.where(keep, delta.float() / density, torch.zeros((), dtype=torch.float32))
 
@@ -107,6 +96,7 @@ def merge_updates(
         return {name: (base.float() + server_learning_rate * torch.stack([c[name] for c in contributions]).mean(0)
                        ).to(base.dtype) for name, base in global_state.items()}
     weights = [1.0 / len(updates)] * len(updates)
+    # the dp_aware kernel with zero noise variances and task_arithmetic weighting is exactly task arithmetic
     merged = {}
     for name, base in global_state.items():
         variances = [tensor_noise_variance(u.record, name) if method == "dp_aware" else 0.0 for u in updates]

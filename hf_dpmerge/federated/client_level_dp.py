@@ -1,22 +1,14 @@
 """Client-level (user-level) DP at the server: DP-FedAvg's Gaussian mechanism (McMahan et al., ICLR 2018,
-"Learning Differentially Private Recurrent Language Models", Algorithm 1 with the fixed-denominator estimator).
+arXiv:1710.06963, Algorithm 1 with the fixed-denominator estimator).
 
-Each round every client is sampled independently with probability q (Poisson), each sampled client's
-update u_k (all its tensors flattened into one vector) is clipped to L2 norm S, and
+Each round every client is sampled with probability q (Poisson), each sampled client's whole update u_k is
+clipped to L2 norm S, and
 
     ū = (Σ_{k sampled} clip_S(u_k) + N(0, z²S²·I)) / (q·K)
 
-is released. Neighbouring federations differ by one client's whole data (add/remove-one client): adding
-or removing it changes the sum by at most S, so one round is a subsampled Gaussian mechanism with noise
-multiplier z at rate q, and R rounds are accounted as R steps of opacus' accountant at (z, q). Replacing one
-client's data changes the sum by up to 2S; that ε is stated beside it (PLD accountant,
-:func:`~hf_dpmerge.training.dp.accounting.replace_one_epsilon`). The denominator q·K (the expected number of
-sampled clients) is a public constant; dividing by the realised count would make the sensitivity
-data-dependent. Why Flower's DP wrappers are not used: docs/design.md §12.
-
-δ defaults to 1/(100·K): the chance that the guarantee fails for SOME client is at most K·δ = 1% whatever
-K (1/(10·K) would be 10%, and δ = 0.025 at K = 4). δ ≥ 1/K, which a mechanism releasing one random client's
-data in the clear satisfies, is refused unless ``allow_large_delta``.
+is released: R rounds are R steps of opacus' accountant at (z, q) under add/remove-one client (sensitivity S);
+replace-one client (2S) is stated beside it. δ defaults to 1/(100·K); δ ≥ 1/K is refused unless
+``allow_large_delta``. Why Flower's DP wrappers are not used: docs/design.md §12.
 """
 
 from __future__ import annotations
@@ -78,6 +70,7 @@ def private_mean_update(
     std = noise_multiplier * clip_norm
     for name in sorted(total):  # a fixed order, so a seeded generator reproduces the noise
         noise = torch.randn(total[name].shape, generator=generator, dtype=torch.float32)
+        # the public q·K, not the realised count, which would make the sensitivity data-dependent
         total[name] = (total[name] + std * noise) / expected_clients
     return total
 
@@ -110,6 +103,7 @@ class ClientLevelDP:
             raise ValueError(f"--client_noise_multiplier must be > 0, got {self.noise_multiplier}")
         if not 0 < self.delta < 1:
             raise ValueError(f"--client_delta must lie in (0, 1), got {self.delta:g}")
+        # a mechanism releasing one random client's data in the clear satisfies δ = 1/K
         if self.delta >= 1 / self.num_clients and not self.allow_large_delta:
             raise ValueError(
                 f"client-level δ={self.delta:g} ≥ 1/K = {1 / self.num_clients:g}: such a δ allows releasing a "

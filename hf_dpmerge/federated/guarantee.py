@@ -1,26 +1,13 @@
-"""The two guarantees of a federated run, accounted with opacus' accountants.
+"""The two guarantees of a federated run, accounted with opacus' accountants (docs/design.md §12).
 
-Example level (each client's own data): every round a sampled client runs a fresh DPSAMTrainer on the same
-shard D_k, starting from a global state that is post-processing of earlier releases and of data other than
-D_k. All of client k's DP-SGD steps over all rounds are therefore one adaptive sequence of subsampled
-Gaussian mechanisms on D_k at (σ_eff, q_k), and ONE accountant over all T_k = Σ_rounds steps gives its
-(ε_k, δ_k) — tighter than summing per-round ε, which ignores that RDP/PRV compose sub-additively. Shards
-are disjoint, so the global model is (max_k ε_k, max_k δ_k)-DP per example (parallel composition;
-the server's aggregation is post-processing).
-
-Client level (a client's whole shard, only with server-side DP): R rounds of the subsampled Gaussian
-mechanism at (z, q) (:mod:`~hf_dpmerge.federated.client_level_dp`). ``epsilon`` holds for federations that
-differ by one client's whole data present or absent (add/remove-one, opacus' accountant);
-``epsilon_replace_one`` for one client's data swapped for other data (PLD accountant, the same pair as
-the adapters' records: docs/design.md §9). A change to one example changes one client's data, so the
-client-level (ε, δ) also bounds the example-level one.
-
-What is released: subsampling amplifies the client-level guarantee only while it stays secret which
-clients were sampled, so the released record (:func:`released_guarantee`) never lists participation, and with
-client-level DP no released value depends on it: every value comes from :func:`planned_client_records`, the
-record of each REGISTERED client as if sampled in every round (rounds·local_steps steps), computed from public
-configuration (its shard size, the σ, q and δ the setup gives that size) whether or not it ever trained. The
-per-client, per-round ledger (:func:`federated_guarantee`) is the server's.
+Example level: all of client k's DP-SGD steps over all rounds are one adaptive sequence of subsampled Gaussian
+mechanisms on its shard, so ONE accountant over its T_k steps gives (ε_k, δ_k); shards are disjoint, so the
+global model is (max_k ε_k, max_k δ_k)-DP per example. Client level (server-side DP only): R rounds at (z, q)
+(:mod:`~hf_dpmerge.federated.client_level_dp`), ``epsilon`` under add/remove-one client and
+``epsilon_replace_one`` under replace-one (PLD, docs/design.md §9). The released record
+(:func:`released_guarantee`) never depends on which clients were sampled, which must stay secret for subsampling
+to amplify: it is computed from public configuration as if every registered client trained in every round
+(:func:`planned_client_records`); the per-round ledger (:func:`federated_guarantee`) is the server's.
 """
 
 from __future__ import annotations
@@ -76,6 +63,8 @@ def client_example_level(
                     f"client {client}'s rounds differ in {key} ({getattr(first, key)!r} vs "
                     f"{getattr(record, key)!r}): they cannot be composed in one accountant"
                 )
+    # the global state a round starts from is post-processing of earlier releases and of other clients' data, so
+    # one accountant over all steps is valid and tighter than summing per-round ε (RDP/PRV compose sub-additively)
     steps = sum(record.steps for record in records) if steps is None else steps
     accountant = PrivacyAccountant(first.accountant, first.effective_noise_multiplier, first.sample_rate, first.delta)
     return ClientExampleLevel(

@@ -1,24 +1,14 @@
 """The staged folder of a Hub release: the merged model's checks, each task's head and record, the layout.
 
-A release is always staged in a folder first (:mod:`hf_dpmerge.hub.push` uploads it or, for a dry run, keeps it).
-It holds only allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``), laid out as::
-
-    README.md                      the model card (hf_dpmerge.hub.model_card)
-    mergekit_config.yml, tokenizer the merged directory's files other than its model (README replaced)
-    modeling_mean_pooling_bert.py  the remote code (transformers looks for it at the root with subfolder=)
-    model.safetensors              mean pooling: the merged encoder, once, without a classifier
-    <task>/config.json, head.safetensors, modeling_mean_pooling_bert.py, tokenizer files
-                                   mean pooling: the task's head from the adapter's modules_to_save, and a
-                                   config naming ../model.safetensors (``shared_encoder_weights``), which the
-                                   remote code's ``from_pretrained`` reads (from a local folder or the Hub)
-    <task>/config.json, model.safetensors, tokenizer files
-                                   [CLS] pooling (a stock class, no remote code): merged encoder + the task's head
-                                   (:mod:`hf_dpmerge.modeling.stock_release`)
-    <task>/dp_privacy.json         the task's privacy record, byte for byte
-
-``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``
-gives each task its own head and labels. The root holds no config.json (the merged encoder has no meaningful
-head), so stock loaders refuse it instead of predicting with the base's random head.
+A release is always staged first (:mod:`hf_dpmerge.hub.push` uploads it or, for a dry run, keeps it), holding only
+allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``): the card ``README.md``, the merged
+directory's files other than its model, and per task ``<task>/dp_privacy.json`` byte for byte. Mean pooling: the
+merged encoder once at the root (``model.safetensors``, no classifier) and per ``<task>/`` its head
+(``head.safetensors``), remote code and a config naming ``../model.safetensors`` (``shared_encoder_weights``);
+[CLS] pooling: full stock task models (:mod:`hf_dpmerge.modeling.stock_release`). The root holds no config.json,
+so stock loaders refuse it instead of predicting with the base's random head; a task loads with
+``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``.
+See docs/design.md §10.
 """
 
 from __future__ import annotations

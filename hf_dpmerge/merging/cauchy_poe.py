@@ -1,33 +1,14 @@
 """Cauchy product-of-experts merge of task vectors (Le Van et al., arXiv 2607.01689, §4–5).
 
-Per weight matrix, with task vectors τ_i = W_i − W_0 in torch's d_out×d_in layout, the merged update ζ is
-the MAP estimate under a product of Cauchy experts on the directional residuals τ_iᵀ(ζ − τ_i):
+Per weight matrix, with task vectors τ_i = W_i − W_0 (d_out×d_in), the merged update ζ minimises
 
     E(ζ) = Σ_i log(γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²) + j‖ζ‖_F²,        γ_i² = ‖τ_i‖_F²·(tol + d_in·s_i²)
 
-(s_i² = 0 gives the paper's γ_i² = tol·‖τ_i‖²; s_i² > 0 is the DP-calibrated width, docs/design.md §5).
-log is concave, so E is majorised by a quadratic at the current iterate; minimising it gives the MM/IRLS
-fixed point (§5, Algorithm 1), started from α ≡ 1:
-
-    α_i = 1 / (γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²),     ζ ← (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i
-
-The iteration is a fixed point in the N numbers α: it stops when their relative change falls below
-``conv_tol``, is accelerated by Anderson mixing on log α with an energy check (E never increases along
-the accepted iterates), and warns, naming the tensor, when ``max_iter`` solves end before that.
-The output is W_0 + λζ.
-
-Layer rule (``layers``): ``reference`` (the default, as the paper's released code) PoE-merges square
-matrices whole and tall ones (d_out > d_in) as d_in×d_in row blocks, each with its own γ_i and α_i; wide
-matrices (d_out < d_in), embeddings and 1-D tensors merge as W_0 + λ·mean_i τ_i. ``whole`` PoE-merges
-every matrix whole (1-D tensors still λ·mean).
-
-Exact low-rank path: every iterate lies in the span of the task vectors' columns. With an orthonormal
-basis U (d_out×k) of that span and c_i = Uᵀτ_i, the same iteration on c_i gives z with ζ = Uz, the same
-residual norms ‖c_iᵀ(z − c_i)‖ and the same energy, at O(k³ + k²·d_in) per iteration instead of
-O(d_out³ + d_out²·d_in) (k ≤ N·r for LoRA deltas). When every input's task vector is a LoRA delta, U and
-c_i come straight from the factors (exact, whatever precision a merge cache stored); otherwise a sketch
-finds U. For full-rank matrices merged whole with N·d_in ≤ d_out the same iterates are computed in the
-N·d_in-dimensional dual space (:func:`dual_iterates`).
+by the MM/IRLS fixed point α_i = 1/(γ_i² + ‖τ_iᵀ(ζ − τ_i)‖_F²), ζ ← (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i
+(Anderson-accelerated on log α, E never increasing), and the output is W_0 + λζ. s_i² > 0 is the DP-calibrated
+width. ``layers``: ``reference`` (the paper's code: tall matrices by d_in×d_in row blocks, wide ones, embeddings
+and 1-D tensors by λ·mean) or ``whole``. The iteration runs exactly in the span of the task vectors (from the
+LoRA factors when every input is one) or in the dual space. See docs/design.md §5.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Data-free, noise-calibrated merge of DP task vectors (docs/design.md §6; post-processing, no privacy cost).
 
-Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i² each carries (scalar or per
-coordinate, from :mod:`~hf_dpmerge.merging.noise_variance`):
-
-1. denoise (``shrinkage``): ``scale`` (the default) θ̂_i = max(0, 1 − Σ_k s_ik²/‖τ_i‖²)·τ_i, the
-   SURE-optimal scale (positive-part James–Stein, :func:`~hf_dpmerge.merging.scale_shrinkage.sure_scale`):
-   its expected error is below the raw τ_i's for any signal, and it needs only Σ_k s_ik², so a LoRA delta's
-   correlated noise is handled exactly on the dense s·B·A; or ``soft_threshold``, the SURE-optimal soft
-   threshold at s_i (:func:`~hf_dpmerge.merging.sure_threshold.sure_soft_threshold`), better on sparse
-   signals but worse than the raw τ_i on dense ones at high SNR. A LoRA delta is thresholded in factor space
-   (:func:`lora_factor_estimate`): its noise is independent across the entries of B, so θ̂_i = s·SURE(B; V_B)·A;
-2. optional ``consensus="precision_sign"`` (noise-calibrated TIES election): per coordinate keep only the
-   θ̂_i whose sign agrees with sign(Σ_i θ̂_i / s_i²);
-3. combine: task arithmetic W_0 + λ·Σ_i w_i θ̂_i, or with ``weighting="random_effects"`` (adapters of the
-   SAME task) the inverse-variance mean W_0 + λ·Σ_i c_i θ̂_i, c_i ∝ w_i/(s_i² + τ²), Σ_i c_i = 1, with
-   the between-adapter variance τ² from the DerSimonian–Laird moment estimator on the raw τ_i.
-
-With zero noise (and the defaults) every step is the identity and the result is exactly mergekit's
-``task_arithmetic``: W_0 + λ·Σ_i w_i τ_i, computed in the same order and dtype.
+Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i² each carries
+(:mod:`~hf_dpmerge.merging.noise_variance`): (1) denoise, ``shrinkage="scale"`` (default) the SURE-optimal
+positive-part James–Stein scale θ̂_i = max(0, 1 − Σ_k s_ik²/‖τ_i‖²)·τ_i, or ``soft_threshold`` at s_i (a LoRA
+delta in factor space: θ̂_i = s·SURE(B; V_B)·A); (2) optional ``consensus="precision_sign"``: keep the θ̂_i whose
+sign agrees with sign(Σ_i θ̂_i / s_i²); (3) combine W_0 + λ·Σ_i w_i θ̂_i, or with ``weighting="random_effects"``
+(adapters of one task) W_0 + λ·Σ_i c_i θ̂_i, c_i ∝ w_i/(s_i² + τ²), τ² by DerSimonian–Laird. With zero noise
+and the defaults the result is exactly mergekit's ``task_arithmetic``, in the same order and dtype.
 """
 
 from __future__ import annotations

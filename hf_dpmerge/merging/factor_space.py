@@ -1,30 +1,13 @@
 """Linear merges of shared-A LoRA adapters computed on their B factors (docs/design.md §15.2).
 
-Adapters trained with a frozen shared A (FFA-LoRA, ``--lora_freeze_a``) have task vectors τ_i = s·B_i·A in one
-row space, so per layer
-
-    Σ_i c_i·τ_i = s·(Σ_i c_i·B_i)·A
-
-and a merge that combines the τ_i linearly is exactly the LoRA adapter with the same A and merged B:
-
-- ``task_arithmetic``: B = λ·Σ_i w_i·B_i (mergekit's ``task_arithmetic`` of the τ_i, unnormalised);
-- ``dp_aware``: B = λ·Σ_i w_i·B̂_i with s·B̂_i·A the dense ``dp_aware`` estimate of τ_i under either shrinkage
-  (:func:`denoised_lora_b`), combined before the shared s·(·)·A is applied. It equals the dense ``dp_aware``
-  merge with consensus ``none`` and task-arithmetic weighting; ``precision_sign``
-  (a sign election per dense coordinate) and ``random_effects`` (τ² from the dense task vectors) are not linear
-  in B and are refused.
-- ``cauchy_poe``: not linear in the τ_i, but its fixed point ζ = (Σ_i α_i τ_iτ_iᵀ + jI)⁻¹ Σ_i α_i τ_iτ_iᵀτ_i ends
-  in ·A like every τ_i (row blocks and the λ·mean rule too), so ζ = s·B'·A with B' = ζ·Aᵀ(AAᵀ)⁻¹/s: the dense
-  solve of :func:`~hf_dpmerge.merging.cauchy_poe.cauchy_poe_merge` (in the span of the B_i, float64), read back
-  as B' and checked (:func:`cauchy_poe_lora_b`).
-- ``safe_merge`` with ``projection: away``/``onto``: (I − P)·Σ_i w_i·τ_i (or P·…), P the projector onto the
-  unwanted inputs' column space, acts on the rows of every τ_i = s·B_i·A and leaves the trailing ·A, so it is read
-  back the same way (:func:`safe_merge_lora_b`); without a projection only ``percentile: 100`` (plain task
-  arithmetic of the useful inputs) is linear in B; a percentile mask picks dense coordinates and is refused.
-- ``tsv``, ``iso_c``, ``iso_cts``, ``wudi`` with ``solver: least_squares``: not linear, but built from the right
-  singular vectors of the τ_i (or, for WUDI, a solve in their joint row space), all in A's row space, so the dense
-  merge of the τ_i = s·B_i·A, computed from the factors in float64, is read back as B' (:func:`spectral_lora_b`).
-  WUDI's Adam steps act on every coordinate of the dense ΔW, leave A's row space, and are refused.
+Adapters trained with a frozen shared A (FFA-LoRA, ``--lora_freeze_a``) have τ_i = s·B_i·A, so per layer
+Σ_i c_i·τ_i = s·(Σ_i c_i·B_i)·A: ``task_arithmetic`` is B = λ·Σ_i w_i·B_i and ``dp_aware`` B = λ·Σ_i w_i·B̂_i
+(:func:`denoised_lora_b`; consensus ``precision_sign`` and ``random_effects`` are not linear in B and are
+refused). ``cauchy_poe``'s fixed point, ``safe_merge``'s ``projection: away``/``onto`` and the spectral merges
+(``tsv``, ``iso_c``, ``iso_cts``, ``wudi`` with ``solver: least_squares``) stay in A's row space, so their dense
+result ζ (from the factors, float64) is read back as B' = ζ·Aᵀ(AAᵀ)⁻¹/s and checked (:func:`cauchy_poe_lora_b`,
+:func:`safe_merge_lora_b`, :func:`spectral_lora_b`). A percentile mask and WUDI's Adam steps act on dense
+coordinates and are refused.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Which trainer and merge method, from measured interference and noise and the benchmarks' stored results.
 
-Measured on the adapters (post-processing of released weights and records, no privacy cost):
-
-- interference: cosine similarity and sign-conflict rate of every pair of task vectors
-  (:mod:`hf_dpmerge.merging.task_similarity`);
-- noise: the noise-to-signal ratio of each task vector, √(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F, with the per-coordinate
-  DP-SGD noise variance its privacy record predicts (:mod:`hf_dpmerge.merging.noise_variance`, docs/design.md
-  §6; an upper bound where curvature damps the walk);
-- the trainer each record names: non-private, DP-SGD (no SAM, λ = 0) or DP-Merging (DP-SAT and/or λ > 0), and ε.
-
-:data:`RULES` maps those measurements to advice. Every benchmark figure a rule cites is read from
-``data/benchmark_evidence.json`` (:data:`EVIDENCE`): the stress reports' "Which method when" rows (written by
-``benchmarks/quality/stress_report.py`` as ``recommend_evidence.json``), the interference each ranking was
-measured at, and BENCHMARKS.md's figures. The merge is the one measured at the adapters' privacy level (the
-nearest measured ε) and at an interference at least theirs; where that setting's choice was the floor (the base
-encoder with each task's head), or where the private head was at least as accurate as the default recipe's DP
-adapters in the LP-FT benchmark (``data/recipe_floor_gap.json``, :data:`RECIPE_FLOOR_GAP`), the head-only comparison
-comes first. Every threshold has a tolerance
-(:func:`above`, :func:`below`): a measurement within :data:`TOLERANCE` of it does not cross it. Outside the
-measured range a rule says so instead of extrapolating.
+Measured on the adapters (post-processing, no privacy cost): the cosine and sign-conflict rate of every pair of
+task vectors (:mod:`hf_dpmerge.merging.task_similarity`), each task vector's noise-to-signal ratio
+√(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F from its record (:mod:`hf_dpmerge.merging.noise_variance`, docs/design.md §6), and the
+trainer and ε each record names. :data:`RULES` map them to advice, citing only figures read from
+``data/benchmark_evidence.json`` (:data:`EVIDENCE`) and ``data/recipe_floor_gap.json`` (:data:`RECIPE_FLOOR_GAP`):
+the merge measured at the nearest ε and an interference at least the adapters', the head-only comparison first
+where the floor won there or in the LP-FT benchmark. A measurement within :data:`TOLERANCE` of a threshold does
+not cross it; outside the measured range a rule says so instead of extrapolating.
 """
 
 from __future__ import annotations

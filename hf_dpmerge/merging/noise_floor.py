@@ -1,20 +1,14 @@
 """The noise floor of a DP task vector: the largest singular value its DP noise alone would reach (torch only).
 
 A d_out × d_in matrix of i.i.d. N(0, s²) entries has its top singular value at the Marchenko–Pastur edge
-s·(√d_out + √d_in) (within a few % at these sizes). A noise matrix N·R, N (d_out × k) with independent zero-mean
-entries of variances V_ik and R (k × d_in) fixed, has (Chevet's inequality, with the row covariances
-Σ_i = Rᵀ·diag(V_i:)·R of N·R)
+s·(√d_out + √d_in). For N·R with N (d_out × k) of independent entries of variances V_ik and R fixed (Chevet):
 
-    E‖N·R‖ ≤ σ_1(diag(√c)·R) + max_i √(Σ_k V_ik·‖R_k:‖²),        c_k = Σ_i V_ik,
+    E‖N·R‖ ≤ σ_1(diag(√c)·R) + max_i √(Σ_k V_ik·‖R_k:‖²),        c_k = Σ_i V_ik
 
-equal to the edge √v·c·(√d_out + √k) when V ≡ v and R = c·(orthonormal rows); R = I gives the dense form
-√(max_j Σ_i V_ij) + max_i √(Σ_j V_ij), the edge s·(√d_out + √d_in) for V ≡ s².
-
-A LoRA delta s·B̃·Ã with noise N_B (variances V_B, d_out × r) in B and N_A (V_A, r × d_in) in A carries the noise
-s·(N_B·Ã + B̃·N_A + N_B·N_A), so its edge is at most s·[e(V_B, Ã) + e(V_Aᵀ, B̃ᵀ) + e(V_B)·e(V_A)] (e the bound
-above). With A frozen (FFA-LoRA: V_A = 0, A public and exact) the noise is s·N_B·A and the bound is
-s·e(V_B, A): the MP edge of an r-column noise matrix scaled by A's singular values. Every singular direction of a
-task vector below its edge is indistinguishable from noise; dropping them is post-processing of released weights.
+(R = I: the dense edge). A LoRA delta s·B̃·Ã carries s·(N_B·Ã + B̃·N_A + N_B·N_A), bounded term by term; with A
+frozen (FFA-LoRA) the bound is s·e(V_B, A), the MP edge of an r-column noise matrix scaled by A's singular values.
+Singular directions below the edge are indistinguishable from noise: dropping them is post-processing of released
+weights (docs/merging.md).
 """
 
 from __future__ import annotations

@@ -1,38 +1,15 @@
 """The DP-SGD noise left in a released task vector, per coordinate (docs/design.md §6).
 
-Each step hands the optimizer a privatised gradient with per-coordinate noise N(0, σ_g²), σ_g = σ·C/B_exp
-(σ the per-query multiplier: the update uses one query even in two-query SAM mode). How much of it stays
-in the released weights depends on the optimizer (:mod:`~hf_dpmerge.merging.optimizer_response`):
+Each step's privatised gradient carries noise N(0, σ_g²) per coordinate, σ_g = σ·C/B_exp (σ per query). With the
+adapter's ``dp_noise_stats.safetensors``: SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) by the coordinate's
+r̂_k² = max(v̂_k/σ_g² − 1, 0): the simulated S(r̂_k, h) below r̂ = 0.5, from there the run's linearised response
+(:mod:`hf_dpmerge.training.noise_response`) capped by the pure-noise walk S(0, h)
+(:mod:`~hf_dpmerge.merging.optimizer_response`; h: the alignment penalty's pull, :func:`alignment_restoring`).
+Without the statistics, from the record alone with a warning (SGD σ_g²·Σ_t η_t²/(1 − μ)², Adam Σ_t η_t²). Heads
+use their own learning rate; :func:`capped_variance` caps s² by the released weights. A LoRA delta s·B·A with
+factor noise V_A, V_B has the unbiased plug-in from the released factors (V_A = 0 for a frozen A)
 
-* with the adapter's ``dp_noise_stats.safetensors`` (η_t of every step per parameter group, Adam's v̂ per
-  coordinate, the linearised response along the run): SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W), by the
-  coordinate's signal-to-noise ratio r̂_k² = max(v̂_k/σ_g² − 1, 0): below r̂ = 0.5 (noise sets v̂; Adam's step is
-  a ratio of noisy averages) s_k² = S(r̂_k, h), the simulated variance of a constant signal; from r̂ = 0.5 the
-  trainer's first-order response along the run's own g_t, m̂_t, v̂_t (:mod:`hf_dpmerge.training.noise_response`),
-  which also sees a signal that changes from step to step (a constant-signal S left the head bias 0.04–0.44 of
-  the measured variance: its batch-to-batch label mix is such a signal). Heads (``modules_to_save``) use their
-  own group's learning rates (``head_learning_rate``, typically 10× the LoRA rate: ~100× the variance).
-* with the alignment penalty's pull on LoRA factors (:func:`alignment_restoring`): the trainer adds ∇ of
-  λ·‖s·B·A‖² to every noisy gradient, a known restoring force h·p per coordinate that the walk includes (without
-  it the walk over-stated B's noise 7.7× in the packaged recipe; docs/design.md §6); the linearised response
-  includes it step by step.
-* capped by the released weights (:func:`capped_variance`): E[τ̃_k²] = τ_k² + s_k² for a task vector τ̃ = τ + noise
-  whose start is known (LoRA B starts at zero; heads and full models at the base), so the tensor's mean τ̃²
-  bounds its mean s², tight when the tensor carries little signal; the cap uses a 97.5 % upper confidence bound
-  on it (a tiny tensor's mean square is too noisy to cap). The walk is another upper bound: the data's own
-  curvature pulls the weights back further. The merge takes the smaller.
-* without the statistics (older releases, full models), from the record alone, with a warning: SGD
-  s² = σ_g²·Σ_t η_t²/(1 − μ)²; Adam s² ≈ Σ_t η_t² (noise-dominated; it over-states the variance of
-  informative coordinates); heads scaled by (head_lr/lr)².
-
-A LoRA delta ΔW = s·B·A with independent noise of variances V_A, V_B (per coordinate) in its factors has
-
-    Var(ΔW_ij) = s²·[Σ_r B_ir²·V_A,rj + Σ_r V_B,ir·A_rj² + Σ_r V_B,ir·V_A,rj]
-
-in the clean factors. Only the released, noisy B̃, Ã are known, and E[B̃²] = B² + V_B, E[Ã²] = A² + V_A, so
-the unbiased plug-in is s²·[Σ_r B̃_ir²·V_A,rj + Σ_r V_B,ir·Ã_rj² − Σ_r V_B,ir·V_A,rj] (clipped at 0; putting
-the noisy factors into the first form over-states it by 2·s²·V_B·V_A). A frozen A (FFA-LoRA: not trained,
-not noised, V_A = 0) leaves exactly s²·Σ_r V_B,ir·A_rj²: the noise of ΔW is s·noise_B·A.
+    Var(ΔW_ij) = s²·[Σ_r B̃_ir²·V_A,rj + Σ_r V_B,ir·Ã_rj² − Σ_r V_B,ir·V_A,rj]   (clipped at 0)
 """
 
 from __future__ import annotations
@@ -62,7 +39,7 @@ def record_noise_variance(record: PrivacyRecord, head: bool = False) -> float:
     name = str(record.optimizer.get("name", "")).lower()
     lr, head_lr = record.optimizer.get("lr"), record.optimizer.get("head_lr")
     rate = (float(head_lr) / float(lr)) ** 2 if head and lr and head_lr else 1.0
-    if "adam" in name:
+    if "adam" in name:  # noise-dominated: over-states the variance of informative coordinates
         return rate * float(record.sum_lr_squared)
     if name == "sgd":
         momentum = float(record.optimizer.get("momentum") or 0.0)
@@ -143,6 +120,8 @@ def lora_noise_variance(
     a, b = lora_a.double(), lora_b.double()
     v_a = torch.as_tensor(variance_a, dtype=torch.float64, device=a.device).expand_as(a)
     v_b = torch.as_tensor(variance_b, dtype=torch.float64, device=b.device).expand_as(b)
+    # in the clean factors Var = s²·[B²·V_A + V_B·A² + V_B·V_A]; E[B̃²] = B² + V_B and E[Ã²] = A² + V_A, so the
+    # noisy factors in that form would over-state it by 2·s²·V_B·V_A: the sign of the last term corrects it
     variance = b.square() @ v_a + v_b @ a.square() - v_b @ v_a
     return (scaling**2 * variance.clamp_(min=0)).float()
 

@@ -1,27 +1,13 @@
 """How much of the per-step DP gradient noise an optimizer leaves in a parameter's final value (docs/design.md §6).
 
-DP-SGD hands the optimizer g_t = μ_t + n_t per coordinate, n_t ~ N(0, σ_g²) independent across steps and
-coordinates, σ_g = σ·C/B_exp (opacus: noise N(0, σ²C²) on the clipped sum, divided by the expected batch).
-The released value p_T = p_0 + τ; its noise variance s² = Var(p_T) over the noise draws:
-
-* SGD with momentum μ, dampening d, Nesterov, coupled weight decay λ: the recursion is linear in the
-  gradients, so p_T = const + Σ_s w_s·n_s exactly, and s² = σ_g²·Σ_s w_s²; w_s is the response of p_T to a
-  unit impulse at step s (:func:`sgd_impulse_weights`; Σ_t η_t² when μ = λ = 0, ≈ Σ_t η_t²/(1 − μ)² only
-  when the momentum tail has died out).
-* Adam / AdamW (β1, β2, ε, decoupled decay λ, bias correction): the update m̂_t/(√v̂_t + ε) is a ratio of
-  noisy averages, so s² depends on the per-step signal-to-noise ratio r = |μ|/σ_g (simulated, AdamW 40
-  steps: 1.25·Ση² at r = 0, 0.78 at r = 0.5, 0.30 at r = 1, 0.05 at r = 2). :func:`adam_variance_curve`
-  computes S(r) = Var(p_T) on a grid of r by Monte Carlo of the exact recursion at the run's own η_t
-  schedule and hyper-parameters (fixed seed, so the model is deterministic; torch.optim.Adam's coupled L2
-  decay is simulated as decoupled, a small difference at the usual decays); a coordinate's r is
-  estimated from the optimizer's bias-corrected second moment v̂ = E[g²] ≈ μ² + σ_g², shipped with the
-  adapter (:mod:`hf_dpmerge.records.noise_stats`): r̂² = max(v̂/σ_g² − 1, 0).
-
-A known restoring force h·p on the displacement p (the alignment penalty's exact curvature on a LoRA factor,
-docs/design.md §4 and §6) enters both: for SGD it adds to the coupled weight decay (still exact); for Adam(W)
-the Monte Carlo adds h·p to every simulated gradient, on a grid of the per-step damping x = h·η̄/σ_g
-(:func:`adam_variance_surface`). The data's own curvature is not modelled: it damps the walk further, so both
-remain upper bounds for parameters the loss pulls back.
+DP-SGD hands the optimizer g_t = μ_t + n_t per coordinate, n_t ~ N(0, σ_g²), σ_g = σ·C/B_exp; s² = Var(p_T).
+SGD (momentum, dampening, Nesterov, coupled weight decay) is linear in the gradients, so exactly
+s² = σ_g²·Σ_s w_s², w_s the impulse response of p_T to step s (:func:`sgd_impulse_weights`). For Adam(W) the step
+m̂/(√v̂ + ε) is a ratio of noisy averages, so s² = S(r) depends on the signal-to-noise ratio r = |μ|/σ_g: a seeded
+Monte Carlo of the exact recursion at the run's η_t and hyper-parameters (:func:`adam_variance_curve`), read at
+r̂² = max(v̂/σ_g² − 1, 0) from the shipped second moment. A known restoring force h·p (the alignment penalty's
+curvature) adds to SGD's weight decay and, for Adam, indexes a second grid axis (:func:`adam_variance_surface`).
+The data's own curvature is not modelled, so both are upper bounds.
 """
 
 from __future__ import annotations
@@ -82,6 +68,8 @@ def _simulate_adamw(
     (σ_g·r) and ``restoring`` (h)."""
     beta1, beta2 = betas
     shape = torch.broadcast_shapes(signal.shape, restoring.shape)
+    # a fixed seed makes the model deterministic; torch.optim.Adam's coupled L2 decay is simulated as decoupled, a
+    # small difference at the usual decays
     generator = torch.Generator().manual_seed(_SEED)
     param = torch.zeros(*shape, repeats, dtype=torch.float64)
     first = torch.zeros_like(param)

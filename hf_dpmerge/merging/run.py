@@ -1,19 +1,13 @@
 """The one way hf_dpmerge runs a mergekit merge: :func:`merge`, used by ``hf-dpmerge merge``, ``hf-dpmerge tune`` and
-the benchmarks (plain ``mergekit-yaml`` only gets our methods registered, by the start-up hook, and is otherwise
-mergekit's own: nothing of mergekit is patched).
+the benchmarks (plain ``mergekit-yaml`` only gets our methods registered by the start-up hook: nothing of
+mergekit is patched).
 
-For any method, before anything is written: the YAML keys are checked against mergekit's schema (a misspelt key
-is an error, :func:`~hf_dpmerge.merging.config_edit.unknown_config_keys`), the method name must be known, an
-existing non-empty output is refused unless ``overwrite`` and it holds a previous merge
-(:func:`check_merge_output`), every input's privacy record must name the merge base (its recorded base fingerprint),
-and for our methods (``cauchy_poe``, ``dp_aware``, the spectral ones, ``safe_merge``) every input and setting is
-checked (:func:`.registration.check_config`).
-Stale ``--lora-merge-cache`` entries are dropped, and so are the tensor loaders mergekit keeps for the whole process
-(keyed by the path *as written*: a second merge in one process, from another working directory or after an input
-was rewritten, would read the first one's tensors). The merge is written into a scratch directory beside the output
-and renamed into place at the end, so a failed or killed merge leaves nothing at the output; before that, the
-model card gets its privacy section and ``finish(staged, config)`` adds what the caller writes into the output
-(``hf-dpmerge merge``: each task's folder for stock loaders).
+Before anything is written: unknown YAML keys and methods are refused, an existing output only with
+``overwrite`` and when it holds a previous merge (:func:`check_merge_output`), every input's privacy record must name
+the merge base whatever the method, and for our methods every input and setting is checked
+(:func:`.registration.check_config`). The merge is written into a scratch directory renamed into place at the end,
+so a failed merge leaves nothing at the output; before that the card gets its privacy section and
+``finish(staged, config)`` adds the caller's files (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -76,6 +70,8 @@ def merge(config: str | os.PathLike | Mapping[str, Any], out_path: str | os.Path
     check_config(merge_config, options.lora_merge_cache)
     if options.lora_merge_cache:
         drop_stale_lora_merges(merge_config, options.lora_merge_cache)
+    # mergekit keeps its tensor loaders for the whole process, keyed by the path as written: a second merge from
+    # another working directory or after an input was rewritten would read the first one's tensors
     _forget_loaded_inputs()
     with staged_directory(out_path) as staged:  # same basename: mergekit titles the model card after it
         run_merge(merge_config, str(staged), options=options, config_source=source)

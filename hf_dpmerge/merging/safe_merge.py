@@ -2,28 +2,14 @@
 
 Per output tensor, with task vectors τ_i = W_i − W_0 and the inputs marked ``unwanted: true`` (u ∈ U):
 
-    risk = max_{u∈U} |τ_u|                       (entry-wise)
-    t_p  = the nearest-rank p-th percentile of the entries of risk (the ⌈p·n/100⌉-th smallest, at least 1st)
-    W    = W_0 + scale · 1[risk ≤ t_p] ⊙ Σ_{i∉U} weight_i · τ_i
+    risk = max_{u∈U} |τ_u| (entry-wise),   t_p = its nearest-rank p-th percentile,
+    W = W_0 + scale · 1[risk ≤ t_p] ⊙ Σ_{i∉U} weight_i · τ_i
 
-The usual "merge only low-risk parameters" safety recipe ranks whole tensors by the mean |τ_u| across the
-model; a mergekit kernel sees one output tensor at a time, and a
-LoRA ΔW = s·B·A spreads its change over every entry of an adapted matrix, so the risk is ranked **per entry
-within each tensor** instead (docs/design.md §13). Entries tied at t_p are kept, so a tensor the
-unwanted model left unchanged (risk ≡ 0) receives the useful task vectors in full; ``percentile: 100`` is
-plain task arithmetic of the useful inputs; the unwanted task vector itself is never added. To also
-subtract it, use task negation (``merge_configs/negation.yaml``).
-
-``projection: away`` / ``onto`` replaces the mask by a Safe-LoRA-style subspace projection (Hsu et al.,
-NeurIPS 2024, §3, with an orthogonal projector): P = U·Uᵀ, U an orthonormal basis of the column space of the
-marked inputs' task vectors [τ_u1 … τ_uk] (their output directions; for a 1-D tensor the span of the τ_u),
-from an SVD keeping singular values above 1e-5 of the largest, and
-
-    away:  W = W_0 + scale · (I − P) · Σ_{i∉U} weight_i · τ_i      (remove what writes into the marked outputs)
-    onto:  W = W_0 + scale · P · Σ_{i∉U} weight_i · τ_i            (Safe LoRA: mark the "aligned − base" model)
-
-A tensor the marked inputs left unchanged has P = 0: ``away`` keeps the useful vectors whole there, ``onto``
-adds nothing.
+ranked per entry within each tensor, since a LoRA ΔW spreads its change over every entry (docs/design.md §13).
+``projection: away`` / ``onto`` replaces the mask by a Safe-LoRA-style projection (Hsu et al., NeurIPS 2024,
+arXiv:2405.16833, §3): W = W_0 + scale·(I − P)·Σ_{i∉U} weight_i·τ_i, or P·…, P the orthogonal projector onto the
+column space of the marked inputs' task vectors. The unwanted task vector itself is never added; to subtract it,
+use task negation (``merge_configs/negation.yaml``).
 """
 
 from __future__ import annotations
@@ -98,9 +84,10 @@ def safe_merge_tensor(
         return base
     combined = sum(w * (t.float() - base32) for t, w in zip(useful, weights, strict=True))
     marked = [u.float() - base32 for u in unwanted]
-    if projection != "none":
+    if projection != "none":  # marked inputs that left the tensor unchanged give P = 0: away keeps all, onto adds 0
         return (base32 + scale * project(combined, subspace_basis(marked), projection)).to(base.dtype)
     risk = torch.stack([m.abs() for m in marked]).amax(dim=0)
+    # ties at t_p are kept: where risk ≡ 0 the useful vectors go in whole; percentile 100 is plain task arithmetic
     keep = risk <= percentile_threshold(risk, percentile)
     return (base32 + scale * keep * combined).to(base.dtype)
 

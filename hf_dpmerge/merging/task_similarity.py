@@ -1,38 +1,15 @@
 """How alike LoRA adapters' task vectors are: cosine similarity and sign-conflict rate, without ΔW.
 
-An adapter changes each LoRA layer by τ = s·B·A (B: d_out×r, A: r×d_in, s its scaling). The Frobenius
-inner product of two such changes needs only r×r matrices (docs/design.md §4, the Gram trick):
+With τ = s·B·A per layer, inner products need only r×r matrices: ⟨s₁B₁A₁, s₂B₂A₂⟩_F = s₁s₂·tr((B₁ᵀB₂)(A₂A₁ᵀ)),
+summed over layers into one cosine over the model. The sign-conflict rate (TIES' interference, arXiv:2306.01708
+§3) is the exact share of coordinates where two ΔW have opposite signs, counted in blocks of
+:data:`BLOCK_ELEMENTS`. For DP adapters the noise-aware cosine subtracts each one's predicted noise energy
+N = Σ Var(ΔW) (docs/design.md §6):
 
-    ⟨s₁B₁A₁, s₂B₂A₂⟩_F = s₁s₂·tr(A₁ᵀB₁ᵀB₂A₂) = s₁s₂·tr((B₁ᵀB₂)(A₂A₁ᵀ)),
-    ‖s·B·A‖²_F = s²·Σᵢⱼ (BᵀB)ᵢⱼ(AAᵀ)ᵢⱼ,
+    ĉos(τ_i, τ_j) = ⟨τ̃_i, τ̃_j⟩ / √((‖τ̃_i‖² − N_i)(‖τ̃_j‖² − N_j))   (NaN where ‖τ̃‖² ≤ N)
 
-summed over layers; cos(τ₁, τ₂) = ⟨τ₁, τ₂⟩ / (‖τ₁‖‖τ₂‖) over the whole model (a layer only one adapter
-changes adds to its norm, not to the inner product). The **sign-conflict rate** is the fraction of
-coordinates, over the layers both adapters change, where the two ΔW have opposite signs (TIES' notion of
-interference, arXiv 2306.01708 §3). It needs entries, so it is computed exactly, layer by layer, in
-blocks of rows of at most :data:`BLOCK_ELEMENTS` entries (memory stays bounded; no sampling). Two
-unrelated dense task vectors conflict on about half of their coordinates; aligned ones on fewer.
-
-**Noise-aware cosine.** A DP adapter's task vector is τ̃ = τ + ε with ε the training noise, independent across
-adapters, of expected energy N = E‖ε‖² = Σ Var(ΔW) (the noise model of docs/design.md §6, from each privacy
-record). Then E⟨τ̃_i, τ̃_j⟩ = ⟨τ_i, τ_j⟩ and E‖τ̃_i‖² = ‖τ_i‖² + N_i, so
-
-    ĉos(τ_i, τ_j) = ⟨τ̃_i, τ̃_j⟩ / √((‖τ̃_i‖² − N_i)(‖τ̃_j‖² − N_j))
-
-estimates the cosine of the noise-free task vectors (undefined, NaN, when an adapter's energy is not above its
-predicted noise; grouping then uses the raw cosine, which independent noise can only shrink toward 0). Its 95 %
-interval carries two errors. Sampling: ±1.96·SE of the inner product over the same denominator, with
-Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j + ‖τ_j‖²·v_i + n·v_i·v_j) at each layer's mean noise variance v = N_layer/n.
-The noise model's own error: the re-runs put it within :data:`NOISE_MODEL_RELATIVE_ERROR` (±20 %) of the measured
-noise energy, so the interval is the union of the sampling intervals with both N's scaled by any f in
-[0.8, 1.2] (ĉos is monotone in f: the ends at f = 0.8 and 1.2 bound it; where f·N reaches an adapter's energy
-the denominator reaches 0 and that side of the interval runs to ±1). At a noise share N/‖τ̃‖² of 0.85 the
-denominator ‖τ̃‖² − f·N moves from 0.32 to 0 of ‖τ̃‖² over that range: the interval is wide, and grouping, which
-joins only where the whole interval clears the threshold (:attr:`SimilarityReport.grouping_cosine`), does not
-join on it. The sign-conflict rate is not corrected (it is reported raw).
-
-Only LoRA layers enter: task heads (peft ``modules_to_save``) differ per task and are never merged.
-The statistics are post-processing of released adapters and cost no privacy.
+with a 95 % interval from the sampling spread and the noise model's ±:data:`NOISE_MODEL_RELATIVE_ERROR`. Only LoRA
+layers enter (heads are never merged); post-processing, no privacy cost. See docs/merging.md.
 """
 
 from __future__ import annotations
@@ -231,6 +208,8 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
                 inner += lora_inner_product(first, second)
                 count, total = lora_sign_conflicts(first, second)
                 conflicts, compared = conflicts + count, compared + total
+                # Var⟨τ̃_i, τ̃_j⟩ ≈ Σ_layers (‖τ_i‖²·v_j + ‖τ_j‖²·v_i + n·v_i·v_j), v = N_layer/n the layer's mean noise
+                # variance, at each scale f of the noise model's range
                 for k, f in enumerate(factors):
                     noise_i, noise_j = f * noise[i].get(layer, 0.0), f * noise[j].get(layer, 0.0)
                     clean_i, clean_j = layer_sq_norms[i][layer] - noise_i, layer_sq_norms[j][layer] - noise_j
@@ -239,6 +218,8 @@ def task_similarity(vectors: Sequence[TaskVector]) -> SimilarityReport:
             cosine[i, j] = cosine[j, i] = inner / (norms[i] * norms[j])
             conflict[i, j] = conflict[j, i] = conflicts / compared if compared else math.nan
             denoised[i, j] = denoised[j, i] = inner / math.sqrt(clean[i] * clean[j])  # NaN: either noise-dominated
+            # ĉos is monotone in f, so the union of the sampling intervals at f = 0.8, 1, 1.2 bounds it; where f·N
+            # reaches an adapter's energy the denominator reaches 0 and that side runs to ±1
             if not math.isnan(denoised[i, j]):
                 ends = [_divide(inner + sign * 1.96 * math.sqrt(variance),
                                 denoising_scale(norms[i], norms[j], energy[i], energy[j], f))

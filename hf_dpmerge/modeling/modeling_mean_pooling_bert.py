@@ -1,20 +1,15 @@
 """Mean-pooling BERT sequence classifier, as remote code for stock transformers (``trust_remote_code=True``).
 
-This file is copied verbatim next to ``config.json`` in every release (``auto_map`` points at it), so it
-imports torch and transformers only — never hf_dpmerge. The classifier reads the masked token mean
+Copied verbatim next to ``config.json`` in every release (``auto_map`` points at it), so it imports torch and
+transformers only, never hf_dpmerge. The classifier reads the masked token mean
 
     h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1)        (m = attention mask, h_t = last hidden states)
 
-instead of the [CLS] → pooler path (docs/design.md §10). A release's ``model_type`` is
-``mean_pooling_bert``, which transformers does not know: without ``trust_remote_code=True`` stock loaders
-refuse it loudly rather than fall back to [CLS] pooling and compute another function.
-
-A merged release stages its encoder once (docs/design.md §10): each ``<task>/`` folder holds the task's
-``config.json`` with ``shared_encoder_weights`` (the encoder's weights file, relative to the task folder:
-``../model.safetensors``) and its head in ``head.safetensors``; a task adapter's folder, its own base, takes its
-encoder from the runs' shared base the same way. ``from_pretrained`` reads both, from a local release or from the Hub
-repository, and loads them as one state dict (then the peft adapter an Auto class was pointed at, which
-transformers itself loads only on top of a named checkpoint); any other checkpoint loads as usual.
+instead of the [CLS] → pooler path; the unknown ``model_type`` ``mean_pooling_bert`` makes stock loaders refuse
+a release without ``trust_remote_code=True`` rather than compute another function. A config's
+``shared_encoder_weights`` (a weights file relative to its folder, e.g. ``../model.safetensors``) makes
+``from_pretrained`` load that encoder and the folder's ``head.safetensors`` as one state dict, locally or from the
+Hub (then the peft adapter an Auto class was pointed at). See docs/design.md §10.
 """
 
 from __future__ import annotations

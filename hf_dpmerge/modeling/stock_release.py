@@ -1,26 +1,14 @@
 """Released task models that stock transformers and peft load as the same function hf_dpmerge computes.
 
-Training, merging and evaluation keep plain ``bert`` checkpoints (mergekit knows them) with
-``classifier_pooling: "mean"`` in ``config.json``, which stock classes ignore: they would read the [CLS]
-pooler instead. A release therefore carries the Hub's convention for a custom head
-(docs/design.md §10): ``model_type: "mean_pooling_bert"`` with an ``auto_map`` to
-``modeling_mean_pooling_bert.py`` copied beside ``config.json``. ``trust_remote_code=True`` loads exactly
-the training-time class; without it transformers refuses the unknown ``model_type`` loudly. ``id2label`` /
-``label2id`` carry the task's label names. A ``cls``-pooling model is a stock class already and keeps its
-``model_type``.
-
-A task adapter (``runs/<task>/adapter/``) is its own base for stock loaders: beside the adapter's files it holds
-the task's release config (head shape, labels) and its head (the values the adapter releases anyway). For mean
-pooling the encoder is not copied: ``config.json`` takes it from the runs' shared base, ``shared_encoder_weights:
-"../../base/model.safetensors"``, so every task's adapter holds a few hundred KiB and the encoder lives once in
-``runs/base/``; a [CLS]-pooling base (stock classes, which cannot follow the pointer) is written whole. A local
-folder holding both ``config.json`` and ``adapter_config.json`` is, to transformers, a model with an embedded
-adapter: ``AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)`` and
-``pipeline(model=path, trust_remote_code=True)`` load the folder's model and the adapter on top, from any working
-directory and wherever the runs folder is moved. ``adapter_config.json``'s ``base_model_name_or_path`` is ``"."``
-(no path of the training machine; the shared base has no Hub id): stock peft opens it relative to the working
-directory, so ``AutoPeftModelForSequenceClassification`` loads by path from inside the folder (``"."``), or by
-Hub id once the folder is a repository that names itself.
+Training, merging and evaluation keep plain ``bert`` checkpoints with ``classifier_pooling: "mean"``, which stock
+classes ignore (they read the [CLS] pooler). A release therefore uses the Hub's convention for a custom head:
+``model_type: "mean_pooling_bert"`` with an ``auto_map`` to ``modeling_mean_pooling_bert.py`` beside
+``config.json``, and ``id2label``/``label2id`` from the task; a ``cls``-pooling model is a stock class already. A
+task adapter (``runs/<task>/adapter/``) is its own base: beside the adapter's files it holds the release config
+and head, and for mean pooling takes the encoder from ``runs/base/`` (``shared_encoder_weights:
+"../../base/model.safetensors"``), so ``AutoModelForSequenceClassification.from_pretrained(path,
+trust_remote_code=True)`` loads it from anywhere; ``adapter_config.json`` names its base ``"."`` (no path of the
+training machine). See docs/design.md §10.
 """
 
 from __future__ import annotations

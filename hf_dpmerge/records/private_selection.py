@@ -1,29 +1,13 @@
 """Differentially private selection of one candidate by its utility: exponential mechanism, permute-and-flip.
 
-Both are ε-DP for utilities u_k(D) of global sensitivity Δ = max_k max_{D~D'} |u_k(D) − u_k(D')|
-(docs/design.md §13):
-
-- **exponential mechanism** (McSherry & Talwar 2007): P(k) ∝ exp(ε·u_k / (2Δ)); sampled as report-noisy-max
-  with Gumbel noise, argmax_k (u_k + G_k), G_k ~ Gumbel(0, 2Δ/ε), which has exactly that distribution.
-- **permute-and-flip** (McKenna & Sheldon 2020): visit the candidates in a uniformly random order and stop at
-  the first k whose coin with P(heads) = exp(ε·(u_k − max_j u_j) / (2Δ)) comes up heads (the best one always
-  does). Never worse in expected utility than the exponential mechanism.
-
-The utility of a merge is its validation accuracy averaged over T tasks on public denominators: each task t
-has a stated validation size n_t (public, fixed before the data is read; ``--validation_size``), its
-validation set D_t is subsampled uniformly at random to min(n_t, |D_t|) examples (one subsample shared by
-every candidate), and u = (1/T)·Σ_t c_t / n_t, c_t the correct predictions on the subsample (examples missing
-when |D_t| < n_t count as wrong). Then Δ = max_t 1/(T·n_t) and the selection is ε-DP under the addition, the
-removal and the replacement of one validation example, each directly (docs/design.md §13 couples an
-add/remove neighbour's subsample to a replace-one neighbour of a subsample). The private sizes |D_t| enter
-neither Δ nor the denominators: with denominators |D_t|, removing one example of the smallest set also
-rescales every utility, and the log-probability ratio grows to ≈ ε·T/2.
-
-User-level adapters (a privacy unit ``unit:<column>``: all rows sharing one value of the column) need the selection
-per unit too. Such a task's validation rows keep their unit column and are drawn by :func:`unit_capped_indices`: at
-most m rows of each unit (m public, ``--rows_per_unit``), then n_t of those; replacing, adding or removing one
-whole unit changes at most m of the scored rows, so Δ = max_t m_t/(T·n_t) with m_t = m for those tasks and 1 for
-per-example ones (docs/design.md §13).
+Both are ε-DP for utilities of global sensitivity Δ: the **exponential mechanism** (McSherry & Talwar 2007),
+P(k) ∝ exp(ε·u_k / (2Δ)), sampled as argmax_k (u_k + G_k), G_k ~ Gumbel(0, 2Δ/ε); **permute-and-flip** (McKenna &
+Sheldon, NeurIPS 2020, arXiv:2010.12603), the first k in a random order whose coin with
+P(heads) = exp(ε·(u_k − max_j u_j) / (2Δ)) comes up heads, never worse in expected utility. A merge's utility is
+u = (1/T)·Σ_t c_t / n_t on PUBLIC validation sizes n_t (each set subsampled to n_t; missing examples count as
+wrong), so Δ = max_t m_t/(T·n_t), with m_t = 1 per example and, for a user-level task, the public cap m on each
+unit's scored rows (:func:`unit_capped_indices`); ε-DP under addition, removal and replacement of one example (or
+unit). The private sizes |D_t| enter neither Δ nor the denominators. See docs/design.md §13.
 """
 
 from __future__ import annotations
@@ -96,11 +80,11 @@ def select_private(
         raise ValueError(f"sensitivity must be positive and finite, got {sensitivity}")
     scores = np.asarray(utilities, dtype=float)
     scale = 2 * sensitivity / epsilon
-    if mechanism == "exponential":
+    if mechanism == "exponential":  # report-noisy-max with Gumbel(2Δ/ε) noise has exactly P(k) ∝ exp(ε·u_k/(2Δ))
         return int(np.argmax(scores + rng.gumbel(0.0, scale, size=len(scores))))
     if mechanism == "permute_and_flip":
         best = scores.max()
         for k in rng.permutation(len(scores)):
-            if rng.random() < math.exp((scores[k] - best) / scale) or scores[k] == best:
+            if rng.random() < math.exp((scores[k] - best) / scale) or scores[k] == best:  # the best always heads
                 return int(k)
     raise ValueError(f"--mechanism must be one of {MECHANISMS}, got {mechanism!r}")

@@ -1,25 +1,13 @@
 """The record of a private merge selection (``dp_selection.json``) and its composition with the adapters'.
 
-``hf-dpmerge tune`` spends ε_sel (pure ε-DP, δ = 0) on the validation data to pick one candidate merge.
-The adapters are (ε_t, δ_t)-DP on their training sets, which compose in parallel across disjoint task
-datasets to (max_t ε_t, max_t δ_t). Composed with the selection (docs/design.md §13):
-
-- ``sequential`` — the validation data belongs to the same individuals as the training data (the default,
-  and the only safe choice when unsure): (max_t ε_t + ε_sel, max_t δ_t);
-- ``parallel`` — the validation individuals are disjoint from the training individuals (opt-in by name):
-  (max(max_t ε_t, ε_sel), max_t δ_t).
-
-The unit is each task's adapter's: one validation example, or for a user-level adapter (``unit:<column>``) all
-validation rows sharing one value of the column, of which at most m (``rows_per_unit``, public) are scored, so
-that Δ = m/(T·n) (:mod:`hf_dpmerge.records.private_selection`). Validation scores are never stored, nor the private
-validation set sizes: only the candidates, the choice, the public validation sizes n_t and the accounting.
-Schema 1 records (written before the sizes were public) held Δ from the private sizes and are refused; schema 2
-records did not record seeding and are read as ``seeded = None`` (unknown: possibly seeded).
-
-The choice was made with particular adapters (their heads scored the candidates), so the total covers releasing
-those adapters only: :meth:`SelectionRecord.released_guarantee` refuses others, by each task's adapter fingerprint
-(:func:`~hf_dpmerge.records.fingerprint.adapter_fingerprint`, schema 4), or for records without fingerprints
-(schemas 2–3) by each task's recorded (ε, δ), stating then the larger of the stored and the recomputed total.
+``hf-dpmerge tune`` spends ε_sel (pure ε-DP) on the validation data to pick one candidate; the adapters, on
+disjoint task datasets, compose in parallel to (max_t ε_t, max_t δ_t). With the selection (docs/design.md §13):
+``sequential`` (the default: validation and training data may share individuals) gives
+(max_t ε_t + ε_sel, max_t δ_t); ``parallel`` (opt-in, disjoint individuals) (max(max_t ε_t, ε_sel), max_t δ_t).
+The unit is each task's adapter's (:mod:`hf_dpmerge.records.private_selection`). Only the candidates, the choice,
+the public validation sizes and the accounting are stored, never scores or private sizes. The total covers the
+adapters the choice was made with only: :meth:`SelectionRecord.released_guarantee` refuses others by their
+fingerprints (by each task's (ε, δ) in records of schema ≤ 3); schema 1 records are refused.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The one privacy statement every model card quotes: :class:`PrivacyStatement`.
 
-A card (adapter, merged, tuned, federated; :mod:`hf_dpmerge.records.card`) states privacy only through a
-statement built from the records by one of its classmethods, so every ε it prints is a recorded or composed
-value and it states one final (ε, δ):
-
-- one adapter: its record's (ε, δ), accounted over its DP-SGD steps, with every phase its accountant composed
-  (private LP-FT's head phase, then LoRA: ``extra["phases"]``) so a reader can recompute ε;
-- a merge: releases trained on disjoint datasets compose in parallel, (max_t ε_t, max_t δ_t) per privacy unit
-  (each unit lives in one dataset), and merging released weights is post-processing (DP-Merging paper, §3.1);
-- a tuned merge: that composition is one component, the private selection of the merge hyper-parameters
-  (ε_sel, pure ε-DP) the other; the total is the selection record's, for the adapters it was made with only
-  (:meth:`~hf_dpmerge.records.selection_record.SelectionRecord.released_guarantee`; docs/design.md §13);
-- a federated adapter: the example-level guarantee of its record, with the client-level one (a different
-  unit: a client's whole data) from ``extra["federated"]``.
-
-What ε covers (docs/design.md §9): the privacy unit (one training row, or all rows sharing a value of a unit
-column) and both neighbouring relations, each with its own computed ε (add/remove-one: the calibrated one;
-replace-one: always from the PLD accountant). A per-row ε does not protect an entity with many rows: group
-privacy scales it by up to their number of rows. The training set is the one as split (a seeded permutation of
-the raw rows): ε is not about neighbouring raw datasets, one of whose rows can move many others between splits.
+A card (adapter, merged, tuned, federated; :mod:`hf_dpmerge.records.card`) states privacy only through a statement
+built from the records, so every ε it prints is a recorded or composed value and it states one final (ε, δ): one
+adapter's record (every phase its accountant composed); a merge of releases on disjoint datasets,
+(max_t ε_t, max_t δ_t) per privacy unit, merging being post-processing (DP-Merging paper, §3.1); a tuned merge,
+the selection record's total for the adapters it was made with (docs/design.md §13); a federated adapter, its
+example-level guarantee with the client-level one beside it. What ε covers (the privacy unit, add/remove-one
+and replace-one, the training set as split): docs/design.md §9 and docs/privacy.md.
 """
 
 from __future__ import annotations

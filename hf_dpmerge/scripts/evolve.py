@@ -1,25 +1,13 @@
 """Private evolutionary merge search: CMA-ES over per-model (optionally per-layer) merge weights, each generation's
-choice made by an ε-DP mechanism.
+choice made by an ε-DP mechanism (docs/design.md §13).
 
-The search vector x holds, for every ``models:`` entry of a base mergekit config, K weights (``layer_points``;
-K = 1: one weight per task; K ≥ 2: a mergekit gradient, interpolated over the layers). Generation g:
-
-1. CMA-ES (the ``cma`` package, μ = 1 parent) proposes P vectors x_1 … x_P inside [low, high];
-2. each is merged and scored as ``hf-dpmerge tune`` scores a candidate: u = task-averaged accuracy on
-   uniform subsamples of public size n_t of the validation sets, sensitivity Δ = max_t 1/(T·n_t) (m/(T·n_t) with
-   at most m rows of each privacy unit of a user-level adapter's task, ``--rows_per_unit``);
-3. ONE candidate k_g is chosen by the exponential mechanism (or permute-and-flip) at ε_g = ε_sel / G;
-4. CMA-ES is told only k_g: it ranks first and the others tie behind it (their order among themselves is the
-   proposal order). With μ = 1 the pick alone sets the new mean and step size; CMA-ES's active covariance update
-   also down-weights the others as "worse than the pick", which is what the mechanism's output says of them.
-
-The search's state after g generations is a function of k_1 … k_g and of its own randomness (CMA-ES samples from a
-generator of its own, never NumPy's global state, which code in the scoring path may touch), so the G choices are
-the only accesses to the validation data: by basic composition of G ε_g-DP mechanisms the search is ε_sel-DP
-(pure) under the addition, removal or replacement of one validation example (one privacy unit for a user-level
-adapter's task). The released merge is the last generation's choice (post-processing), kept with a
-``dp_selection.json`` that composes ε_sel with the adapters' records as ``hf-dpmerge tune`` does (docs/design.md
-§13). Scores are never stored or printed.
+The search vector holds K weights per ``models:`` entry of a base mergekit config (K ≥ 2: a gradient over the
+layers). Each of G generations, CMA-ES (the ``cma`` package, μ = 1 parent) proposes P vectors in [low, high]; each
+is merged and scored as ``hf-dpmerge tune`` scores a candidate (task-averaged accuracy on public-size subsamples,
+Δ = max_t m_t/(T·n_t)); ONE is chosen by the exponential mechanism (or permute-and-flip) at ε_sel / G, and
+CMA-ES is told only that choice. The search's state depends on the choices and its own randomness only, so by
+basic composition it is ε_sel-DP; the last choice is released (post-processing) with a ``dp_selection.json``
+composed as tune's. Scores are never stored or printed.
 """
 
 from __future__ import annotations
@@ -89,7 +77,9 @@ def evolve_search(
         utilities = [score(offset + i, x) for i, x in enumerate(proposals)]
         pick = select_private(utilities, epsilon_step, sensitivity, mechanism, rng)
         chosen.append(offset + pick)
-        search.tell(proposals, [0.0 if i == pick else 1.0 for i in range(len(proposals))])  # only the choice
+        # only the choice: it ranks first, the rest tie behind it in proposal order; with μ = 1 the pick alone sets
+        # the new mean and step size, and the active covariance update reads the rest as "worse than the pick"
+        search.tell(proposals, [0.0 if i == pick else 1.0 for i in range(len(proposals))])
     return candidates, chosen
 
 

@@ -2,35 +2,14 @@
 DP-SGD LoRA on the top layers from it; ``--lora_recipe one_phase``: DP-SGD + DP-SAT + drift alignment in one
 phase): the workflow behind ``examples/train_glue.py`` (:func:`shared_base`, :func:`train_task`, :func:`main`).
 
-    accelerate launch examples/train_glue.py                      # rotten_tomatoes, packaged MiniLM, ε = 8
     accelerate launch examples/train_glue.py --tasks rotten_tomatoes,election_tweets,reuters_r8,bbc_news
-    accelerate launch examples/train_glue.py --task sst2 --model_name_or_path roberta-base   # online (Hub)
     accelerate launch examples/train_glue.py --train_file notes.csv --label_names neg,pos    # your own data
 
-Every TrainingArguments / DPSAMConfig field is a flag (``--target_epsilon``, ``--sam_mode``, ``--no-dp``…), each
-honoured or refused (docs/bad-inputs.md has the table): the flags of :data:`TRAIN_GLUE_REFUSED_FLAGS` are
-meaningless here (``--output_dir``: use ``--runs_dir``; ``--push_to_hub``/``--hub_*``: ``hf-dpmerge push``;
-``--anchor_lambda``: a causal LM's), DPSAMConfig refuses
-those that break the DP guarantee, and with ``--no_dp`` those DPSAMTrainer's step does not implement;
-``--resume_from_checkpoint true`` resumes each task from its last complete checkpoint (a path: one task), and
-``--eval_strategy steps|epoch`` evaluates on the task's validation split (under DP only with
-``--eval_data_is_public true``: evaluation on private data is not covered by the guarantee).
-All adapters start from one sequence-classification base saved once under ``<runs_dir>/base`` (fixed seed),
-so mergekit can apply them with ``base+adapter``. Per task it writes ``<runs_dir>/<task>/``:
-``adapter/`` (LoRA + the task's own head + ``dp_privacy.json``, and its base for stock loaders beside them:
-``AutoModelForSequenceClassification`` / ``pipeline(..., trust_remote_code=True)`` by path), ``encoder_adapter/``
-(LoRA only: what is merged), ``eval_metrics.json`` (test split; evaluation on private data is not covered by
-the DP guarantee).
-
-User-level privacy: ``--privacy_unit_column movie`` on rotten_tomatoes makes each film (all its snippets) the
-privacy unit; ``--per_device_train_batch_size`` is then the expected number of films per draw (and
-``--head_phase_batch_size`` the head phase's, or ``--lora_recipe one_phase``: 378 films). The other
-packaged tasks have no natural unit column (election_tweets' author is its label).
-
-Multi-process (``accelerate launch --multi_gpu --num_processes N``, plus ``--use_cpu`` on CPUs): every process
-trains its share of each Poisson draw; the base, the adapters, the privacy record and the metrics are written
-once, by the main process.
-An adapter already released there is replaced only with ``--overwrite`` (checked before any training).
+Every TrainingArguments / DPSAMConfig field is a flag, honoured or refused (:data:`TRAIN_GLUE_REFUSED_FLAGS`;
+docs/bad-inputs.md). All adapters start from one base saved once under ``<runs_dir>/base``; per task
+``<runs_dir>/<task>/`` gets ``adapter/`` (LoRA, head, ``dp_privacy.json``, its base for stock loaders),
+``encoder_adapter/`` (LoRA only: what is merged) and ``eval_metrics.json``. ``--privacy_unit_column`` makes a unit
+the privacy unit (docs/privacy.md); under ``accelerate launch`` only the main process writes. See docs/workflow.md.
 """
 
 from __future__ import annotations

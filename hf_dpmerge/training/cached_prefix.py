@@ -1,23 +1,14 @@
 """DP training on a cached prefix: the frozen bottom of the model runs once per example, every step runs the top.
 
-Split the model at b, the lowest layer holding a trainable parameter (:func:`~hf_dpmerge.modeling.prefix_split.
-trainable_boundary`; b = L when only the task head trains). The bottom (embeddings + layers[:b]) is then a fixed
-public function f_b of each example; its output is computed once, in evaluation mode (no dropout in the frozen
-part), and kept for the run's real tokens only (:class:`PrefixRows`, in memory, never written or released). Each
-step runs the top on it:
+Split the model at b, the lowest layer holding a trainable parameter (b = L when only the task head trains). The
+bottom (embeddings + layers[:b]) is a fixed public function f_b of each example, computed once in evaluation mode
+and kept for the run's real tokens only (:class:`PrefixRows`, never released); each step runs the top on it:
 
     g̃ = ( Σ_{i∈B} clip_C(∇_θ ℓ(top_θ(f_b(x_i)), y_i)) + N(0, σ²C²I) ) / B_exp,   B ~ Poisson(q)
 
-which is the full model's per-sample gradient exactly (dropout off in the bottom): the same mechanism on less
-arithmetic (docs/design.md §16). Sampling, clipping, noise, SAM modes, the alignment penalty, the accountant, the
-record and the release are :class:`DPSAMTrainer`'s. b = L is the head-only floor: the cached rows are the head's
-pooled input (a decoder classifier's: the state at each row's last non-padding token, which its ``score`` reads) and
-a step runs the head alone. Below b = L a decoder classifier's row is cached up to that token, i* = argmax_t
-t·[x_t ≠ pad], found by input id when the cache is built (causal attention: the tokens after i* change nothing at or
-before it), and the head reads the top's state at the row's last cached token.
-On causal LMs the LM head is applied at the answer positions only
-(every position under ``sam_mode='per_example'``, whose per-example functional pass cannot take a data-dependent
-width): the loss is the same, a 49k-vocabulary head on every prompt token is not.
+the full model's per-sample gradient exactly: the same mechanism on less arithmetic. Sampling, clipping, noise,
+SAM modes, the accountant and the release are :class:`DPSAMTrainer`'s. A decoder classifier's row is cached up to
+its last non-padding token; on causal LMs the LM head runs at the answer positions only. See docs/design.md §16.
 """
 
 from __future__ import annotations
@@ -286,6 +277,7 @@ class CachedPrefixTrainer(DPSAMTrainer):
     def _example_losses(self, model: nn.Module, features: dict[str, Any], labels: torch.Tensor) -> torch.Tensor:
         """Classifiers: DPSAMTrainer's. Causal LMs: the mean answer-token loss, the LM head at answer positions only
         (at every position under ``per_example``)."""
+        # per_example's functional per-example pass cannot take a data-dependent width: the LM head at every position
         if not self.causal or self.args.sam_mode == "per_example":
             return super()._example_losses(model, features, labels)
         logits, targets = self._answer_logits(model, features, labels)

@@ -1,32 +1,15 @@
 """``DPSAMTrainer``: DP-SGD + DP-compatible sharpness-aware steps + drift alignment for peft LoRA models.
 
-One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of docs/design.md §2):
+One optimizer step (DP-Merging Algorithm 1, with the DP-SAT / per-example variants of docs/design.md §2–§3):
 
     B ~ Poisson(q) over the training set                         (one draw per step)
     e = ρ·g̃_{t−1}/‖g̃_{t−1}‖   (dp_sat)  |  ρ·g̃/‖g̃‖ from a 1st query (two_query)  |  0 (none)
     g̃ = (Σ_{i∈B} clip_C(∇ℓ_i(w + e)) + N(0, σ²C²I)) / B_exp    (per_example: each i ascends on its own)
     w ← optimizer(w, g̃ + ∇R(w) + ∇A(w)),   R(w) = λ·Σ‖s·B·A‖_F² (LoRA deltas only)
 
-A is the public anchor of a causal LM (``anchor_lambda`` > 0 with ``anchor_rows``; :mod:`.public_anchor`): public
-data and the weights only, so, like R, it is added after the noise.
-
-With ``head_warmup_steps`` K, steps 1..K clip, noise and update the task head only (the LoRA factors are frozen
-for the step) and skip R; every step is still one query at the same (σ, q) for the one accountant
-(docs/design.md §15.3).
-
-The accountant is stepped once per step at σ_eff (σ/√2 for two_query). The released adapter carries a
-``dp_privacy.json`` (:class:`~hf_dpmerge.records.record.PrivacyRecord`). Everything DP-specific that a run
-accumulates (accountant, g̃_{t−1}, Σ η², the sampling and noise generators, the step budget) is one object,
-``trainer.dp_state`` (:class:`~hf_dpmerge.training.dp.state.DPState`), which checkpoints save and resuming loads.
-
-Multi-process (``accelerate launch --num_processes P``): B_exp = per_device_train_batch_size·P and
-q = B_exp/N over the whole training set; every process makes the same global draw and clips its share,
-the clipped sums are all-reduced and the noise is added once (by the main process), so every process
-steps with the same g̃ and the accountant sees the single-process (q, σ_eff, steps).
-
-User-level (``privacy_unit_column``): the unit column is read and removed from the training set up front;
-draws sample units (q = B_exp/N_units), each unit's summed gradient is clipped to C, δ defaults to
-1/(10·N_units) and the record's ``privacy_unit`` is ``unit:<column>`` (docs/design.md §9).
+A is a causal LM's public anchor (:mod:`.public_anchor`), added after the noise like R (no private data). The
+accountant steps once per step at σ_eff (σ/√2 for two_query); the DP state is ``trainer.dp_state``
+(:class:`~hf_dpmerge.training.dp.state.DPState`). Head warm-up: §15.3; multi-process and user-level runs: §3, §9.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """How much of the DP noise Adam(W) leaves in each coordinate, linearised along the run's own trajectory
 (docs/design.md §6).
 
-Each step the optimizer consumes g_t = ḡ_t + n_t (n_t ~ N(0, σ_g²) per coordinate, independent across steps) plus
-known data-free terms with a restoring force h·p (the alignment penalty's curvature, FedProx's μ, Adam's coupled
-weight decay). A perturbation δn of the noise moves Adam's state x = (δp, δm, δv) linearly:
+The optimizer consumes g_t = ḡ_t + n_t, n_t ~ N(0, σ_g²), plus data-free terms with a known restoring force h·p.
+A noise perturbation δn moves Adam's state x = (δp, δm, δv) linearly, x_t = M_t·x_{t−1} + u_t·δn_t:
 
-    δg_t = δn_t + h·δp_{t−1}
-    δm_t = β₁·δm_{t−1} + (1 − β₁)·δg_t
-    δv_t = β₂·δv_{t−1} + (1 − β₂)·2·g_t·δg_t
+    δg_t = δn_t + h·δp_{t−1},   δm_t = β₁·δm_{t−1} + (1 − β₁)·δg_t,   δv_t = β₂·δv_{t−1} + (1 − β₂)·2·g_t·δg_t
     δp_t = (1 − η_t·λ_dec)·δp_{t−1} − η_t·[δm_t / ((1 − β₁ᵗ)·D_t) − m̂_t·δv_t / ((1 − β₂ᵗ)·2·√v̂_t·D_t²)]
 
-(D_t = √v̂_t + ε, λ_dec AdamW's decoupled decay), i.e. x_t = M_t·x_{t−1} + u_t·δn_t. The covariance
-Σ_t = M_t·Σ_{t−1}·M_tᵀ + σ_g²·u_t·u_tᵀ (six numbers per coordinate) ends with Var(p_T) ≈ Σ_T[δp, δp]: the
-first-order noise variance of the released value, at the step-by-step g_t, m̂_t, v̂_t the run actually had. Unlike a
-model that assumes a constant per-coordinate signal it sees a signal that changes from step to step (the head
-bias's batch-to-batch label mix leaves 20× the noise a constant signal of the same size would). It omits the
-data's curvature (an upper bound where the loss pulls back) and it is a linearisation: where the noise dominates
-v̂ the merge uses the simulated response instead (:mod:`hf_dpmerge.merging.optimizer_response`).
-
-Privacy: every input is the privatised gradient, the optimizer's state built from it, the weights (themselves
-post-processing) and public hyper-parameters, so the result is post-processing of the DP mechanism.
+(D_t = √v̂_t + ε), so Σ_t = M_t·Σ_{t−1}·M_tᵀ + σ_g²·u_t·u_tᵀ (six numbers per coordinate) ends with
+Var(p_T) ≈ Σ_T[δp, δp], at the g_t, m̂_t, v̂_t the run had. It omits the data's curvature (an upper bound); its
+inputs are the privatised gradients, Adam's state, the weights and public settings: post-processing.
 """
 
 from __future__ import annotations

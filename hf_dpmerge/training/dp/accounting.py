@@ -1,25 +1,15 @@
-"""Privacy accounting for DPSAMTrainer, delegated to opacus accountants.
+"""Privacy accounting for DPSAMTrainer, delegated to opacus accountants (docs/design.md §9).
 
-One optimizer step is one subsampled Gaussian mechanism with sample rate q = B_exp/N. With k privatised
-queries of the same Poisson batch per step (``two_query`` mode, DP-Merging Algorithm 1), the k queries
-together have ℓ2 sensitivity √k·C against noise σC per query, i.e. one step at the effective noise
-multiplier σ/√k (docs/design.md §9). The accountant is stepped once per optimizer step at that σ_eff.
-
-Which ε: opacus' accountants (and so ``target_epsilon``, the budget and the record's ``epsilon``) bound the
-add/remove-one neighbouring relation (datasets differing by one privacy unit present or absent).
-:func:`replace_one_epsilon` states the same run under replace-one (one unit's data swapped for other data)
-with Google's ``dp-accounting`` privacy-loss-distribution accountant (Doroshenko et al. 2022, "Connect the
-Dots"). One Poisson-subsampled Gaussian step with unit contributions of norm ≤ C (rescaled to 1) has, under
-replace-one, the dominating pair
+One optimizer step is one subsampled Gaussian mechanism at q = B_exp/N; k privatised queries of the same batch
+(``two_query``) have sensitivity √k·C against noise σC each, i.e. one step at σ_eff = σ/√k, and the accountant
+steps once per optimizer step at σ_eff. opacus' ε (``target_epsilon``, the budget, the record's ``epsilon``) is
+add/remove-one. :func:`replace_one_epsilon` states the same run under replace-one with ``dp-accounting``'s PLD
+accountant (Doroshenko et al. 2022, "Connect the Dots"; FFT composition, pessimistic rounding), whose
+per-step dominating pair (contributions rescaled by C) is
 
     P = (1−q)·N(0, σ²) + q·N(+1, σ²),   Q = (1−q)·N(0, σ²) + q·N(−1, σ²)
 
-(everything else in the batch is common to both datasets and cancels; the swapped unit joins with
-probability q and contributes g or g′, ‖g − g′‖ ≤ 2C, worst case g′ = −g along one axis). Its privacy loss
-log P(x)/Q(x) is the sum of the add-one and the remove-one losses of the subsampled Gaussian, so replace-one
-ε ≥ add/remove ε, and as q → 1 it tends to the Gaussian mechanism at sensitivity 2. ``dp_accounting`` builds
-that loss (``AdjacencyType.REPLACE``) and composes it over the steps by FFT, rounding pessimistically (an
-upper bound).
+its loss the sum of the add-one and remove-one losses, so replace-one ε ≥ add/remove ε.
 """
 
 from __future__ import annotations
@@ -177,6 +167,8 @@ def pld_epsilon(
 
 def replace_one_epsilon(*, effective_noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     """ε of the same run under replace-one neighbours (see the module docstring for the dominating pair)."""
+    # the swapped unit joins with probability q and contributes g or g′, ‖g − g′‖ ≤ 2C (worst case g′ = −g along
+    # one axis); the rest of the batch is common to both datasets and cancels
     return pld_epsilon(
         REPLACE_ONE, effective_noise_multiplier=effective_noise_multiplier, sample_rate=sample_rate,
         steps=steps, delta=delta,

@@ -1,21 +1,12 @@
 """Poisson-sampled logical batches: one independent draw per optimizer step (docs/design.md §3).
 
 Each example joins a step's batch independently with probability q = B_exp/N (opacus
-``UniformWithReplacementSampler``). A draw may be empty; it is collated as a batch of zero rows so the
-step still adds noise and is still accounted.
-
-With P processes every process makes the same global draw (one generator, same seed and state everywhere)
-and keeps positions r, r+P, r+2P, … of it: the shares partition one Poisson(q) draw of the whole set, so the
-step is the single-process mechanism whatever P is, the shares differ in size by at most one, and every
-process yields a batch (possibly empty) at every step, which keeps the collectives in step. opacus'
-``DistributedUniformWithReplacementSampler`` (independent draws on a shuffled shard per process) also
-yields a Poisson(q) union, but it skips empty local draws, which would leave the processes' step counts,
-and their all-reduces, out of step.
-
-User-level (``unit_of_row`` given): each *unit* joins a draw independently with probability q = B_exp/N_units
-and brings all its rows (:class:`UnitPoissonSampler`); with P processes every process keeps units r, r+P, … of
-the global draw, so each unit's rows lie on one process and its summed gradient can be clipped there. Each
-batch then carries ``UNIT_KEY``: the unit code of every row, for per-unit clipping.
+``UniformWithReplacementSampler``); an empty draw is collated as a batch of zero rows, so the step still adds noise
+and is still accounted. With P processes every process makes the same global draw and keeps positions r, r+P, …
+of it (:class:`ProcessShareSampler`): the step is the single-process mechanism whatever P is, and every process
+yields a batch at every step. User-level (``unit_of_row`` given): each *unit* joins with probability
+q = B_exp/N_units and brings all its rows (:class:`UnitPoissonSampler`), a unit's rows on one process, and each
+batch carries ``UNIT_KEY`` for per-unit clipping.
 """
 
 from __future__ import annotations
@@ -150,6 +141,8 @@ def poisson_dataloader(
         sampler = UniformWithReplacementSampler(
             num_samples=len(dataset), sample_rate=sample_rate, generator=generator, steps=steps
         )
+        # not opacus' DistributedUniformWithReplacementSampler: it skips empty local draws, which would put the
+        # processes' step counts, and their all-reduces, out of step
         if num_processes > 1:
             sampler = ProcessShareSampler(sampler, num_processes=num_processes, process_index=process_index)
     return DataLoader(

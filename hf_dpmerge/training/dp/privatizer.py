@@ -1,27 +1,15 @@
-"""The Gaussian mechanism on clipped per-sample gradients (DP-SGD, Abadi et al. 2016; opacus's noise model).
+"""The Gaussian mechanism on clipped per-sample gradients (DP-SGD, Abadi et al. 2016, arXiv:1607.00133; opacus's
+noise model):
 
     g̃ = ( Σ_i clip_C(g_i) + N(0, σ²C² I) ) / B_exp,   clip_C(g) = g · min(1, C / ‖g‖₂)
 
-where g_i is example i's gradient over *all* trainable parameters taken as one vector, and B_exp is the
-expected (public) Poisson batch size. Automatic clipping (``clipping="automatic"``; Bu et al., "Automatic
-clipping: differentially private deep learning made easier and stronger", NeurIPS 2023 §4) normalises instead:
-g_i ↦ g_i/(‖g_i‖ + γ), of norm ‖g_i‖/(‖g_i‖ + γ) < 1 for γ > 0, so the sensitivity is 1 whatever the gradients
-and the noise is N(0, σ²I) (docs/design.md §15.4). Per-sample gradients come from opacus grad samplers
-(``p.grad_sample``) or from torch.func; the sum is accumulated over physical micro-batches and the noise is
-drawn once per query. Unlike opacus's ``DPOptimizer`` this releases the privatised gradient without stepping,
-which DP-SAT and the two-query step need.
-
-With P processes each holds the clipped sum S_r of its share of the draw; as in opacus'
-``DistributedDPOptimizer``, only one process (``adds_noise``, the main one) adds N(0, σ²C²I), and one
-all-reduce gives every process Σ_r S_r + N(0, σ²C²I): the single-process mechanism, noise drawn once from
-one generator (so a seeded P-process run draws the same noise as the seeded 1-process run), and every
-process left with the same released gradient.
-
-User-level (a privacy unit column): the clipped quantity is a unit's *summed* gradient,
-g_u = Σ_{i∈u} g_i, so g̃ = ( Σ_u clip_C(g_u) + N(0, σ²C²I) ) / B_exp with B_exp the expected number of
-units per draw. Per-sample gradients are added into per-unit sums as micro-batches arrive
-(:meth:`GradientPrivatizer.accumulate_units`: a unit's rows may span micro-batches) and the sums are clipped
-once, when the draw is released. A unit's rows all lie on one process, so each clips whole units.
+g_i over *all* trainable parameters as one vector, B_exp the expected (public) Poisson batch size. Automatic
+clipping (``clipping="automatic"``; Bu et al., NeurIPS 2023, arXiv:2206.07136, §4) normalises g_i ↦ g_i/(‖g_i‖ + γ)
+instead: sensitivity 1, noise N(0, σ²I) (docs/design.md §15.4). Unlike opacus's ``DPOptimizer`` it releases the
+privatised gradient without stepping, as DP-SAT and the two-query step need. With P processes only the main one
+adds the noise before one all-reduce (as opacus' ``DistributedDPOptimizer``). User-level: the clipped quantity is a
+unit's summed gradient g_u = Σ_{i∈u} g_i, B_exp the expected units per draw
+(:meth:`GradientPrivatizer.accumulate_units`).
 """
 
 from __future__ import annotations
@@ -132,6 +120,8 @@ class GradientPrivatizer:
                 totals.append(total + noise.to(total.dtype))
             else:
                 totals.append(total.clone())
+        # only the main process added noise: the all-reduce gives every process Σ_r S_r + N(0, σ²C²I), the noise
+        # drawn once from one generator (a seeded P-process run draws the seeded 1-process run's noise)
         if self.sum_over_processes is not None:
             totals = self.sum_over_processes(totals)
         self.reset()

@@ -1,22 +1,13 @@
 """The DP state of a training run (:class:`DPState`, owned by ``DPSAMTrainer``): accountant history,
 g̃_{t−1} (dp_sat), Σ η², the sampling/noise generators and the ε budget; and its checkpoint file.
 
-The trainer reads and writes DP state only through its ``dp_state``, which is written into every Trainer
-checkpoint (``dp_state.pt``) so that ``resume_from_checkpoint`` continues ε instead of resetting it. A run
-seeded with ``dp_seed`` restores the sampling and noise generators too, so the next Poisson draw and noise
-are those of an uninterrupted run. A run without ``dp_seed`` re-seeds both from OS entropy after loading
-(:meth:`DPState.resume`): two runs resumed from one checkpoint (say with different learning rates) then
-share only the steps before it, never the noise after it, and composing their ε bounds what they leak
-together (docs/design.md §3). It is written with the checkpoint's model, before the optimizer and
-``trainer_state.json``, which the Trainer writes last and before it deletes older checkpoints; so a
-checkpoint is complete when it holds both, and a process killed while writing one leaves an earlier complete
-checkpoint to resume from. The noise generator's state would let anyone who holds it recompute past noise,
-so it is written into checkpoints only, never beside a released or pushed adapter.
-
-In a multi-process run all of it is global: the accountant, g̃_{t−1} and Σ η² are identical on every process,
-the sampling generator runs identically everywhere, and only the main process draws noise. So the saving
-process writes one file and every process loads it on resume, whatever the number of processes either run had
-(the sample rate q = B_exp/N must match, which the accountant checks).
+Every Trainer checkpoint holds ``dp_state.pt``, so ``resume_from_checkpoint`` continues ε instead of resetting it.
+With ``dp_seed`` the generators are restored (the next draw and noise are an uninterrupted run's); without it they
+are re-seeded from OS entropy (:meth:`DPState.resume`), so two runs resumed from one checkpoint share no noise
+after it. The file holds the noise generator's state, so it goes into checkpoints only, never beside a release.
+A checkpoint is complete when it holds both ``dp_state.pt`` and ``trainer_state.json`` (written last). In a
+multi-process run the state is global: one file, loaded by every process whatever their number. See
+docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -153,6 +144,8 @@ class DPState:
 
 def missing_checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
     """The files a complete checkpoint has and ``checkpoint`` lacks."""
+    # dp_state.pt is written with the model, before the optimizer and trainer_state.json, which the Trainer writes
+    # last and before deleting older checkpoints: a process killed mid-write leaves an earlier complete checkpoint
     return [name for name in (DP_STATE_NAME, TRAINER_STATE_NAME) if not (Path(checkpoint) / name).is_file()]
 
 
