@@ -30,8 +30,8 @@ from benchmarks.harness import Unit
 from benchmarks.markdown import table
 from benchmarks.quality.significance import ALPHA, holm
 
-ARMS = {"adapter": [], "private_head": ["--train_lora", "false"],
-        "nonprivate_head": ["--train_lora", "false", "--dp", "false"]}
+ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],
+        "adapter": []}
 FULL = 0
 """N = 0 stands for the whole training split."""
 
