@@ -15,7 +15,7 @@ Protocol (recipes chosen without the evaluated tasks' test data):
    (the seed is the unit: each retrains both), Holm-corrected over the recipe's tested rows (one family per
    recipe). The targets section judges each row against :data:`FLOOR_TOLERANCE` and, on headroom tasks,
    :data:`HEADROOM_TARGETS`, with the non-private headroom of ``benchmarks/reports/headroom/``
-   (:func:`benchmarks.headroom.headroom_points`). The default (:data:`DEFAULT_CANDIDATE`) and the earlier defaults
+   (:func:`headroom_points`). The default (:data:`DEFAULT_CANDIDATE`) and the earlier defaults
    (:data:`EARLIER_DEFAULTS`) are reported beside the choice; ``--candidates`` also runs the report-stage twins
    (:data:`TWINS`), never chosen, for ``benchmarks/lpft_merge.py``.
 
@@ -52,8 +52,7 @@ from scipy import stats
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import headroom
-from .headroom import run_unit
+from . import harness
 from .markdown import table as markdown_table
 from .quality.significance import ALPHA, holm
 
@@ -66,6 +65,8 @@ EPSILON = 8.0
 HEAD = "private_head"
 FLOOR_TOLERANCE = 0.3
 """Points the default adapter may fall below the private head, on every task at every ε (phase 2 starts at it)."""
+HEADROOM_POINTS = 2.0
+"""A headroom task's non-private headroom (the headroom study's threshold)."""
 HEADROOM_TARGETS = {8.0: (1.0, 0.5), 4.0: (0.5, None)}
 """On a headroom task, per ε: the mean gain over the private head (points; at ε = 8 Holm-significant over seeds too)
 and the share of the non-private headroom, (DP adapter − private head) / (non-private LoRA − non-private head)."""
@@ -235,9 +236,46 @@ def floor_gap(units: list[dict]) -> dict:
     return {"report": "benchmarks/reports/lpft/LPFT.md", "recipe": recipe, "split": "test", "rows": rows}
 
 
+def headroom_points(headroom: list[dict]) -> dict[str, float]:
+    """Per task, the headroom study's LoRA top 2 (the budget) − head, mean test accuracy over each arm's seeds."""
+    tests: dict[tuple[str, str], list[float]] = {}
+    for unit in headroom:
+        tests.setdefault((unit["settings"]["task"], unit["settings"]["arm"]), []).append(
+            100 * unit["result"]["test"]["accuracy"])
+    return {task: statistics.mean(tests[(task, "lora_top2")]) - statistics.mean(tests[(task, "head")])
+            for task in PACKAGED_TASKS if (task, "lora_top2") in tests and (task, "head") in tests}
+
+
+def run_unit(task: str, argv: list[str], seed: int, work_dir: Path, path: Path, keep: Path | None = None,
+             **about: object) -> dict:
+    """Train ``task`` with train_glue.py's ``argv`` (its ``--runs_dir`` under ``work_dir``; deleted afterwards,
+    except the released folders, moved to ``keep/<path's stem>/<task>/`` when ``keep`` is given), score it on the
+    validation and the whole test split, store the result (and ``about``) at ``path``."""
+    import gc
+
+    from .training import train_in_process, validation_metrics
+
+    runs_dir = Path(argv[argv.index("--runs_dir") + 1])
+    summary, seconds, base_dir = train_in_process(task, argv, seed, work_dir)
+    named = [("<runs>" if a == str(runs_dir) else a.replace(str(work_dir), "<work>")) for a in argv]
+    result = {"task": task, "seed": seed, **about, "argv": named,
+              "test": summary["test"], "validation": validation_metrics(task, runs_dir, base_dir),
+              "train_seconds": seconds, "steps": summary["steps"], "epsilon": summary["epsilon"]}
+    if keep is not None:  # before the unit counts as done: a kept unit always has its adapter
+        kept = keep / path.stem / task
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        for name in ("adapter", "encoder_adapter", "eval_metrics.json"):
+            shutil.move(runs_dir / task / name, kept / name)
+    write_text_atomic(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
+    shutil.rmtree(runs_dir, ignore_errors=True)
+    gc.collect()
+    return result
+
+
 def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_points: float | None) -> list[str]:
     """The targets for one (task, ε) row of the report: never below the head by more than
-    :data:`FLOOR_TOLERANCE`; on a headroom task (≥ ``headroom.HEADROOM_POINTS`` of non-private headroom), the gain
+    :data:`FLOOR_TOLERANCE`; on a headroom task (≥ ``HEADROOM_POINTS`` of non-private headroom), the gain
     and the captured share of :data:`HEADROOM_TARGETS`. Each cell reads "holds" or "not met" with its value."""
     def verdict(ok: bool, value: str) -> str:
         return f"{'holds' if ok else 'not met'} ({value})"
@@ -247,8 +285,8 @@ def target_verdicts(epsilon: float, gain: float, significant: bool, headroom_poi
         return cells + ["—", "—", "—"]
     share = gain / headroom_points if headroom_points > 0 else None
     cells += [f"{headroom_points:.1f}", "—" if share is None else f"{100 * share:.0f} %"]
-    if headroom_points < headroom.HEADROOM_POINTS or epsilon not in HEADROOM_TARGETS:
-        return cells + ["— (not a headroom task)" if headroom_points < headroom.HEADROOM_POINTS else "—"]
+    if headroom_points < HEADROOM_POINTS or epsilon not in HEADROOM_TARGETS:
+        return cells + ["— (not a headroom task)" if headroom_points < HEADROOM_POINTS else "—"]
     minimum, min_share = HEADROOM_TARGETS[epsilon]
     parts = [verdict(gain >= minimum and (significant or epsilon != EPSILON), f"≥ +{minimum:g}"
                      + (", Holm-significant" if epsilon == EPSILON else ""))]
@@ -311,7 +349,7 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
     for candidate in reported:
         tested = [i for i, (c, _) in enumerate(flat) if c == candidate and p_values[i] is not None]
         adjusted |= dict(zip(tested, holm([p_values[i] for i in tested])))
-    points = headroom.headroom_points(headroom_units or [])
+    points = headroom_points(headroom_units or [])
     targets = {c: [] for c in reported}
     for i, ((candidate, row), (task, epsilon, mean_gain)) in enumerate(zip(flat, cells)):
         targets[candidate].append(row[:3] + target_verdicts(epsilon, mean_gain, adjusted.get(i, 1.0) < ALPHA,
@@ -337,7 +375,7 @@ def write_report(units: list[dict], path: Path, evidence: Path | None = FLOOR_GA
                  f"Per row of the report: the mean gain over the private head against −{FLOOR_TOLERANCE:g} "
                  "points (every task, every ε); the task's non-private headroom (`benchmarks/reports/headroom/"
                  "HEADROOM.md`, LoRA top 2 (the budget) − head, test points, its own seeds) and the share of "
-                 f"it the mean gain captures; on headroom tasks (≥ {headroom.HEADROOM_POINTS:g} points) the gain "
+                 f"it the mean gain captures; on headroom tasks (≥ {HEADROOM_POINTS:g} points) the gain "
                  "targets: "
                  + "; ".join(f"ε = {e:g}: ≥ +{g:g}" + (" and Holm-significant" if e == EPSILON else "")
                              + (f" and ≥ {100 * sh:.0f} % of the headroom" if sh is not None else "")
@@ -415,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                      keep=keep, candidate=candidate, target_epsilon=epsilon)
     # the headroom table was measured on MiniLM: its targets apply to MiniLM's report only
     print(write_report(load_units(units_dir), base.report_dir / "LPFT.md", evidence=base.evidence,
-                       headroom_units=load_units(headroom.REPORT_DIR / "units") if base == MINILM else None,
+                       headroom_units=harness.stored("headroom", 1) if base == MINILM else None,
                        base=base))
     return 0
 

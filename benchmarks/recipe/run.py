@@ -7,18 +7,16 @@ import gc
 import json
 import platform
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.scripts import train as train_script
+from benchmarks.training import NON_PRIVATE_FLAGS, train_in_process, validation_metrics
 from hf_dpmerge.utils.io import write_text_atomic
 
 from .grid import BASE_FLAGS, RECIPES, Unit
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS_DIR = REPO / "benchmarks" / "reports" / "recipe" / "units"
-NON_PRIVATE_FLAGS = ("--dp", "false", "--sam_mode", "none", "--align_lambda", "0")
 
 
 def train_arguments(unit: Unit, runs_dir: Path) -> list[str]:
@@ -43,40 +41,11 @@ def load_result(unit: Unit, units_dir: Path = UNITS_DIR) -> dict[str, Any] | Non
     return result if result["argv"] == train_arguments(unit, Path("<runs>")) else None
 
 
-def validation_metrics(task: str, runs_dir: Path, base_dir: Path) -> dict[str, float]:
-    """The metrics of ``runs_dir/<task>/adapter`` (loaded as a user loads it) on the task's validation split."""
-    from hf_dpmerge.analysis.evaluation import predict_logits
-    from hf_dpmerge.analysis.task_models import load_individual_model
-    from hf_dpmerge.data import compute_metrics, load_task, predictions_from_logits, tokenize_task
-    from hf_dpmerge.records.record import PrivacyRecord
-
-    record = PrivacyRecord.load(runs_dir / task / "adapter")
-    splits, spec = load_task(task)
-    tokenizer = train_script.AutoTokenizer.from_pretrained(base_dir)
-    data = tokenize_task(splits["validation"], spec, tokenizer, max_length=int(record.extra["max_length"]))
-    model = load_individual_model(base_dir, runs_dir / task / "adapter", spec)
-    logits = predict_logits(model, data, tokenizer, batch_size=128)
-    return compute_metrics(spec, predictions_from_logits(spec, logits), data["labels"])
-
-
 def score(unit: Unit, runs_dir: Path, base_dir: Path) -> dict[str, float]:
     """The unit's adapter scored on its split: test from the script's own eval_metrics.json, validation here."""
     if unit.split == "test":
         return json.loads((runs_dir / unit.task / "eval_metrics.json").read_text())["test"]
     return validation_metrics(unit.task, runs_dir, base_dir)
-
-
-def train_in_process(task: str, argv: list[str], seed: int, work_dir: Path) -> tuple[dict[str, Any], float, Path]:
-    """Train ``task`` with train_glue.py's ``argv`` in this process, from one base shared under ``work_dir``:
-    (the script's summary, training seconds, the base directory)."""
-    from transformers import set_seed
-
-    run = train_script.plan_runs(argv)[task]
-    base_dir = train_script.shared_base(dataclasses.replace(run.script, runs_dir=str(work_dir)))
-    set_seed(seed)
-    start = time.perf_counter()
-    summary = train_script.train_task(task, *run, base_dir)
-    return summary, time.perf_counter() - start, base_dir
 
 
 def run_unit(unit: Unit, work_dir: Path, units_dir: Path = UNITS_DIR) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The LP-FT search and the headroom table: units parse as the training script runs them, the choice uses the
 select tasks' validation splits only, and the report's tests treat seeds as the unit (Holm over tasks)."""
 
+import argparse
 import dataclasses
 import json
 import statistics
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from benchmarks import headroom, lpft, lpft_merge
+from benchmarks import lpft, lpft_merge
 from benchmarks.merge_comparison import METHODS, TRAINERS
 from benchmarks.quality.significance import holm
+from benchmarks.studies import headroom
+from benchmarks.studies.headroom import Headroom
 from hf_dpmerge.scripts import train as train_script
 
 
@@ -285,31 +288,27 @@ def test_recommend_reads_the_gap_of_the_stored_units():
     assert stored == json.loads(json.dumps(lpft.floor_gap(lpft.load_units(lpft.REPORT_DIR / "units"))))
 
 
-def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_points(tmp_path, monkeypatch):
-    monkeypatch.setattr(headroom, "REPORT_DIR", tmp_path)
-    units = [{"task": t, "arm": arm, "seed": 0, "validation": {"accuracy": v}, "test": {"accuracy": v},
-              "train_seconds": 60.0}
+def headroom_unit(task, arm, seed, test):
+    return {"name": f"{task}-{arm}-seed{seed}", "settings": {"task": task, "arm": arm, "seed": seed},
+            "result": {"validation": {"accuracy": test}, "test": {"accuracy": test}, "train_seconds": 60.0}}
+
+
+def test_a_headroom_task_is_one_whose_best_adapter_beats_the_head_by_two_test_points():
+    units = [headroom_unit(t, arm, 0, v)
              for t, scores in {"rotten_tomatoes": (0.77, 0.81, 0.80), "bbc_news": (0.95, 0.96, 0.965)}.items()
              for arm, v in zip(headroom.ARMS, scores)]
-    text = headroom.write_report(units, tmp_path / "HEADROOM.md")
-    assert "Headroom tasks (≥ 2 points): rotten_tomatoes." in text
+    assert "Headroom tasks (≥ 2 points): rotten_tomatoes." in Headroom().report(units)["HEADROOM.md"]
 
 
-def headroom_unit(task, arm, seed, test):
-    return {"task": task, "arm": arm, "seed": seed, "validation": {"accuracy": test}, "test": {"accuracy": test},
-            "train_seconds": 60.0}
-
-
-def test_the_headroom_is_the_budget_arms_seed_mean_over_the_heads_and_the_ceiling_is_reported_apart(tmp_path):
+def test_the_headroom_is_the_budget_arms_seed_mean_over_the_heads_and_the_ceiling_is_reported_apart():
     units = [headroom_unit("rotten_tomatoes", "head", s, v) for s, v in ((0, 0.76), (1, 0.78))]
     units += [headroom_unit("rotten_tomatoes", "lora_top2", s, v) for s, v in ((0, 0.80), (1, 0.81))]
     units += [headroom_unit("rotten_tomatoes", "lora_all", 0, 0.835), headroom_unit("bbc_news", "head", 0, 0.9)]
     # the ceiling (all six layers) is better, but the headroom is what the budget's arm gains
-    assert headroom.headroom_points(units) == {"rotten_tomatoes": pytest.approx(100 * (0.805 - 0.77))}
-    assert headroom.headroom_points(units, headroom.CEILING_ARMS) == {
-        "rotten_tomatoes": pytest.approx(100 * (0.835 - 0.77))}  # bbc_news has no LoRA arm
-    text = headroom.write_report(units, tmp_path / "HEADROOM.md")
+    assert lpft.headroom_points(units) == {"rotten_tomatoes": pytest.approx(100 * (0.805 - 0.77))}
+    text = Headroom().report(units)["HEADROOM.md"]
     assert "| rotten_tomatoes | 0,1 | 77.0 / 77.0 | 80.5 / 80.5 | 83.5 / 83.5 | 3.5 | 6.5 |" in text
+    assert "| bbc_news | 0 | 90.0 / 90.0 | — / — | — / — | — | — |" in text  # no LoRA arm: no headroom
 
 
 @pytest.mark.parametrize(("epsilon", "gain", "significant", "headroom_points", "expected"), [
@@ -512,3 +511,11 @@ def test_the_merge_benchmark_merges_and_scores_kept_adapters_end_to_end(tmp_path
         assert check["max_abs_difference"] < 1e-5 < 1e-3 < check["max_abs_task_vector"]
         assert check["dense_bytes"] > check["adapter_bytes"] > 0
         assert f"| dp_aware | {trainer} | 1 |" in report
+
+
+def test_every_headroom_arm_parses_as_a_non_private_run():
+    parser = argparse.ArgumentParser()
+    Headroom().add_arguments(parser)
+    for unit in Headroom().plan(parser.parse_args(["--tasks", "rotten_tomatoes"])):
+        script, config = train_script.parse_arguments([*unit.settings["flags"], "--task", "rotten_tomatoes"])
+        assert not config.dp and script.train_lora == (unit.settings["arm"] != "head")
