@@ -53,7 +53,6 @@ from pathlib import Path
 from hf_dpmerge.utils.io import write_text_atomic
 
 from .causal_runs import GENERATION_SAMPLES, NON_PRIVATE, generation_scores, run
-from .lpft import load_units
 from .markdown import table as markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,6 +112,10 @@ candidate is ``<candidate>+<variant>``."""
 ANCHOR_GRID: dict[str, float] = {"public_anchor": 1.0, "public_anchor_mu3": 3.0}
 """The anchor stage's variants and their μ, each trained on :data:`SELECT_TASK`'s validation split at ε = 8, seed 0;
 μ = 0 is the chosen candidate's own select unit."""
+
+
+def load_units(units_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
 
 
 def candidate_flags(candidate: str) -> tuple[str, ...]:

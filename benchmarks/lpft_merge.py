@@ -1,8 +1,8 @@
 """The paper's question on private LP-FT adapters: phase 2 by DP-SGD or by DP-Merging (DP-SAT + alignment), merged.
 
-Adapters come from the LP-FT benchmark (``python -m benchmarks.lpft ... --keep-adapters DIR``): for each seed, an
+Adapters come from the lpft study's report stage, which keeps them: for each seed, an
 LP-FT default, ``--recipe`` (:func:`trainers` ``dp_sgd``, phase 2 plain DP-SGD; default
-:data:`benchmarks.lpft.DEFAULT_CANDIDATE`), and its twin with the package's DP-SAT step and alignment penalty
+:data:`DEFAULT_CANDIDATE`), and its twin with the package's DP-SAT step and alignment penalty
 (``dp_merging``, :data:`TWIN`), at ``--epsilon`` (default 8: the LP-FT units of that target ε), on every task of
 ``--tasks`` (default :data:`TASKS`: the headroom tasks rotten_tomatoes and election_tweets and the topic task
 reuters_r52). Each (trainer, seed, method) unit merges the tasks' encoder adapters with stock ``mergekit-yaml``
@@ -22,10 +22,9 @@ over the private head of the same seed and task (the LP-FT benchmark's unit at t
 paired t over seeds (the seed is the unit: each retrains both), Holm over the methods. Per ``--as-adapter`` method:
 the largest deviation from the dense merge over its units and the size ratio.
 
-    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
-        --keep-adapters runs/lpft/kept                        # DP-SGD (the chosen candidate) and its heads
-    python -m benchmarks.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
-        --candidates k2_b1024_t75_lr1e-2_head6 --keep-adapters runs/lpft/kept   # DP-Merging, its twin
+    python -m benchmarks.studies.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52
+    python -m benchmarks.studies.lpft --stage report --seeds 1,2 --tasks rotten_tomatoes,election_tweets,reuters_r52 \\
+        --candidates k2_b1024_t75_lr1e-2_head6   # DP-Merging, its twin
     python -m benchmarks.lpft_merge --kept runs/lpft/kept
     python -m benchmarks.lpft_merge --kept runs/lpft/kept --epsilon 4   # the units trained with --epsilon 4
 """
@@ -42,47 +41,58 @@ from hf_dpmerge.cli.merge_command import run_as_adapter
 from hf_dpmerge.merging.factor_space import FACTOR_METHODS
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import lpft, merge_comparison
+from . import harness, merge_comparison
 from .markdown import table as markdown_table
 from .merge_comparison import comparison_parser, parse_comparison, write_comparison
 from .quality.run import merge_config, run_merge
 
-REPORT_DIR = lpft.REPO / "benchmarks" / "reports" / "lpft-merge"
-TWIN = {recipe: recipe.removesuffix("_dpsgd") for recipe in (lpft.DEFAULT_CANDIDATE, *lpft.EARLIER_DEFAULTS)}
+REPO, EPSILON, HEAD = harness.REPO, 8.0, "private_head"
+DEFAULT_CANDIDATE, EARLIER_DEFAULTS = "k2_b1024_t75_lr1e-2_head6_dpsgd", ("k2_b1024_t75_lr3e-3_head6_dpsgd",)
+REPORT_DIR = REPO / "benchmarks" / "reports" / "lpft-merge"
+TWIN = {recipe: recipe.removesuffix("_dpsgd") for recipe in (DEFAULT_CANDIDATE, *EARLIER_DEFAULTS)}
 """Each LP-FT default (phase 2 plain DP-SGD, the current one and the earlier ones) → its DP-Merging twin: the same
 recipe with DP-SAT + alignment in phase 2, named without the ``_dpsgd`` suffix (a candidate or a report-stage twin
-of ``benchmarks/lpft.py``)."""
+of ``benchmarks/studies/lpft.py``)."""
 TASKS = ("rotten_tomatoes", "election_tweets", "reuters_r52")
 AS_ADAPTER_METHODS = tuple(m for m in merge_comparison.METHODS if m in FACTOR_METHODS)
 """The compared merge methods that ``--as-adapter`` merges exactly in factor space (task_arithmetic, dp_aware,
 cauchy_poe); ties elects signs and trims magnitudes of dense coordinates, so no adapter equals its merge."""
 
 
-def trainers(recipe: str = lpft.DEFAULT_CANDIDATE) -> dict[str, str]:
+def epsilon_suffix(epsilon: float) -> str:
+    return "" if epsilon == EPSILON else f"-eps{epsilon:g}"
+
+
+def lpft_unit_name(task: str, candidate: str, seed: int, epsilon: float = EPSILON) -> str:
+    """The lpft study's unit name, the folder its kept adapter lies in."""
+    return f"{task}-{candidate}-seed{seed}{epsilon_suffix(epsilon)}"
+
+
+def trainers(recipe: str = DEFAULT_CANDIDATE) -> dict[str, str]:
     """Trainer name (:data:`benchmarks.merge_comparison.TRAINERS`) → the LP-FT candidate that trained its adapters."""
     return dict(zip(merge_comparison.TRAINERS, (recipe, TWIN[recipe])))
 
 
-def report_dir(recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> Path:
+def report_dir(recipe: str = DEFAULT_CANDIDATE, epsilon: float = EPSILON) -> Path:
     """Where a (recipe, ε) comparison keeps its units and report: ``<recipe>`` at ε = 8, ``<recipe>-eps<ε>``
-    otherwise (the LP-FT units' naming, :func:`benchmarks.lpft.unit_name`)."""
-    return REPORT_DIR / (recipe + lpft.epsilon_suffix(epsilon))
+    otherwise (the LP-FT units' naming, :func:`lpft_unit_name`)."""
+    return REPORT_DIR / (recipe + epsilon_suffix(epsilon))
 
 
-def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = lpft.DEFAULT_CANDIDATE,
-                 epsilon: float = lpft.EPSILON) -> Path:
-    return kept / lpft.unit_name(task, trainers(recipe)[trainer], seed, epsilon) / task
+def kept_adapter(kept: Path, task: str, trainer: str, seed: int, recipe: str = DEFAULT_CANDIDATE,
+                 epsilon: float = EPSILON) -> Path:
+    return kept / lpft_unit_name(task, trainers(recipe)[trainer], seed, epsilon) / task
 
 
-def complete_seeds(kept: Path, tasks: list[str], recipe: str = lpft.DEFAULT_CANDIDATE,
-                   epsilon: float = lpft.EPSILON) -> list[int]:
+def complete_seeds(kept: Path, tasks: list[str], recipe: str = DEFAULT_CANDIDATE,
+                   epsilon: float = EPSILON) -> list[int]:
     """Seeds with both trainers' adapters kept at ``epsilon`` on every task."""
     return merge_comparison.complete_seeds(
         kept, tasks, lambda t, tr, s: kept_adapter(kept, t, tr, s, recipe, epsilon) / "encoder_adapter")
 
 
 def run_unit(kept: Path, base: Path, tasks: list[str], trainer: str, seed: int, method: str, work_dir: Path,
-             path: Path, recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> dict:
+             path: Path, recipe: str = DEFAULT_CANDIDATE, epsilon: float = EPSILON) -> dict:
     """Merge one (trainer, seed)'s adapters of ``tasks`` at ``epsilon`` with ``method``, evaluate, store the result
     at ``path``."""
     from hf_dpmerge.analysis.evaluation import evaluate_runs
@@ -163,20 +173,20 @@ def unit_name(trainer: str, seed: int, method: str) -> str:
     return f"{trainer}-seed{seed}-{method}"
 
 
-def private_heads(units: list[dict], epsilon: float = lpft.EPSILON) -> dict[tuple[str, int], float]:
+def private_heads(units: list[dict], epsilon: float = EPSILON) -> dict[tuple[str, int], float]:
     """(task, seed) → the private head's test accuracy in % at ``epsilon``, from the LP-FT benchmark's units."""
     return {(u["task"], u["seed"]): 100 * u["test"]["accuracy"] for u in units
-            if u["candidate"] == lpft.HEAD and lpft.target_epsilon(u) == epsilon}
+            if u["candidate"] == HEAD and u["target_epsilon"] == epsilon}
 
 
 def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: Path,
-                 recipe: str = lpft.DEFAULT_CANDIDATE, epsilon: float = lpft.EPSILON) -> str:
+                 recipe: str = DEFAULT_CANDIDATE, epsilon: float = EPSILON) -> str:
     """LPFT_MERGE.md from the stored merge units (all at ``epsilon``) and the private heads' test accuracy at that ε,
     (task, seed) → %."""
-    if stray := sorted({lpft.target_epsilon(u) for u in units} - {epsilon}):
+    if stray := sorted({u.get("target_epsilon", EPSILON) for u in units} - {epsilon}):
         raise ValueError(f"merge units at ε = {stray} in a report at ε = {epsilon:g}")
     command = f"python -m benchmarks.lpft_merge --recipe {recipe}" + (
-        "" if epsilon == lpft.EPSILON else f" --epsilon {epsilon:g}")
+        "" if epsilon == EPSILON else f" --epsilon {epsilon:g}")
     return write_comparison(
         units, heads, path,
         title=f"Merging private LP-FT adapters: DP-SGD vs DP-Merging in phase 2 (ε = {epsilon:g})",
@@ -186,20 +196,20 @@ def write_report(units: list[dict], heads: dict[tuple[str, int], float], path: P
         floor_label="private head",
         footer=as_adapter_section(units) + "Trainers: "
         + "; ".join(f"`{tr}` = LP-FT candidate `{c}`" for tr, c in trainers(recipe).items())
-        + " (benchmarks/lpft.py). Merge parameters: merge_configs/<method>.yaml as stored.")
+        + " (benchmarks/studies/lpft.py). Merge parameters: merge_configs/<method>.yaml as stored.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = comparison_parser(
-        "python -m benchmarks.lpft_merge", __doc__, kept=lpft.REPO / "runs" / "lpft" / "kept",
-        kept_help="benchmarks.lpft's --keep-adapters folder", base=lpft.REPO / "runs" / "lpft" / "base",
-        base_help="the shared base the LP-FT units trained on (benchmarks.lpft's <work-dir>/base)", tasks=TASKS,
-        work_dir=lpft.REPO / "runs" / "lpft-merge", units_dir=None, report=None)
-    parser.add_argument("--recipe", choices=sorted(TWIN), default=lpft.DEFAULT_CANDIDATE,
+        "python -m benchmarks.lpft_merge", __doc__, kept=REPO / "runs" / "lpft" / "kept",
+        kept_help="the lpft study's kept adapters (<its work-dir>/kept)", base=REPO / "runs" / "lpft" / "base",
+        base_help="the shared base the LP-FT units trained on (the lpft study's <work-dir>/base)", tasks=TASKS,
+        work_dir=REPO / "runs" / "lpft-merge", units_dir=None, report=None)
+    parser.add_argument("--recipe", choices=sorted(TWIN), default=DEFAULT_CANDIDATE,
                         help="the LP-FT default whose DP-SGD adapters meet their DP-Merging twin's (default: "
                              "today's); units and report default to benchmarks/reports/lpft-merge/<recipe>/")
-    parser.add_argument("--epsilon", type=float, default=lpft.EPSILON,
-                        help="the target ε the kept adapters and the private heads were trained at (benchmarks.lpft's "
+    parser.add_argument("--epsilon", type=float, default=EPSILON,
+                        help="the target ε the kept adapters and the private heads were trained at (the lpft study's "
                              "--epsilon; default %(default)g); another ε's units and report default to "
                              "benchmarks/reports/lpft-merge/<recipe>-eps<ε>/")
     args, tasks, methods = parse_comparison(parser, argv)
@@ -219,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                         run_unit(args.kept, args.base, tasks, trainer, seed, method, args.work_dir.resolve(), path,
                                  args.recipe, args.epsilon)
     units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
-    heads = private_heads(lpft.load_units(lpft.REPORT_DIR / "units"), args.epsilon)
+    heads = private_heads([{**u["settings"], **u["result"]} for u in harness.stored("lpft", 1)
+                           if u["settings"]["base"] == "minilm"], args.epsilon)
     print(write_report(units, heads, args.report or folder / "LPFT_MERGE.md", args.recipe, args.epsilon))
     return 0
 

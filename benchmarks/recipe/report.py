@@ -210,7 +210,7 @@ def targets(results: Results, chosen: str) -> list[str]:
 
 def write_report(results: Results, path: Path, log: Callable[[str], None] = print, readme: Path = README) -> Path:
     """Write the report to ``path`` and the level table into ``readme`` (the gap ``hf-dpmerge recommend`` reads
-    is the LP-FT benchmark's since LP-FT became the default: ``benchmarks/lpft.py``)."""
+    is the LP-FT benchmark's since LP-FT became the default: ``benchmarks/studies/lpft.py``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(results))
     readme.write_text(with_readme_table(readme.read_text(), results))
