@@ -49,7 +49,7 @@ from pathlib import Path
 from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import causal_merge, causal_recipe, merge_comparison
+from . import causal_merge, causal_recipe, merging
 from .causal_runs import GENERATION_SAMPLES, generation_scores
 from .markdown import table as markdown_table
 
@@ -94,7 +94,7 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
     start = time.perf_counter()
     cell = work_dir / f"{variant}-seed{seed}"
     epsilon = math.inf if what == NON_PRIVATE else causal_merge.EPSILON
-    runs = merge_comparison.stage_runs(cell / ("runs_nonprivate" if what == NON_PRIVATE else "runs_causal"), base,
+    runs = merging.stage_runs(cell / ("runs_nonprivate" if what == NON_PRIVATE else "runs_causal"), base,
                                        {t: kept_run(kept, t, seed, epsilon, variant) for t in tasks})
     result: dict = {"variant": variant, "seed": seed, "what": what, "tasks": tasks,
                     "max_eval_samples": max_eval_samples,
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, required=True, help="the base the kept adapters trained on")
     parser.add_argument("--tasks", default=",".join(causal_merge.TASKS))
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--methods", default=",".join(merge_comparison.METHODS), help="a subset of the merge methods")
+    parser.add_argument("--methods", default=",".join(merging.METHODS), help="a subset of the merge methods")
     parser.add_argument("--max-eval-samples", type=int, default=500,
                         help="each task's stratified test subset (as benchmarks.causal_merge scores it)")
     parser.add_argument("--work-dir", type=Path, default=causal_recipe.REPO / "runs_causal" / "answer-end-work")
@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     tasks, methods = args.tasks.split(","), args.methods.split(",")
-    if unknown := sorted(set(methods) - set(merge_comparison.METHODS)):
-        parser.error(f"--methods: unknown {unknown}; the methods are {list(merge_comparison.METHODS)}")
+    if unknown := sorted(set(methods) - set(merging.METHODS)):
+        parser.error(f"--methods: unknown {unknown}; the methods are {list(merging.METHODS)}")
     if not args.report_only:
         for seed in map(int, args.seeds.split(",")):
             runs = {t: kept_run(args.kept, t, seed, variant=args.variant) for t in tasks}

@@ -135,9 +135,9 @@ def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None]
         if store.load(unit) is not None:
             continue
         log(f"[{study.name}] {unit.name}")
-        start = time.perf_counter()
-        result = study.run(unit, args.work_dir.resolve())
-        store.save(unit, {**result, "seconds": round(time.perf_counter() - start, 1)})
+        start, work_dir = time.perf_counter(), args.work_dir.resolve()
+        result = json.dumps(study.run(unit, work_dir), allow_nan=True).replace(str(work_dir), "<work>")  # no local path
+        store.save(unit, {**json.loads(result), "seconds": round(time.perf_counter() - start, 1)})
     results = store.results()
     reports = {REPORTS.relative_to(REPO) / study.name / name: text for name, text in study.report(results).items()}
     for path, text in {**reports, **study.exports(results)}.items():

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from benchmarks import causal_merge
-from benchmarks.merge_comparison import METHODS
+from benchmarks.merging import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -34,7 +34,7 @@ class Squares(harness.Study):
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
         self.ran.append(unit.name)
-        return {"value": unit.settings["x"] ** 2 + unit.settings["offset"]}
+        return {"value": unit.settings["x"] ** 2 + unit.settings["offset"], "scratch": str(work_dir / unit.name)}
 
     def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
         return {"SQUARES.md": "\n".join(f"{unit['name']}: {unit['result']['value']}" for unit in stored) + "\n"}
@@ -59,6 +59,7 @@ def test_main_runs_what_is_missing_and_reports_every_stored_unit(tmp_path: Path,
     assert harness.main(study, [*paths, "--xs", "1,2"], log=lambda _: None) == 0
     assert study.ran == ["x1", "x2"] and report.read_text() == "x1: 1\nx2: 4\n"
     assert (tmp_path / "hf_dpmerge" / "squares.txt").read_text() == "5"  # the export, written with the report
+    assert Store(tmp_path / "units", 1).results()[0]["result"]["scratch"] == "<work>/x1"  # no local path
     harness.main(study, [*paths, "--xs", "1,2,3"], log=lambda _: None)
     assert study.ran == ["x1", "x2", "x3"]  # x1, x2 reused
     harness.main(study, [*paths, "--xs", "1", "--offset", "5"], log=lambda _: None)
