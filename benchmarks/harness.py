@@ -83,9 +83,8 @@ class Study(abc.ABC):
     name: str
     schema: int
 
-    @abc.abstractmethod
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The study's own options."""
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 - a study may have no options
+        """The study's own options (none by default)."""
 
     @abc.abstractmethod
     def plan(self, args: argparse.Namespace) -> Sequence[Unit]:
