@@ -1,24 +1,20 @@
-"""Benchmark: a factor-space merge of shared-A adapters (``--as-adapter``) against the dense merge.
+"""A factor-space merge of shared-A adapters (``--as-adapter``) against the dense merge: time and size.
 
-Inputs are built from a config (no downloads): a MiniLM-sized BERT encoder (6 layers, hidden 384, ~22M
-parameters, random weights) as the base and four encoder adapters (LoRA r=8 on query/value, A frozen from one
-public seed as ``--lora_freeze_a`` draws it, random B, each with a privacy record stating its ``lora_a``).
-Both paths run the same ``task_arithmetic`` YAML as an ``hf-dpmerge merge`` process: the dense one with
-``--lora-merge-cache`` (each adapter merged into a full model by mergekit, then the full models merged; the
-cache starts empty every run), the factor-space one with ``--as-adapter``. Printed: each path's median wall
-time, the size of its weights file (``model.safetensors`` / ``adapter_model.safetensors``) and of its whole
-output (the dense merge also writes one full model per task, with its head), their ratios, and the in-process
-time of :func:`~hf_dpmerge.merging.adapter_merge.merge_shared_a_adapters` (no interpreter start-up).
-Usage: ``python benchmarks/factor_merge.py [--workdir DIR] [--repeats N]``.
+Inputs built from a config (no downloads): a MiniLM-sized BERT encoder (random weights) and four encoder adapters
+(LoRA r=8 on query/value, A frozen from one public seed as ``--lora_freeze_a`` draws it, random B, each with a
+privacy record stating its ``lora_a``). Both paths run the same ``task_arithmetic`` YAML as an ``hf-dpmerge merge``
+process, interleaved: dense with an empty ``--lora-merge-cache``, factor-space with ``--as-adapter``. Printed: median
+wall time, the weights file's and the whole output's size, their ratios, and the in-process time of
+:func:`~hf_dpmerge.merging.adapter_merge.merge_shared_a_adapters`. docs/merging.md.
+
+    python -m benchmarks.speed.factor_merge [--workdir DIR] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,23 +25,12 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record
 
+from .timing import synthetic_record, timed_process
+
 ADAPTERS = 4
-REPO = Path(__file__).resolve().parents[1]  # measure this checkout, whichever one is installed
-
-
-def _record(model: torch.nn.Module) -> PrivacyRecord:
-    tensors = peft_base_tensors(model)
-    return PrivacyRecord(
-        epsilon=8.0, delta=1e-5, accountant="prv", noise_multiplier=0.6, effective_noise_multiplier=0.6,
-        sample_rate=0.004, steps=2000, max_grad_norm=1.0, expected_batch_size=256, num_samples=64_000,
-        sam_mode="none", sam_rho=0.0, align_lambda=0.0, optimizer={"name": "AdamW", "lr": 2e-5},
-        sum_lr_squared=2000 * 2e-5**2, base_model="minilm-sized", base_model_hash=base_fingerprint(tensors),
-        base_model_hash_tensors=sorted(tensors), versions={}, extra={"lora_a": frozen_lora_a_record(model)},
-    )
 
 
 def build_inputs(workdir: Path) -> Path:
@@ -69,7 +54,9 @@ def build_inputs(workdir: Path) -> Path:
                     parameter.normal_(0, 0.01)
         adapter = workdir / f"task{index}" / "adapter"
         model.save_pretrained(adapter)
-        _record(model).save(adapter)
+        tensors = peft_base_tensors(model)
+        synthetic_record("minilm-sized", base_fingerprint(tensors), sorted(tensors),
+                         lora_a=frozen_lora_a_record(model)).save(adapter)
         export_encoder_adapter(adapter, workdir / f"task{index}" / "encoder_adapter")
         models += f"  - model: {workdir / 'base'}+{workdir / f'task{index}' / 'encoder_adapter'}\n"
         models += "    parameters:\n      weight: 1.0\n"
@@ -89,11 +76,7 @@ def run_once(config: Path, out: Path, as_adapter: bool, cache: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
     options = ["--as-adapter"] if as_adapter else ["--lora-merge-cache", str(cache)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "hf_dpmerge.cli.main", "merge", str(config), str(out), *options],
-                   check=True, env=env, capture_output=True)
-    return time.perf_counter() - start
+    return timed_process([sys.executable, "-m", "hf_dpmerge.cli.main", "merge", str(config), str(out), *options])[0]
 
 
 def main() -> None:

@@ -1,34 +1,25 @@
 """Cost of a private causal-LM step: time and peak RSS of a DP step vs a non-private one on SmolLM2-135M.
 
-Model: the float32 base ``examples/train_causal_lm.py`` builds (``<runs_causal>/base``, built here once from
-the packaged GGUF when missing) with LoRA r = 8 on q_proj/v_proj; one micro-batch of ``--batch`` sequences of L
-tokens, labels on the last ``ANSWER_TOKENS`` only (the response). Arms:
+Model: the float32 base ``examples/train_causal_lm.py`` builds (``<runs_causal>/base``, built once from the packaged
+GGUF when missing), LoRA r = 8 on q_proj/v_proj; one micro-batch of ``--batch`` sequences of L tokens, labels on
+the last ``ANSWER_TOKENS`` only. Arms (:data:`MODES`): the example's recipe (cached top 4 layers, the LM head at the
+answer positions only, plain DP-SGD) and its non-private twin, the same k uncached, other k cached, and the earlier
+default (top 15 layers uncached, dp_sat + alignment: the speed-up's reference). Time per adapter ≈ step × B/batch ×
+steps. docs/causal-lm.md, ``benchmarks/reports/causal-recipe/train_step_causal.md``.
 
-- ``default`` / ``default_non_private``: the example's recipe (``CAUSAL_DP_DEFAULTS``): LoRA on the top 4 layers,
-  trained on cached states of the frozen bottom with the LM head at the answer positions only (docs/design.md §16),
-  plain DP-SGD (no SAM, no alignment), and the same without privacy;
-- ``uncached_top_4`` / ``uncached_top_4_non_private``: the same k through the whole model;
-- ``cached_top_2`` / ``cached_top_8``: other k on the cached path (plain DP-SGD);
-- ``non_private`` / ``dp_sat_align``: the earlier default (LoRA on the top 15 layers, uncached; DP with dp_sat and
-  alignment λ = 0.05), the reference of the "speed-up" column.
-
-Each measurement runs in a fresh subprocess (peak RSS is that arm's own); arms alternate round by round so machine
-load affects them alike. A step of the example (``per_device_train_batch_size`` B) is B/``--batch`` micro-batches,
-so time per adapter ≈ step × B/batch × steps (training only: not the cache build or the scoring).
-
-    python benchmarks/train_step_causal.py [--rounds 1] [--steps 2] [--batch 16] [--length 80]
+    python -m benchmarks.speed.train_step_causal [--rounds 1] [--steps 2] [--batch 16] [--length 80]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from benchmarks.markdown import table
+
+from .timing import median_step_seconds, peak_rss_mb, run_arms
 
 NON_PRIVATE = dict(dp=False, sam_mode="none", align_lambda=0.0)
 PLAIN_DP = dict(sam_mode="none", align_lambda=0.0)  # the example's DP recipe: DP-SGD without SAM or alignment
@@ -75,26 +66,13 @@ def measure(mode: str, base: str, steps: int, batch: int, length: int) -> dict[s
     trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
     inputs = (collate_prefix_rows([trainer.train_dataset[i] for i in range(batch)]) if cached
               else {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    times = []
-    for i in range(steps + 1):  # the first step warms up (and gives dp_sat its previous gradient)
-        start = time.perf_counter()
-        trainer.training_step(trainer.model, dict(inputs))
-        trainer.optimizer.step()
-        trainer.model.zero_grad()
-        if i:
-            times.append(time.perf_counter() - start)
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"step_s": statistics.median(times), "peak_rss_mb": peak_rss_mb, "setup_s": setup_s}
-
-
-def ensure_base(runs_dir: Path) -> Path:
-    """``<runs_dir>/base`` as the training example builds it (from the packaged GGUF) when missing."""
-    from hf_dpmerge.scripts.train_causal_lm import CausalScriptArguments, shared_causal_base
-
-    return shared_causal_base(CausalScriptArguments(runs_dir=str(runs_dir)))
+    step_s = median_step_seconds(trainer, inputs, steps)
+    return {"step_s": step_s, "peak_rss_mb": peak_rss_mb(), "setup_s": setup_s}
 
 
 def main() -> None:
+    from hf_dpmerge.scripts.train_causal_lm import CausalScriptArguments, shared_causal_base
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs_dir", default="runs_causal", help="where the example's base is (or is built)")
     parser.add_argument("--rounds", type=int, default=1)
@@ -104,40 +82,29 @@ def main() -> None:
     parser.add_argument("--example_batch", type=int, default=1600,
                         help="the example's per_device_train_batch_size")
     parser.add_argument("--example_steps", type=int, default=12, help="the example's max_steps")
-    parser.add_argument("--_mode", help=argparse.SUPPRESS)
+    parser.add_argument("--_arm", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    base = ensure_base(Path(args.runs_dir))
-    if args._mode:
-        print(json.dumps(measure(args._mode, str(base), args.steps, args.batch, args.length)))
+    runs_dir = Path(args.runs_dir).resolve()
+    base = shared_causal_base(CausalScriptArguments(runs_dir=str(runs_dir)))
+    if args._arm:
+        print(json.dumps(measure(args._arm, str(base), args.steps, args.batch, args.length)))
         return
-    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    for round_index in range(args.rounds):
-        for mode in MODES:
-            out = subprocess.run(
-                [sys.executable, __file__, "--_mode", mode, "--runs_dir", args.runs_dir, "--steps", str(args.steps),
-                 "--batch", str(args.batch), "--length", str(args.length)],
-                check=True, capture_output=True, text=True,
-            ).stdout.strip().splitlines()[-1]
-            results[mode].append(json.loads(out))
-            print(f"round {round_index + 1}/{args.rounds} {mode}: {results[mode][-1]}", file=sys.stderr)
-    def median(mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[mode])
-
+    median = run_arms(__spec__.name, list(MODES), args.rounds, ["--runs_dir", str(runs_dir), "--steps",
+                                                               str(args.steps), "--batch", str(args.batch),
+                                                               "--length", str(args.length)])
     micro_batches = args.example_batch / args.batch
+    rows = []
+    for mode, m in median.items():
+        twin = median.get(NON_PRIVATE_TWIN.get(mode, ""))
+        rows.append([mode, f"{m['step_s']:.2f}", f"{m['step_s'] / twin['step_s']:.2f}" if twin else "–",
+                     f"{median[REFERENCE]['step_s'] / m['step_s']:.2f}", f"{m['peak_rss_mb']:.0f}",
+                     f"{m['peak_rss_mb'] / twin['peak_rss_mb']:.2f}" if twin else "–", f"{m['setup_s']:.1f}",
+                     f"{m['step_s'] * micro_batches * args.example_steps / 60:.1f}"])
     print(f"SmolLM2-135M, LoRA r=8 q/v; micro-batch {args.batch} × {args.length} tokens ({ANSWER_TOKENS} answer "
           f"tokens), median of {args.rounds} rounds × {args.steps} steps; cached arms: the top k layers on cached "
           "states, the LM head at the answer positions only (setup s: the cache build of the arm's 10 batches)")
-    print(f"| arm | step s | × its non-private twin | speed-up over {REFERENCE} | peak RSS MB | RSS × twin | "
-          "setup s | adapter min |")
-    print("|---|---|---|---|---|---|---|---|")
-    for mode in results:
-        step, rss = median(mode, "step_s"), median(mode, "peak_rss_mb")
-        twin = NON_PRIVATE_TWIN.get(mode)
-        time_ratio = f"{step / median(twin, 'step_s'):.2f}" if twin else "–"
-        rss_ratio = f"{rss / median(twin, 'peak_rss_mb'):.2f}" if twin else "–"
-        adapter_min = step * micro_batches * args.example_steps / 60
-        print(f"| {mode} | {step:.2f} | {time_ratio} | {median(REFERENCE, 'step_s') / step:.2f} | {rss:.0f} | "
-              f"{rss_ratio} | {median(mode, 'setup_s'):.1f} | {adapter_min:.1f} |")
+    print(table(["arm", "step s", "× its non-private twin", f"speed-up over {REFERENCE}", "peak RSS MB",
+                 "RSS × twin", "setup s", "adapter min"], rows))
     print(f"adapter min: {args.example_steps} steps of {args.example_batch} examples "
           f"({micro_batches:g} micro-batches each), extrapolated from the micro-batch step")
 

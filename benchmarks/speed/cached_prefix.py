@@ -1,46 +1,37 @@
 """Examples per second of a DP step on a cached prefix against the uncached step (docs/design.md §16).
 
-Model: the packaged all-MiniLM-L6-v2 (6 layers) with the default LoRA (r = 8 on query/value, A frozen, the task head
-trained) on the top k layers; data: the first B rows of rotten_tomatoes' training split, max_length 64 (the
-recipe's), so padding is real. One step is the whole draw of B rows in micro-batches of 64 (the recipe's
-physical batch), DP-SGD with the recipe's dp_sat and alignment. Arms: ``uncached_k`` (DPSAMTrainer, today's path),
-``cached_k`` (CachedPrefixTrainer, float16 cache), ``cached_k_nonprivate`` (dp=False) and ``default`` (today's
-default: LoRA on the top 3 layers, uncached). Each arm runs in a fresh subprocess (peak RSS is its own; the cache
-is built before the timed steps and its build time reported), arms interleaved round by round so machine load
-affects them alike; ratios are taken within one run.
+Model: the packaged all-MiniLM-L6-v2 with the default LoRA (r = 8 on query/value, A frozen, the head trained) on the
+top k layers; data: the first B rows of rotten_tomatoes' training split, max_length 64, so padding is real. One step
+is the whole draw of B rows in micro-batches of 64, DP-SGD with dp_sat and alignment. Arms: ``uncached_k``
+(DPSAMTrainer), ``cached_k`` (CachedPrefixTrainer, float16 cache), ``cached_k_nonprivate`` and ``default`` (LoRA on
+the top half, uncached), each in a fresh process, interleaved (:func:`.timing.run_arms`). ``--cache_task``: the
+one-time cost instead, the cache of a whole training split. docs/benchmarks.md "DP steps on a cached prefix".
 
-    python -m benchmarks.cached_prefix [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
-    python -m benchmarks.cached_prefix --cache_task 20newsgroups --cache_length 128 --layers 1
-
-The second form measures the one-time cost instead: the cache of a whole training split (float16), its build
-time and size, for each k of ``--layers``.
+    python -m benchmarks.speed.cached_prefix [--rounds 3] [--steps 2] [--batch 256] [--layers 1,2,3]
+    python -m benchmarks.speed.cached_prefix --cache_task 20newsgroups --cache_length 128 --layers 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from benchmarks.train_step import median_step_seconds
+from benchmarks.markdown import table
 
-REPO = Path(__file__).resolve().parent.parent  # the subprocesses import benchmarks from here
+from .timing import median_step_seconds, peak_rss_mb, run_arms
+
 PHYSICAL_BATCH = 64
 MAX_LENGTH = 64
 
 
 def arms(layers: list[int]) -> dict[str, dict]:
-    table = {"default": dict(layers="top_half", cache_prefix="false", dp=True)}
+    found = {"default": dict(layers="top_half", cache_prefix="false", dp=True)}
     for k in layers:
-        table[f"uncached_{k}"] = dict(layers=f"top_{k}", cache_prefix="false", dp=True)
-        table[f"cached_{k}"] = dict(layers=f"top_{k}", cache_prefix="true", dp=True)
-    table[f"cached_{layers[0]}_nonprivate"] = dict(layers=f"top_{layers[0]}", cache_prefix="true", dp=False)
-    return table
+        found[f"uncached_{k}"] = dict(layers=f"top_{k}", cache_prefix="false", dp=True)
+        found[f"cached_{k}"] = dict(layers=f"top_{k}", cache_prefix="true", dp=True)
+    found[f"cached_{layers[0]}_nonprivate"] = dict(layers=f"top_{layers[0]}", cache_prefix="true", dp=False)
+    return found
 
 
 def measure(arm: dict, steps: int, batch: int) -> dict[str, float]:
@@ -78,8 +69,7 @@ def measure(arm: dict, steps: int, batch: int) -> dict[str, float]:
         inputs = collator([{k: rows[i][k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")
                             if k in rows.column_names} for i in range(batch)])
     step = median_step_seconds(trainer, inputs, steps)
-    return {"examples_per_s": batch / step, "step_s": step, "setup_s": build_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"examples_per_s": batch / step, "step_s": step, "setup_s": build_s, "peak_rss_mb": peak_rss_mb()}
 
 
 def cache_cost(task: str, max_length: int, k: int) -> dict[str, float]:
@@ -107,7 +97,7 @@ def cache_cost(task: str, max_length: int, k: int) -> dict[str, float]:
     table = trainer.train_dataset
     size = table.states.numel() * table.states.element_size() + table.offsets.numel() * 8
     return {"rows": len(table), "tokens": int(table.offsets[-1]), "build_s": seconds, "gib": size / 2**30,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def main() -> None:
@@ -127,32 +117,22 @@ def main() -> None:
                   f"{cost['tokens']} tokens, cache {cost['gib']:.2f} GiB (float16) built in {cost['build_s']:.0f} s, "
                   f"peak RSS {cost['peak_rss_mb']:.0f} MB")
         return
-    table = arms([int(k) for k in args.layers.split(",")])
+    arms_by_name = arms([int(k) for k in args.layers.split(",")])
     if args._arm:
-        print(json.dumps(measure(table[args._arm], args.steps, args.batch)))
+        print(json.dumps(measure(arms_by_name[args._arm], args.steps, args.batch)))
         return
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in table}
-    for round_index in range(args.rounds):
-        for name in table:
-            out = subprocess.run(
-                [sys.executable, "-m", "benchmarks.cached_prefix", "--_arm", name, "--steps", str(args.steps),
-                 "--batch", str(args.batch), "--layers", args.layers],
-                check=True, capture_output=True, text=True, cwd=REPO,
-            ).stdout.strip().splitlines()[-1]
-            results[name].append(json.loads(out))
-            print(f"round {round_index + 1}/{args.rounds} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
-    median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    median = run_arms(__spec__.name, list(arms_by_name), args.rounds,
+                      ["--steps", str(args.steps), "--batch", str(args.batch), "--layers", args.layers])
     default = median["default"]["examples_per_s"]
     print(f"MiniLM, {args.batch} rows of rotten_tomatoes (max_length {MAX_LENGTH}) per step in micro-batches of "
           f"{PHYSICAL_BATCH}; median of {args.rounds} rounds × {args.steps} steps")
-    print("| arm | examples/s | × uncached same k | × default | setup s (cache build) | peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    rows = []
     for name, m in median.items():
-        k = name.split("_")[1] if name != "default" else None
-        same = median.get(f"uncached_{k}", {}).get("examples_per_s") if k else None
-        versus = f"{m['examples_per_s'] / same:.2f}" if same and name.startswith("cached") else "–"
-        print(f"| {name} | {m['examples_per_s']:.1f} | {versus} | {m['examples_per_s'] / default:.2f} | "
-              f"{m['setup_s']:.1f} | {m['peak_rss_mb']:.0f} |")
+        same = median.get(f"uncached_{name.split('_')[1]}") if name.startswith("cached") else None
+        rows.append([name, f"{m['examples_per_s']:.1f}", f"{m['examples_per_s'] / same['examples_per_s']:.2f}"
+                     if same else "–", f"{m['examples_per_s'] / default:.2f}", f"{m['setup_s']:.1f}",
+                     f"{m['peak_rss_mb']:.0f}"])
+    print(table(["arm", "examples/s", "× uncached same k", "× default", "setup s (cache build)", "peak RSS MB"], rows))
 
 
 if __name__ == "__main__":

@@ -1,37 +1,31 @@
-"""Benchmark: mergekit ``ties`` and ``task_arithmetic`` against ``cauchy_poe`` and ``dp_aware``.
+"""mergekit ``ties`` and ``task_arithmetic`` against ``cauchy_poe`` and ``dp_aware``: wall time and peak RSS.
 
-Inputs are built from a config (no downloads): a BERT-base-sized sequence classifier (~110M parameters,
-random weights) as the base, four LoRA adapters (r=8 on query/value, each with a privacy record) merged
-as ``base+adapter`` (``lora``), four full-model variants (base + a 1e-3 perturbation of every weight;
-``full``) and eight of them (``full8``). Each method runs as a separate ``mergekit-yaml`` process; runs are
-interleaved (method order rotates per repeat), the LoRA merge cache is warmed first, and wall time and the
-process's peak RSS are printed as ratios to ``ties``. Targets: ``cauchy_poe`` ≤ 0.5× ties' wall time and
-≤ 1.0× its peak RSS on full models, ≤ 0.5× on LoRA inputs. ``--cuda`` passes mergekit's ``--cuda``,
-``--num-threads N`` its ``--num-threads N`` (to every method alike: on a machine shared with other jobs,
-torch's default of one OpenMP thread per core makes LAPACK calls wait at thread barriers, measured 4–7×
-slower than one thread at load average 8 on 2 cores).
-Usage: ``python benchmarks/merge.py [--workdir DIR] [--repeats N] [--kinds lora full full8] [--methods ...]
-[--cuda] [--num-threads N]``.
+Inputs built from a config (no downloads): a BERT-base-sized classifier (~110M parameters, random weights), four
+LoRA adapters (r=8 on query/value, each with a privacy record) merged as ``base+adapter`` (``lora``), four and eight
+full-model variants (base + 1e-3 noise: ``full``, ``full8``). Each merge is one ``mergekit-yaml`` process, method
+order rotating per repeat, the LoRA merge cache warmed first; printed as ratios to ties. ``--num-threads`` passes
+mergekit's (on a shared machine torch's OpenMP threads wait at barriers). docs/benchmarks.md "Speed and memory".
+
+    python -m benchmarks.speed.merge [--workdir DIR] [--repeats N] [--kinds lora full full8] [--methods ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import BertConfig, BertForSequenceClassification
 
+from benchmarks.markdown import table
 from hf_dpmerge.merging.merge_config import lora_reference, merge_config_yaml, mergekit_config
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
-from hf_dpmerge.records.record import PrivacyRecord
+
+from .timing import synthetic_record, timed_process
 
 METHODS: dict[str, dict[str, float]] = {
     "ties": {"weight": 1.0, "density": 0.2},
@@ -42,17 +36,6 @@ METHODS: dict[str, dict[str, float]] = {
 ADAPTERS = 4
 VARIANTS = 8
 KINDS = {"lora": ADAPTERS, "full": ADAPTERS, "full8": VARIANTS}
-REPO = Path(__file__).resolve().parents[1]  # measure this checkout, whichever one is installed
-
-
-def _record(base_hash: str, names: list[str]) -> PrivacyRecord:
-    return PrivacyRecord(
-        epsilon=8.0, delta=1e-5, accountant="prv", noise_multiplier=0.6, effective_noise_multiplier=0.6,
-        sample_rate=0.004, steps=2000, max_grad_norm=1.0, expected_batch_size=256, num_samples=64_000,
-        sam_mode="none", sam_rho=0.0, align_lambda=0.0, optimizer={"name": "AdamW", "lr": 2e-5},
-        sum_lr_squared=2000 * 2e-5**2, base_model="bert-base-sized", base_model_hash=base_hash,
-        base_model_hash_tensors=names, versions={},
-    )
 
 
 def build_inputs(workdir: Path) -> None:
@@ -73,7 +56,8 @@ def build_inputs(workdir: Path) -> None:
                     parameter.mul_(0.05)
         tensors = peft_base_tensors(model)
         model.save_pretrained(workdir / f"adapter{index}")
-        _record(base_fingerprint(tensors), sorted(tensors)).save(workdir / f"adapter{index}")
+        record = synthetic_record("bert-base-sized", base_fingerprint(tensors), sorted(tensors))
+        record.save(workdir / f"adapter{index}")
     hashed = ["bert.encoder.layer.0.attention.self.query.weight"]
     base_hash = base_fingerprint({name: base.state_dict()[name] for name in hashed})
     for index in range(VARIANTS):
@@ -83,7 +67,7 @@ def build_inputs(workdir: Path) -> None:
             for parameter in variant.parameters():
                 parameter.add_(1e-3 * torch.randn(parameter.shape, generator=generator))
         variant.save_pretrained(workdir / f"full{index}")
-        _record(base_hash, hashed).save(workdir / f"full{index}")
+        synthetic_record("bert-base-sized", base_hash, hashed).save(workdir / f"full{index}")
     (workdir / "done-8").touch()
 
 
@@ -100,18 +84,11 @@ def run_once(workdir: Path, method: str, kind: str, cuda: bool = False,
              threads: int | None = None) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of one ``mergekit-yaml`` process."""
     out = workdir / f"out_{kind}_{method}"
-    command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)), str(out),
-               "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet", "--no-write-model-card",
-               *(["--cuda"] if cuda else []), *(["--num-threads", str(threads)] if threads else [])]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    if status != 0:
-        raise RuntimeError(f"{method} on {kind} inputs failed: {process.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+    return timed_process([str(Path(sys.executable).with_name("mergekit-yaml")), str(_config(workdir, method, kind)),
+                          str(out), "--lora-merge-cache", str(workdir / "lora_cache"), "--quiet",
+                          "--no-write-model-card", *(["--cuda"] if cuda else []),
+                          *(["--num-threads", str(threads)] if threads else [])])
 
 
 def main() -> None:
@@ -139,14 +116,13 @@ def main() -> None:
                                                                         args.threads))
                 wall, rss = results[(kind, method)][-1]
                 print(f"  {kind:4} {method:16} {wall:7.1f} s {rss:7.0f} MiB", flush=True)
-    print(f"\n{'inputs':6} {'method':16} {'wall s':>8} {'× ties':>7} {'RSS MiB':>8} {'× ties':>7}")
+    rows = []
     for kind in args.kinds:
-        ties_wall = statistics.median(w for w, _ in results[(kind, "ties")])
-        ties_rss = statistics.median(r for _, r in results[(kind, "ties")])
+        ties_wall, ties_rss = (statistics.median(run[i] for run in results[(kind, "ties")]) for i in (0, 1))
         for method in names:
-            wall = statistics.median(w for w, _ in results[(kind, method)])
-            rss = statistics.median(r for _, r in results[(kind, method)])
-            print(f"{kind:6} {method:16} {wall:8.1f} {wall / ties_wall:7.2f} {rss:8.0f} {rss / ties_rss:7.2f}")
+            wall, rss = (statistics.median(run[i] for run in results[(kind, method)]) for i in (0, 1))
+            rows.append([kind, method, f"{wall:.1f}", f"{wall / ties_wall:.2f}", f"{rss:.0f}", f"{rss / ties_rss:.2f}"])
+    print(table(["inputs", "method", "wall s", "× ties", "RSS MiB", "× ties"], rows))
 
 
 if __name__ == "__main__":
