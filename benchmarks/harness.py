@@ -83,6 +83,11 @@ class Study(abc.ABC):
     name: str
     schema: int
 
+    def __init_subclass__(cls, name: str, schema: int, **kwargs: Any) -> None:
+        """``class MyStudy(Study, name="my_study", schema=1)``: the module's name and the results' schema."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.schema = name, schema
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 - a study may have no options
         """The study's own options (none by default)."""
 

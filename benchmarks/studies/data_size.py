@@ -36,10 +36,7 @@ FULL = 0
 """N = 0 stands for the whole training split."""
 
 
-class DataSize(harness.Study):
-    name = "data_size"
-    schema = 1
-
+class DataSize(harness.Study, name="data_size", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tasks", default="rotten_tomatoes,bbc_news")
         parser.add_argument("--sizes", default="100,300,1000,3000", help="N; 0 is the whole training split")

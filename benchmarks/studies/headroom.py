@@ -36,10 +36,7 @@ ARMS: dict[str, tuple[str, ...]] = {
 BUDGET, CEILING = "lora_top2", "lora_all"
 
 
-class Headroom(harness.Study):
-    name = "headroom"
-    schema = 1
-
+class Headroom(harness.Study, name="headroom", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS))
         parser.add_argument("--arms", default=",".join(ARMS))

@@ -310,10 +310,7 @@ def lpft_report(units: list[dict], base: Base, headroom: dict[str, float] | None
     return "\n".join(text)
 
 
-class Lpft(harness.Study):
-    name = "lpft"
-    schema = 1
-
+class Lpft(harness.Study, name="lpft", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stage", choices=("select", "report"), default="select")
         parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS), help="report stage: the tasks, in order")

@@ -104,10 +104,7 @@ def as_adapter_section(units: list[dict]) -> str:
                "dense / adapter weights (bytes)"], rows), "", ""])
 
 
-class LpftMerge(harness.Study):
-    name = "lpft_merge"
-    schema = 1
-
+class LpftMerge(harness.Study, name="lpft_merge", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--kept", type=Path, default=harness.REPO / "runs" / "lpft" / "kept",
                             help="the lpft study's kept adapters (its <work-dir>/kept)")

@@ -258,10 +258,7 @@ def by_name(stored: list[dict[str, Any]]) -> Results:
                                                               else "test"]} for u in stored}
 
 
-class RecipeStudy(harness.Study):
-    name = "recipe"
-    schema = 1
-
+class RecipeStudy(harness.Study, name="recipe", schema=1):
     def plan(self, args: argparse.Namespace) -> list[Unit]:
         chosen, _ = choose_recipe(by_name(harness.Store(args.units_dir, self.schema).results()))
         return select_units() + (report_units(chosen) if chosen else [])

@@ -14,11 +14,8 @@ from benchmarks.harness import Store, Unit
 from benchmarks.studies.data_size import DataSize
 
 
-class Squares(harness.Study):
+class Squares(harness.Study, name="squares", schema=1):
     """A toy study: one unit per x, its result x²; counts the units it runs; exports the sum."""
-
-    name = "squares"
-    schema = 1
 
     def __init__(self) -> None:
         self.ran: list[str] = []
