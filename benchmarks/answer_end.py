@@ -4,20 +4,20 @@ or once a public anchor holds their answers elsewhere at the base's?
 Every merge of the seed-0 DP-SGD pair (``benchmarks.causal_merge``) answered with an empty string: its first greedy
 token is the end of the turn, which each adapter learnt to put after its verbaliser and pushes, outside its own
 task, at the answer's first position too (docs/causal-lm.md). This trains the same pair with that token left out
-of the loss (``benchmarks.causal_recipe --variant no_answer_end``: ``--train_answer_end false``, nothing else
+of the loss (``benchmarks.studies.causal_recipe --variant no_answer_end``: ``--train_answer_end false``, nothing else
 changed) and scores, per unit, on the rows ``benchmarks.causal_merge`` scores (each task's seeded stratified test
 subset of ``--max-eval-samples``):
 
 - verbaliser-scoring accuracy (:func:`benchmarks.causal_merge.scores`) as ``hf-dpmerge evaluate`` scores these
   adapters: their records say ``train_answer_end`` false, so the verbaliser's tokens alone, the end they never
   learnt left out;
-- stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal_runs.GENERATION_SAMPLES` stratified
-  test examples (:func:`benchmarks.causal_runs.generation_scores`).
+- stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal.GENERATION_SAMPLES` stratified
+  test examples (:func:`benchmarks.causal.generation_scores`).
 
 ``--variant public_anchor`` asks the second question of the pair trained with the public anchor instead
-(``benchmarks.causal_recipe --variant public_anchor``: ``--anchor_lambda 1``, the answer's end learnt; docs/design.md
-§14.1): its adapters are scored with the end, as the learnt pair's stored units are, whose zero-shot unit is then the
-floor.
+(the causal_recipe study's ``--variant public_anchor``: ``--anchor_lambda 1``, the answer's end learnt;
+docs/design.md §14.1): its adapters are scored with the end, as the learnt pair's stored units are, whose
+zero-shot unit is then the floor.
 
 Units: ``zero_shot`` (the base, scored the same way: the floor of this scoring; not run for a variant that learnt
 the end), ``individual`` (each adapter alone
@@ -25,15 +25,12 @@ on its task, stock ``peft`` ``merge_and_unload``), one per merge method (the pac
 ``benchmarks.causal_merge`` merges it) and, where the variant's non-private adapters are kept (the report stage
 with ``--epsilon inf``), ``non_private`` (each alone on its task, verbaliser scoring only: the DP adapter's share of
 its gain). Stored as JSON under
-``benchmarks/reports/causal-recipe/answer-end/units`` (a killed run resumes); ``ANSWER_END.md`` sets them beside the
+``benchmarks/reports/causal_recipe/answer-end/units`` (a killed run resumes); ``ANSWER_END.md`` sets them beside the
 stored units of the pair that learnt the answer's end (``merge-units/dp_sgd-seed<s>-*``, ``generation_*.json``).
 
-    python -m benchmarks.causal_recipe --stage report --tasks bbc_news,election_tweets --variant no_answer_end \\
-        --work-dir WORK --keep-adapters KEPT
-    python -m benchmarks.causal_recipe --stage report --tasks bbc_news --variant no_answer_end --epsilon inf \\
-        --work-dir WORK_NP --keep-adapters KEPT        # optional: the non-private twin
-    python -m benchmarks.answer_end --kept KEPT --base WORK/runs_causal/base
-    python -m benchmarks.answer_end --variant public_anchor --kept KEPT --base WORK/runs_causal/base
+    python -m benchmarks.studies.causal_recipe --stage report --tasks bbc_news,election_tweets --variant no_answer_end
+    python -m benchmarks.studies.causal_recipe --stage report --tasks bbc_news --variant no_answer_end --epsilon inf
+    python -m benchmarks.answer_end --kept runs/causal_recipe/kept --base runs/causal_recipe/runs_causal/base
 """
 
 from __future__ import annotations
@@ -49,9 +46,10 @@ from pathlib import Path
 from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import causal_merge, causal_recipe, merging
-from .causal_runs import GENERATION_SAMPLES, generation_scores
+from . import causal_merge, harness, merging
+from .causal import GENERATION_SAMPLES, generation_scores, score_kept_generation
 from .markdown import table as markdown_table
+from .studies.causal_recipe import VARIANTS as RECIPE_VARIANTS
 
 REPORT_DIR = causal_merge.REPORT_DIR / "answer-end"
 VARIANTS = {"no_answer_end": "left out", "public_anchor": "learnt, anchored"}
@@ -70,7 +68,7 @@ def kept_run(kept: Path, task: str, seed: int, epsilon: float = causal_merge.EPS
              variant: str = "no_answer_end") -> Path:
     """The kept run folder of ``task`` trained with ``variant`` (``adapter/`` inside; ε = inf: its non-private
     twin)."""
-    return kept / causal_recipe.unit_name(task, f"{causal_merge.CANDIDATE}+{variant}", "test", epsilon, seed) / task
+    return kept / f"{task}-{causal_merge.CANDIDATE}+{variant}-test-eps{epsilon:g}-seed{seed}" / task
 
 
 def generation(model, runs: Path, tasks: list[str]) -> dict:
@@ -104,7 +102,7 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
     elif what in (INDIVIDUAL, NON_PRIVATE):
         result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
         if what == INDIVIDUAL:  # each adapter alone as the recipe benchmark's generation stage asks it (stock peft)
-            result["generation"] = {t: causal_recipe.score_kept_generation(
+            result["generation"] = {t: score_kept_generation(
                 cell, kept_run(kept, t, seed, variant=variant).parent) for t in tasks}
     else:
         with causal_merge.merged_by(what, runs, tasks, cell) as (merged, parameters):
@@ -127,10 +125,10 @@ def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
     if what == ZERO_SHOT:
         produced = None
     elif what == INDIVIDUAL:
-        names = [causal_recipe.unit_name(t, causal_merge.CANDIDATE, "test", causal_merge.EPSILON, seed)
+        names = [f"generation-{t}-{causal_merge.CANDIDATE}-test-eps{causal_merge.EPSILON:g}-seed{seed}"
                  for t in causal_merge.TASKS]
-        alone = [causal_recipe.GENERATION_DIR / f"{name}.json" for name in names]
-        produced = {json.loads(p.read_text())["task"]: json.loads(p.read_text()) for p in alone if p.exists()}
+        produced = {u["settings"]["task"]: u["result"] for u in harness.stored("causal_recipe", 1)
+                    if u["name"] in names}
     else:
         file = causal_merge.REPORT_DIR / LEARNT_GENERATION[what]
         produced = json.loads(file.read_text()) if seed == 0 and file.exists() else None
@@ -167,7 +165,7 @@ def _variant(unit: dict) -> str:
 
 def learns_the_end(variant: str) -> bool:
     """Whether ``variant``'s flags keep the answer's end in the loss (``hf-dpmerge evaluate`` then scores it)."""
-    flags = causal_recipe.VARIANTS[variant]
+    flags = RECIPE_VARIANTS[variant]
     return not any(a == "--train_answer_end" and b == "false" for a, b in zip(flags, flags[1:]))
 
 
@@ -235,14 +233,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="no_answer_end",
                         help="the benchmarks.causal_recipe variant whose kept pair is scored")
-    parser.add_argument("--kept", type=Path, required=True, help="benchmarks.causal_recipe's --keep-adapters folder")
+    parser.add_argument("--kept", type=Path, required=True,
+                        help="the causal_recipe study's kept adapters (<its work-dir>/kept)")
     parser.add_argument("--base", type=Path, required=True, help="the base the kept adapters trained on")
     parser.add_argument("--tasks", default=",".join(causal_merge.TASKS))
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--methods", default=",".join(merging.METHODS), help="a subset of the merge methods")
     parser.add_argument("--max-eval-samples", type=int, default=500,
                         help="each task's stratified test subset (as benchmarks.causal_merge scores it)")
-    parser.add_argument("--work-dir", type=Path, default=causal_recipe.REPO / "runs_causal" / "answer-end-work")
+    parser.add_argument("--work-dir", type=Path, default=harness.REPO / "runs_causal" / "answer-end-work")
     parser.add_argument("--units-dir", type=Path, default=REPORT_DIR / "units")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ GGUF when missing), LoRA r = 8 on q_proj/v_proj; one micro-batch of ``--batch`` 
 the last ``ANSWER_TOKENS`` only. Arms (:data:`MODES`): the example's recipe (cached top 4 layers, the LM head at the
 answer positions only, plain DP-SGD) and its non-private twin, the same k uncached, other k cached, and the earlier
 default (top 15 layers uncached, dp_sat + alignment: the speed-up's reference). Time per adapter ≈ step × B/batch ×
-steps. docs/causal-lm.md, ``benchmarks/reports/causal-recipe/train_step_causal.md``.
+steps. docs/causal-lm.md, ``benchmarks/reports/causal_recipe/train_step_causal.md``.
 
     python -m benchmarks.speed.train_step_causal [--rounds 1] [--steps 2] [--batch 16] [--length 80]
 """

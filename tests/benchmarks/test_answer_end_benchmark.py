@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import answer_end, causal_merge, causal_recipe
+from benchmarks import answer_end, causal_merge
+from benchmarks.studies import causal_recipe
 
 TASKS = list(causal_merge.TASKS)
 

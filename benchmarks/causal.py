@@ -1,0 +1,92 @@
+"""What the SmolLM2 benchmarks share: a logged subprocess, and stock generation scored against verbaliser scoring
+(of a merged model, or of one kept adapter folded into the base by stock peft)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+GENERATION_SAMPLES = 200
+NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
+
+
+def run(command: list[str], cwd: Path, log: Path) -> float:
+    start = time.perf_counter()
+    with log.open("a") as stream:
+        stream.write(f"$ {' '.join(command)}\n")
+        stream.flush()
+        subprocess.run(command, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT, check=True)
+    return time.perf_counter() - start
+
+
+def leading_verbaliser(answer: str, verbalisers: list[str]) -> int | None:
+    """The index of the longest verbaliser that ``answer`` begins with as a whole word (``"Trump."``,
+    ``"Trump is"``: Trump; ``"Trumpet"``: none), or None: what a reader takes from an answer that goes on."""
+    fits = [k for k, v in enumerate(verbalisers)
+            if answer.startswith(v) and (len(answer) == len(v) or not answer[len(v)].isalnum())]
+    return max(fits, key=lambda k: len(verbalisers[k]), default=None)
+
+
+def generation_scores(model, tokenizer, task: str, max_length: int, samples: int, answer_end: bool = True) -> dict:
+    """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
+    ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
+    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; the share
+    where it begins with the gold verbaliser, and with any (:func:`leading_verbaliser`: an adapter trained without
+    the answer's end goes on after it); and, at the answer's first position (the chat as the pipeline renders it),
+    the share where the end-of-sequence token (the trained end of every answer) is the greedy choice, i.e. the
+    answer is empty, and its mean log-probability. ``answer_end``: whether the ranking scores the end after each
+    verbaliser (false for an adapter trained without it)."""
+    import numpy as np
+    import torch
+    from transformers import pipeline
+
+    from hf_dpmerge.data.instructions import InstructionEncoder, instruction_messages, verbaliser_choices
+    from hf_dpmerge.data.load import load_task
+    from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
+
+    generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    splits, spec = load_task(task, max_eval_samples=samples)
+    test = splits["test"]
+    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length, answer_end=answer_end)
+    verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
+    ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
+    chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
+    longest_answer = max(map(len, InstructionEncoder(spec, tokenizer, max_length).responses))  # its end included
+    outputs = generate(chats, max_new_tokens=longest_answer, do_sample=False, return_full_text=False)
+    answers = [o[0]["generated_text"].strip() for o in outputs]
+    first = []
+    with torch.no_grad():
+        for chat in chats:
+            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+            first.append(model(**ids.to(model.device)).logits[0, -1].log_softmax(-1).cpu())
+    end = tokenizer.eos_token_id
+    leading = [leading_verbaliser(a, verbalisers) for a in answers]
+    return {"n": len(answers),
+            "end_of_sequence_first": float(np.mean([int(f.argmax()) == end for f in first])),
+            "end_of_sequence_first_logprob": float(np.mean([float(f[end]) for f in first])),
+            "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in zip(answers, ranked)])),
+            "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in zip(answers, test["label"])])),
+            "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
+            "generation_begins_with_gold": float(np.mean([k == y for k, y in zip(leading, test["label"])])),
+            "generation_begins_with_a_verbaliser": float(np.mean([k is not None for k in leading])),
+            "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
+
+
+def score_kept_generation(work_dir: Path, kept: Path) -> dict:
+    """:func:`generation_scores` of the kept adapter ``kept/<task>/adapter``, merged into
+    the base by stock peft."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.records.record import PrivacyRecord
+
+    (task_dir,) = [d for d in kept.iterdir() if (d / "adapter").is_dir()]
+    base = work_dir / "runs_causal" / "base"
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                      task_dir / "adapter").merge_and_unload().eval()
+    record = PrivacyRecord.load(task_dir / "adapter")
+    scores = generation_scores(model, AutoTokenizer.from_pretrained(base), task_dir.name,
+                               int(record.extra["max_length"]), GENERATION_SAMPLES, record.answer_end_trained)
+    return {"unit": kept.name, "task": task_dir.name, **scores}
