@@ -8,7 +8,7 @@ of the loss (``benchmarks.studies.causal_recipe --variant no_answer_end``: ``--t
 changed) and scores, per unit, on the rows ``benchmarks.causal_merge`` scores (each task's seeded stratified test
 subset of ``--max-eval-samples``):
 
-- verbaliser-scoring accuracy (:func:`benchmarks.causal_merge.scores`) as ``hf-dpmerge evaluate`` scores these
+- verbaliser-scoring accuracy (:func:`benchmarks.causal.scores`) as ``hf-dpmerge evaluate`` scores these
   adapters: their records say ``train_answer_end`` false, so the verbaliser's tokens alone, the end they never
   learnt left out;
 - stock ``pipeline("text-generation")`` answers on :data:`~benchmarks.causal.GENERATION_SAMPLES` stratified
@@ -46,12 +46,13 @@ from pathlib import Path
 from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.utils.io import write_text_atomic
 
-from . import causal_merge, harness, merging
-from .causal import GENERATION_SAMPLES, generation_scores, score_kept_generation
+from . import harness, merging
+from .causal import GENERATION_SAMPLES, causal_parameters, generation_scores, merged_by, score_kept_generation, scores
 from .markdown import table as markdown_table
+from .studies import causal_merge
 from .studies.causal_recipe import VARIANTS as RECIPE_VARIANTS
 
-REPORT_DIR = causal_merge.REPORT_DIR / "answer-end"
+REPORT_DIR = harness.REPORTS / "causal_recipe" / "answer-end"
 VARIANTS = {"no_answer_end": "left out", "public_anchor": "learnt, anchored"}
 """The ``benchmarks.causal_recipe`` variants this compares with the pair that learnt the answer's end, and how the
 report names each one's answer's end."""
@@ -98,16 +99,16 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
                     "max_eval_samples": max_eval_samples,
                     "answer_end_scored": {run.task: run.record.answer_end_trained for run in task_runs(runs, tasks)}}
     if what == ZERO_SHOT:
-        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples, runs / "base")
+        result["scores"] = scores(runs, tasks, max_eval_samples, runs / "base")
     elif what in (INDIVIDUAL, NON_PRIVATE):
-        result["scores"] = causal_merge.scores(runs, tasks, max_eval_samples)
+        result["scores"] = scores(runs, tasks, max_eval_samples)
         if what == INDIVIDUAL:  # each adapter alone as the recipe benchmark's generation stage asks it (stock peft)
             result["generation"] = {t: score_kept_generation(
                 cell, kept_run(kept, t, seed, variant=variant).parent) for t in tasks}
     else:
-        with causal_merge.merged_by(what, runs, tasks, cell) as (merged, parameters):
-            result |= {"merge_parameters": parameters,
-                       "scores": causal_merge.scores(runs, tasks, max_eval_samples, merged)}
+        with merged_by(what, runs, tasks, cell, causal_parameters(what)) as merged:
+            result |= {"merge_parameters": causal_parameters(what),
+                       "scores": scores(runs, tasks, max_eval_samples, merged)}
             model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
             result["generation"] = generation(model, runs, tasks)
             del model
@@ -120,8 +121,8 @@ def run_unit(kept: Path, base: Path, tasks: list[str], seed: int, what: str, wor
 def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
     """The stored verbaliser scores (the end scored) and generation of the seed's DP-SGD pair that learnt the
     answer's end."""
-    name = ZERO_SHOT if what == ZERO_SHOT else causal_merge.unit_name("dp_sgd", seed, what)
-    scores = causal_merge.REPORT_DIR / "merge-units" / f"{name}.json"
+    name = ZERO_SHOT if what == ZERO_SHOT else f"dp_sgd-seed{seed}-{what}"
+    learnt = next((u["result"]["scores"] for u in harness.stored("causal_merge", 1) if u["name"] == name), None)
     if what == ZERO_SHOT:
         produced = None
     elif what == INDIVIDUAL:
@@ -130,9 +131,9 @@ def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
         produced = {u["settings"]["task"]: u["result"] for u in harness.stored("causal_recipe", 1)
                     if u["name"] in names}
     else:
-        file = causal_merge.REPORT_DIR / LEARNT_GENERATION[what]
+        file = harness.REPORTS / "causal_recipe" / LEARNT_GENERATION[what]
         produced = json.loads(file.read_text()) if seed == 0 and file.exists() else None
-    return (json.loads(scores.read_text())["scores"] if scores.exists() else None), (produced or None)
+    return learnt, (produced or None)
 
 
 def _accuracy(scores: dict | None, task: str) -> float | None:
@@ -199,9 +200,9 @@ def write_report(units: list[dict], path: Path) -> str:
             arms.insert(0, ("learnt (stored)", "with the end", learnt_scores, learnt_generation,
                             _learnt(ZERO_SHOT, seed)[0], _learnt(INDIVIDUAL, seed)[0], None))
         for task in unit["tasks"]:
-            for label, scoring, scores, produced, floor, individual, non_private in arms:
+            for label, scoring, arm_scores, produced, floor, individual, non_private in arms:
                 rows.append([what, str(seed), task, label, scoring, *_cells(
-                    _accuracy(scores, task), _accuracy(floor, task),
+                    _accuracy(arm_scores, task), _accuracy(floor, task),
                     _accuracy(individual, task) if what not in order else None,
                     _accuracy(non_private, task) if what == INDIVIDUAL else None, produced, task)])
     text = ["# Ending the answer: merged SmolLM2 adapters through stock generation", "",

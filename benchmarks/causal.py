@@ -1,14 +1,21 @@
-"""What the SmolLM2 benchmarks share: a logged subprocess, and stock generation scored against verbaliser scoring
-(of a merged model, or of one kept adapter folded into the base by stock peft)."""
+"""What the SmolLM2 benchmarks share: a logged subprocess; the packaged causal merge configs, a merge and verbaliser
+scoring on each task's test rows; stock generation scored against verbaliser scoring (of a merged model, or of one
+kept adapter folded into the base by stock peft)."""
 
 from __future__ import annotations
 
+import gc
+import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 GENERATION_SAMPLES = 200
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
+CONFIGS = {"task_arithmetic": "causal_task_arithmetic.yaml", "ties": "causal_ties.yaml", "dp_aware": "causal_dp.yaml",
+           "cauchy_poe": "causal_cauchy_poe.yaml"}
 
 
 def run(command: list[str], cwd: Path, log: Path) -> float:
@@ -90,3 +97,58 @@ def score_kept_generation(work_dir: Path, kept: Path) -> dict:
     scores = generation_scores(model, AutoTokenizer.from_pretrained(base), task_dir.name,
                                int(record.extra["max_length"]), GENERATION_SAMPLES, record.answer_end_trained)
     return {"unit": kept.name, "task": task_dir.name, **scores}
+
+
+def causal_parameters(method: str) -> dict | None:
+    """The parameters of ``method``'s packaged causal config (:data:`CONFIGS`)."""
+    import yaml
+
+    return yaml.safe_load((Path(__file__).resolve().parent.parent / "merge_configs" / CONFIGS[method]).read_text()
+                          ).get("parameters")
+
+
+def merge_config(method: str, runs: Path, tasks: list[str], parameters: dict | None) -> dict:
+    """A mergekit config of ``method`` with ``parameters`` over ``runs``' base and task adapters."""
+    from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
+
+    return mergekit_config(method, runs / "base",
+                           [lora_reference(runs / "base", runs / task / "adapter") for task in tasks],
+                           parameters=parameters)
+
+
+def scores(runs: Path, tasks: list[str], max_eval_samples: int, model_dir: Path | None = None) -> dict:
+    """Each task's accuracy and row count: of ``model_dir`` (a plain causal LM), or, when None, of the base with
+    the task's own adapter (``runs/<task>/adapter``)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.analysis.causal_evaluation import task_score
+    from hf_dpmerge.analysis.runs_layout import task_rows, task_runs
+
+    tokenizer = AutoTokenizer.from_pretrained(runs / "base")
+    shared = None if model_dir is None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    result = {}
+    for run in task_runs(runs, tasks):
+        model = shared or PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(runs / "base", dtype=torch.float32), run.adapter_dir)
+        rows = task_rows(run, "test", max_samples=max_eval_samples)
+        result[run.task] = {"accuracy": task_score(model.eval(), tokenizer, run.spec, rows, run.max_length,
+                                                   answer_end=run.record.answer_end_trained),
+                            "num_examples": len(rows)}
+        del model
+        gc.collect()
+    return result
+
+
+@contextmanager
+def merged_by(method: str, runs: Path, tasks: list[str], cell: Path, parameters: dict | None) -> Iterator[Path]:
+    """The tasks' adapters merged by ``method`` with ``parameters`` into ``cell/merged/<method>``, deleted on exit."""
+    from benchmarks.merging import run_merge
+
+    merged = cell / "merged" / method
+    run_merge(merge_config(method, runs, tasks, parameters), cell / f"{method}.yaml", merged, cell / "lora_cache")
+    try:
+        yield merged
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)

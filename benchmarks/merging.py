@@ -2,7 +2,7 @@
 and the paper's question as a report: DP-SGD vs DP-Merging adapters of the same seeds, merged by each method.
 
 The report is shared by the encoder (``benchmarks/studies/lpft_merge.py``) and the causal-LM
-(``benchmarks/causal_merge.py``) comparisons. A merge unit is ``{"trainer", "seed", "method", "tasks",
+(``benchmarks/studies/causal_merge.py``) comparisons. A merge unit is ``{"trainer", "seed", "method", "tasks",
 "evaluation": {"tasks": {task: {"individual", "merged"}}}}`` (accuracies in [0, 1]); the floor of a (task, seed) is
 what the adapters are measured against (the private head for LP-FT, the zero-shot base for a causal LM).
 
@@ -14,11 +14,9 @@ paired t over seeds (the seed is the unit: each retrains both trainers' adapters
 
 from __future__ import annotations
 
-import argparse
-import re
 import shutil
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +68,6 @@ def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -
                        "--lora-merge-cache", str(lora_cache), *(["--cuda"] if torch.cuda.is_available() else [])])
     if code != 0:
         raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
-
-
-def complete_seeds(kept: Path, tasks: Sequence[str], adapter: Callable[[str, str, int], Path]) -> list[int]:
-    """Seeds of ``kept`` (folders named ``…-seed<N>``, ``-eps<ε>`` after it at another ε) with both trainers' adapters
-    on every task (``adapter(task, trainer, seed)``: the adapter folder a seed's unit keeps, of the ε compared)."""
-    names = [p.name for p in kept.glob("*-seed*")] if kept.is_dir() else []
-    found = {int(m[1]) for name in names if (m := re.search(r"-seed(\d+)(-eps[\d.]+)?$", name))}
-    return sorted(s for s in found if all(adapter(t, tr, s).is_dir() for t in tasks for tr in TRAINERS))
 
 
 def stage_runs(runs: Path, base: Path, kept_runs: Mapping[str, Path]) -> Path:
@@ -142,31 +132,3 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
                             f"Holm-adjusted p (* < {ALPHA})"], comparisons), "",
             footer, ""]
     return "\n".join(text)
-
-
-def comparison_parser(prog: str, description: str, *, kept: Path, kept_help: str, base: Path, base_help: str,
-                      tasks: Sequence[str], work_dir: Path, units_dir: Path | None, report: Path | None
-                      ) -> argparse.ArgumentParser:
-    """The command line both benchmarks share (their own defaults; a None default is the caller's to resolve);
-    :func:`parse_comparison` reads it."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kept", type=Path, default=kept, help=kept_help)
-    parser.add_argument("--base", type=Path, default=base, help=base_help)
-    parser.add_argument("--tasks", default=",".join(tasks))
-    parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the merge methods")
-    parser.add_argument("--work-dir", type=Path, default=work_dir)
-    parser.add_argument("--units-dir", type=Path, default=units_dir)
-    parser.add_argument("--report", type=Path, default=report)
-    parser.add_argument("--report-only", action="store_true")
-    return parser
-
-
-def parse_comparison(parser: argparse.ArgumentParser, argv: list[str] | None
-                     ) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """The arguments, the tasks and the methods (an unknown method is a usage error naming ``--methods``)."""
-    args = parser.parse_args(argv)
-    tasks, methods = args.tasks.split(","), args.methods.split(",")
-    if unknown := sorted(set(methods) - set(METHODS)):
-        parser.error(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
-    return args, tasks, methods

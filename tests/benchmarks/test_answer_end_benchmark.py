@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import answer_end, causal_merge
-from benchmarks.studies import causal_recipe
+from benchmarks import answer_end, harness
+from benchmarks.studies import causal_merge, causal_recipe
 
 TASKS = list(causal_merge.TASKS)
 
@@ -38,16 +38,17 @@ def generation(end_first: float, begins: float) -> dict:
 
 
 def test_the_report_sets_each_unit_beside_the_pair_that_learnt_the_answers_end(tmp_path: Path, monkeypatch):
-    report_dir = tmp_path / "causal-recipe"
-    (report_dir / "merge-units").mkdir(parents=True)
-    monkeypatch.setattr(causal_merge, "REPORT_DIR", report_dir)
+    (tmp_path / "causal_recipe").mkdir()
+    monkeypatch.setattr(harness, "REPORTS", tmp_path)
 
     def scores(accuracy: float) -> dict:
         return {t: {"accuracy": accuracy, "num_examples": 9} for t in TASKS}
 
-    for name, accuracy in (("zero_shot", 0.4), ("dp_sgd-seed0-individual", 0.6), ("dp_sgd-seed0-ties", 0.5)):
-        (report_dir / "merge-units" / f"{name}.json").write_text(json.dumps({"scores": scores(accuracy)}))
-    (report_dir / "generation_ties.json").write_text(json.dumps({t: generation(1.0, 0.0) for t in TASKS}))
+    learnt = [{"name": name, "settings": {}, "result": {"scores": scores(accuracy)}}
+              for name, accuracy in (("zero_shot", 0.4), ("dp_sgd-seed0-individual", 0.6), ("dp_sgd-seed0-ties", 0.5))]
+    monkeypatch.setattr(harness, "stored", lambda study, schema: learnt if study == "causal_merge" else [])
+    (tmp_path / "causal_recipe" / "generation_ties.json").write_text(
+        json.dumps({t: generation(1.0, 0.0) for t in TASKS}))
     units = [{"seed": 0, "what": "zero_shot", "tasks": TASKS, "scores": scores(0.3)},
              {"seed": 0, "what": "individual", "tasks": TASKS, "scores": scores(0.7)},
              {"seed": 0, "what": "ties", "tasks": TASKS, "scores": scores(0.62),
