@@ -1,9 +1,10 @@
-"""What the SmolLM2 benchmarks share: a logged subprocess; the packaged causal merge configs, a merge and verbaliser
-scoring on each task's test rows; stock generation scored against verbaliser scoring (of a merged model, or of one
-kept adapter folded into the base by stock peft)."""
+"""What the SmolLM2 benchmarks share: a logged subprocess; the adapters the causal_recipe study kept; the packaged
+causal merge configs, a merge and verbaliser scoring on each task's test rows; stock generation scored against
+verbaliser scoring (of a merged model, or of one kept adapter folded into the base by stock peft)."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 GENERATION_SAMPLES = 200
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
 CONFIGS = {"task_arithmetic": "causal_task_arithmetic.yaml", "ties": "causal_ties.yaml", "dp_aware": "causal_dp.yaml",
@@ -25,6 +27,28 @@ def run(command: list[str], cwd: Path, log: Path) -> float:
         stream.flush()
         subprocess.run(command, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - start
+
+
+def add_kept_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kept`` and ``--base``: the causal_recipe study's kept adapters and the base they trained on."""
+    parser.add_argument("--kept", type=Path, default=REPO / "runs" / "causal_recipe" / "kept",
+                        help="the causal_recipe study's kept adapters (its <work-dir>/kept)")
+    parser.add_argument("--base", type=Path, default=REPO / "runs" / "causal_recipe" / "runs_causal" / "base",
+                        help="the base the kept adapters trained on (the causal script's <runs_dir>/base)")
+
+
+def kept_runs(kept: Path) -> dict[tuple[str, str, float, int], Path]:
+    """(task, candidate, ε, seed) → the run folder (``adapter/`` inside) the causal_recipe study kept under ``kept``
+    for its test unit, read from that study's stored units."""
+    from benchmarks import harness
+
+    found = {}
+    for unit in harness.stored("causal_recipe", 1):
+        s = unit["settings"]
+        run = kept / unit["name"] / s["task"]
+        if (s["stage"], s["split"]) == ("train", "test") and (run / "adapter").is_dir():
+            found[(s["task"], s["candidate"], s["epsilon"], s["seed"])] = run
+    return found
 
 
 def leading_verbaliser(answer: str, verbalisers: list[str]) -> int | None:
@@ -103,8 +127,7 @@ def causal_parameters(method: str) -> dict | None:
     """The parameters of ``method``'s packaged causal config (:data:`CONFIGS`)."""
     import yaml
 
-    return yaml.safe_load((Path(__file__).resolve().parent.parent / "merge_configs" / CONFIGS[method]).read_text()
-                          ).get("parameters")
+    return yaml.safe_load((REPO / "merge_configs" / CONFIGS[method]).read_text()).get("parameters")
 
 
 def merge_config(method: str, runs: Path, tasks: list[str], parameters: dict | None) -> dict:

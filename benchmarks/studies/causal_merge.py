@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.causal import causal_parameters, merged_by, scores
+from benchmarks.causal import add_kept_arguments, causal_parameters, kept_runs, merged_by, scores
 from benchmarks.harness import Unit
 from benchmarks.merging import METHODS, comparison, stage_runs
 
@@ -28,18 +28,6 @@ TRAINERS = {"dp_sgd": CANDIDATE, "dp_merging": f"{CANDIDATE}+dp_merging"}
 TASKS = ("election_tweets", "bbc_news")
 EPSILON = 8.0
 ZERO_SHOT, INDIVIDUAL = "zero_shot", "individual"
-
-
-def kept_runs(kept: Path, epsilon: float = EPSILON) -> dict[tuple[str, str, int], Path]:
-    """(task, candidate, seed) → the run folder the causal_recipe study kept for its test unit at ``epsilon``
-    (``adapter/`` inside), read from its stored units."""
-    found = {}
-    for unit in harness.stored("causal_recipe", 1):
-        s = unit["settings"]
-        run = kept / unit["name"] / s["task"]
-        if (s["stage"], s["split"], s["epsilon"]) == ("train", "test", epsilon) and (run / "adapter").is_dir():
-            found[(s["task"], s["candidate"], s["seed"])] = run
-    return found
 
 
 def merge_units(stored: list[dict[str, Any]]) -> tuple[list[dict], dict[tuple[str, int], float]]:
@@ -61,11 +49,7 @@ def merge_units(stored: list[dict[str, Any]]) -> tuple[list[dict], dict[tuple[st
 
 class CausalMerge(harness.Study, name="causal_merge", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--kept", type=Path, default=harness.REPO / "runs" / "causal_recipe" / "kept",
-                            help="the causal_recipe study's kept adapters (its <work-dir>/kept)")
-        parser.add_argument("--base", type=Path,
-                            default=harness.REPO / "runs" / "causal_recipe" / "runs_causal" / "base",
-                            help="the base the kept adapters trained on (the causal script's <runs_dir>/base)")
+        add_kept_arguments(parser)
         parser.add_argument("--tasks", default=",".join(TASKS))
         parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the merge methods")
         parser.add_argument("--max-eval-samples", type=int, default=500,
@@ -75,7 +59,8 @@ class CausalMerge(harness.Study, name="causal_merge", schema=1):
         tasks, methods = args.tasks.split(","), args.methods.split(",")
         if unknown := sorted(set(methods) - set(METHODS)):
             raise ValueError(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
-        self.base, self.kept = args.base.resolve(), kept_runs(args.kept.resolve())
+        self.base = args.base.resolve()
+        self.kept = {(t, c, s): run for (t, c, e, s), run in kept_runs(args.kept.resolve()).items() if e == EPSILON}
         seeds = sorted({seed for (_, _, seed) in self.kept
                         if all((t, c, seed) in self.kept for t in tasks for c in TRAINERS.values())})
         if not seeds:
