@@ -29,32 +29,21 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from benchmarks.causal import GENERATION_SAMPLES, NON_PRIVATE, generation_scores, run
+
 REPO = Path(__file__).resolve().parent.parent
 # Fixed before the full run from the 2000-example pilot (docs/causal-lm.md), not tuned on a validation split:
 # LoRA r = 8 on q/v of the top 4 of 30 layers (cached prefix below), 200 steps of expected batch 64.
-# DP-SAT + alignment as run (the script's defaults since moved to plain DP-SGD: benchmarks/causal_recipe.py).
+# DP-SAT + alignment as run (the script's defaults since moved to plain DP-SGD: benchmarks/studies/causal_recipe.py).
 RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "64", "--physical_batch_size", "16",
           "--max_steps", "200", "--learning_rate", "3e-3", "--cache_prefix", "true",
           "--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05", "--logging_steps", "5",
           "--prefix_cache_dir", "prefix_cache"]  # under --out: a task's DP and non-private runs share one prefix
-GENERATION_SAMPLES = 200
-NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
-
-
-def run(command: list[str], cwd: Path, log: Path) -> float:
-    start = time.perf_counter()
-    with log.open("a") as stream:
-        stream.write(f"$ {' '.join(command)}\n")
-        stream.flush()
-        subprocess.run(command, cwd=cwd, stdout=stream, stderr=subprocess.STDOUT, check=True)
-    return time.perf_counter() - start
 
 
 class Units:
@@ -92,7 +81,7 @@ class Units:
                                               merged.name, "--tasks", ",".join(self.tasks), "--output",
                                               evaluation.name, *sizes])
         elif not first and not (evaluation / "merged.json").exists():
-            self.timed(f"evaluate_{method}", [sys.executable, str(Path(__file__).resolve()), "--out", str(self.out),
+            self.timed(f"evaluate_{method}", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(self.out),
                                               "--tasks", ",".join(self.tasks), "--score_merged", merged.name,
                                               *sizes])
 
@@ -118,59 +107,6 @@ def score_merged(out: Path, merged_name: str, tasks: list[str], max_eval_samples
     target = out / ("eval_" + merged_name.removeprefix("merged_")) / "merged.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(scores, indent=2) + "\n")
-
-
-def leading_verbaliser(answer: str, verbalisers: list[str]) -> int | None:
-    """The index of the longest verbaliser that ``answer`` begins with as a whole word (``"Trump."``,
-    ``"Trump is"``: Trump; ``"Trumpet"``: none), or None: what a reader takes from an answer that goes on."""
-    fits = [k for k, v in enumerate(verbalisers)
-            if answer.startswith(v) and (len(answer) == len(v) or not answer[len(v)].isalnum())]
-    return max(fits, key=lambda k: len(verbalisers[k]), default=None)
-
-
-def generation_scores(model, tokenizer, task: str, max_length: int, samples: int, answer_end: bool = True) -> dict:
-    """``model``'s greedy stock ``pipeline("text-generation")`` answers on ``samples`` stratified test examples of
-    ``task`` asked as chat messages (:func:`~hf_dpmerge.data.instructions.instruction_messages`): the share where
-    the answer is the verbaliser that verbaliser scoring ranks first, the gold one, and any verbaliser; the share
-    where it begins with the gold verbaliser, and with any (:func:`leading_verbaliser`: an adapter trained without
-    the answer's end goes on after it); and, at the answer's first position (the chat as the pipeline renders it),
-    the share where the end-of-sequence token (the trained end of every answer) is the greedy choice, i.e. the
-    answer is empty, and its mean log-probability. ``answer_end``: whether the ranking scores the end after each
-    verbaliser (false for an adapter trained without it)."""
-    import numpy as np
-    import torch
-    from transformers import pipeline
-
-    from hf_dpmerge.data.instructions import InstructionEncoder, instruction_messages, verbaliser_choices
-    from hf_dpmerge.data.load import load_task
-    from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
-
-    generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
-    splits, spec = load_task(task, max_eval_samples=samples)
-    test = splits["test"]
-    prompts, responses = verbaliser_choices(test, spec, tokenizer, max_length, answer_end=answer_end)
-    verbalisers = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in responses]
-    ranked = verbaliser_predictions(model, prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
-    chats = [instruction_messages(spec, [row[c] for c in spec.text_columns]) for row in test]
-    longest_answer = max(map(len, InstructionEncoder(spec, tokenizer, max_length).responses))  # its end included
-    outputs = generate(chats, max_new_tokens=longest_answer, do_sample=False, return_full_text=False)
-    answers = [o[0]["generated_text"].strip() for o in outputs]
-    first = []
-    with torch.no_grad():
-        for chat in chats:
-            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True, return_tensors="pt")
-            first.append(model(**ids.to(model.device)).logits[0, -1].log_softmax(-1).cpu())
-    end = tokenizer.eos_token_id
-    leading = [leading_verbaliser(a, verbalisers) for a in answers]
-    return {"n": len(answers),
-            "end_of_sequence_first": float(np.mean([int(f.argmax()) == end for f in first])),
-            "end_of_sequence_first_logprob": float(np.mean([float(f[end]) for f in first])),
-            "generation_is_ranked_first": float(np.mean([a == verbalisers[k] for a, k in zip(answers, ranked)])),
-            "generation_is_gold": float(np.mean([a == verbalisers[y] for a, y in zip(answers, test["label"])])),
-            "generation_is_a_verbaliser": float(np.mean([a in verbalisers for a in answers])),
-            "generation_begins_with_gold": float(np.mean([k == y for k, y in zip(leading, test["label"])])),
-            "generation_begins_with_a_verbaliser": float(np.mean([k is not None for k in leading])),
-            "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
 
 
 def generation_path(out: Path, merged_name: str) -> Path:
@@ -252,12 +188,13 @@ def main() -> None:
         return
     if not args.report:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
         nonprivate = args.nonprivate_tasks.split(",") if args.nonprivate_tasks else units.tasks
         for task in units.tasks:
             units.train("runs_causal", [task], ["--target_epsilon", args.epsilon])
         units.merge_and_evaluate(merges[0], args.merge_eval_samples or args.max_eval_samples, first=True)
         if not generation_path(out, f"merged_{merges[0]}").exists():
-            units.timed("generation", [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--tasks",
+            units.timed("generation", [sys.executable, "-m", "benchmarks.causal_runs", "--out", str(out), "--tasks",
                                        args.tasks, "--score_generation", f"merged_{merges[0]}"])
         units.train("runs_nonprivate", nonprivate, NON_PRIVATE)
         for method in merges[1:]:

@@ -3,8 +3,9 @@ study the same command line and the same store.
 
 A unit is a name plus its full settings. :class:`Store` keeps one JSON per unit and reuses a stored result only when
 the study's schema and the unit's settings both match, so a changed setting reruns its units and nothing needs a
-shim. Studies live in ``benchmarks/studies/<name>.py``, run as ``python -m benchmarks.studies.<name>``, and read
-other studies' stored units through :meth:`Store.results`, never their modules.
+shim. Studies live in ``benchmarks/studies/<name>.py``, run as ``python -m benchmarks.studies.<name>``, keep units
+and report files in ``benchmarks/reports/<name>/`` and read other studies' stored units (:func:`stored`), never
+their modules. What the package reads from a study is one of its :meth:`Study.exports`.
 
     python -m benchmarks.studies.data_size --plan          # the units, marked done or to run
     python -m benchmarks.studies.data_size                 # run what is missing, then write the report
@@ -13,6 +14,7 @@ other studies' stored units through :meth:`Store.results`, never their modules.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import sys
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from hf_dpmerge.utils.io import write_text_atomic
 
@@ -69,24 +71,46 @@ class Store:
         return found
 
 
-class Study(Protocol):
-    """What a study declares (``benchmarks/studies/<name>.py``)."""
+def stored(study: str, schema: int) -> list[dict[str, Any]]:
+    """Another study's stored units (:meth:`Store.results` of ``benchmarks/reports/<study>/units``)."""
+    return Store(REPORTS / study / "units", schema).results()
+
+
+class Study(abc.ABC):
+    """What a study declares (``benchmarks/studies/<name>.py``): ``name`` (its module's) and the ``schema`` of its
+    stored results; its options, plan, one unit's run and report files; the package files it exports."""
 
     name: str
     schema: int
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+    def __init_subclass__(cls, name: str, schema: int, **kwargs: Any) -> None:
+        """``class MyStudy(Study, name="my_study", schema=1)``: the module's name and the results' schema."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.schema = name, schema
 
-    def plan(self, args: argparse.Namespace) -> Sequence[Unit]: ...
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:  # noqa: B027 - a study may have no options
+        """The study's own options (none by default)."""
 
-    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]: ...
+    @abc.abstractmethod
+    def plan(self, args: argparse.Namespace) -> Sequence[Unit]:
+        """The units to run, in order (a ValueError is a usage error)."""
 
-    def report(self, stored: list[dict[str, Any]]) -> str: ...
+    @abc.abstractmethod
+    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
+        """One unit's result (JSON)."""
+
+    @abc.abstractmethod
+    def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        """File name under ``benchmarks/reports/<name>/`` → markdown, from every stored unit."""
+
+    def exports(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        """Path in the repository → text of each file the package reads from this study (none by default)."""
+        return {}
 
 
 def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None] | None = None) -> int:
-    """Run ``study``'s missing units (``--plan``: list them; ``--report-only``: none), then write its report to
-    ``benchmarks/reports/<name>/REPORT.md`` (or ``--report``) from every stored unit."""
+    """Run ``study``'s missing units (``--plan``: list them; ``--report-only``: none), then write its report files
+    and exports from every stored unit."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.studies.{study.name}",
                                      description=sys.modules[type(study).__module__].__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,14 +118,19 @@ def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None]
                         help="scratch space for training (default: runs/<study>)")
     parser.add_argument("--units-dir", type=Path, default=REPORTS / study.name / "units",
                         help="where the units are stored (default: benchmarks/reports/<study>/units)")
-    parser.add_argument("--report", type=Path, default=REPORTS / study.name / "REPORT.md")
+    parser.add_argument("--out", type=Path, default=REPO,
+                        help="write the report files and exports under this folder, laid out as in the repository "
+                             "(default: the repository)")
     parser.add_argument("--report-only", action="store_true", help="run nothing; write the report")
     parser.add_argument("--plan", action="store_true", help="list the planned units and whether each is done")
     study.add_arguments(parser)
     args = parser.parse_args(argv)
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     store = Store(args.units_dir, study.schema)
-    plan = [] if args.report_only else list(study.plan(args))
+    try:
+        plan = [] if args.report_only else list(study.plan(args))
+    except ValueError as error:
+        parser.error(str(error))
     if args.plan:
         for unit in plan:
             print(f"{'done' if store.load(unit) is not None else 'todo'}  {unit.name}")
@@ -110,12 +139,14 @@ def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None]
         if store.load(unit) is not None:
             continue
         log(f"[{study.name}] {unit.name}")
-        start = time.perf_counter()
-        result = study.run(unit, args.work_dir.resolve())
-        store.save(unit, {**result, "seconds": round(time.perf_counter() - start, 1)})
-    text = study.report(store.results())
-    write_text_atomic(args.report, text)
-    print(text)
+        start, work_dir = time.perf_counter(), args.work_dir.resolve()
+        result = json.dumps(study.run(unit, work_dir), allow_nan=True).replace(str(work_dir), "<work>")  # no local path
+        store.save(unit, {**json.loads(result), "seconds": round(time.perf_counter() - start, 1)})
+    results = store.results()
+    reports = {REPORTS.relative_to(REPO) / study.name / name: text for name, text in study.report(results).items()}
+    for path, text in {**reports, **study.exports(results)}.items():
+        write_text_atomic(args.out / path, text)
+        log(f"wrote {args.out / path}")
     return 0
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.merging import MERGE_CONFIGS
 from hf_dpmerge.training.recipe import DP_RECIPE
 
 from . import __doc__ as DESCRIPTION
-from .grid import CELL_ARGUMENTS, GRIDS, MERGE_CONFIGS, TRAINERS, Grid, is_headline, plan_cells
+from .grid import CELL_ARGUMENTS, GRIDS, TRAINERS, Grid, is_headline, plan_cells
 from .merge_space import BUDGET, SPACES
 from .report import write_report
 from .run import REPO, Context, arguments_set_by, parse_train_arguments, run_cell, unit_settings

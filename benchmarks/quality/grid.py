@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from benchmarks.merging import MERGE_CONFIGS
+
 # flags appended after DP_RECIPE and the grid's flags (later flags win); ρ, λ, lr, C stay DP_RECIPE's / DPSAMConfig's
 TRAINERS: dict[str, list[str]] = {
     "non_private": ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"],
@@ -30,8 +32,6 @@ QUALITY_TRAINERS = ("non_private", "dp_sgd", "dp_merging", "two_query")
 STRESS_MERGES = ("task_arithmetic", "ties", "dare_ties", "della", "breadcrumbs_ties", "cauchy_poe", "dp_aware")
 STRESS_FULL_MERGES = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "della", "della_linear", "breadcrumbs",
                       "breadcrumbs_ties", "sce", "cauchy_poe", "dp_aware")
-MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
-                 "dp_aware": "dp.yaml"}
 HEADLINE_EPSILON = 4.0
 SHARPNESS_RHO = 0.05  # the measuring radius of Sharp_t, the same for every trainer (the paper's ρ)
 DIAGNOSTIC_SPLIT = "validation"

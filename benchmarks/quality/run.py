@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
+from benchmarks.merging import merge_config, run_merge
 from hf_dpmerge.scripts import train as train_script
 from hf_dpmerge.training.recipe import DP_RECIPE
 
-from .grid import DIAGNOSTIC_SPLIT, MERGE_CONFIGS, SHARPNESS_RHO, Cell, Grid, trainer_flags
+from .grid import DIAGNOSTIC_SPLIT, SHARPNESS_RHO, Cell, Grid, trainer_flags
 from .store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,35 +151,6 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
         "hyperparameters": training_summary(script, config),
         "seconds": seconds, "host": _host(),
     })
-
-
-def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: bool = False) -> dict[str, Any]:
-    """``merge_configs/<method>.yaml`` with its base and inputs replaced by this cell's (parameters kept); for
-    non-private adapters, ``dp_aware`` is told so (``allow_non_private: true``), as it requires."""
-    import yaml
-
-    template = yaml.safe_load((REPO / "merge_configs" / MERGE_CONFIGS[merge]).read_text())
-    if template["merge_method"] != merge:
-        raise ValueError(f"merge_configs/{MERGE_CONFIGS[merge]} merges with {template['merge_method']}, not {merge}")
-    if non_private and merge == "dp_aware":
-        template["parameters"] = {**(template.get("parameters") or {}), "allow_non_private": True}
-    return mergekit_config(merge, base_dir, [lora_reference(base_dir, a) for a in adapters],
-                           parameters=template.get("parameters"))
-
-
-def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -> None:
-    """Write the mergekit ``config`` to ``config_path`` and merge it into ``merged`` with ``hf-dpmerge merge``
-    (replacing an earlier output; on the GPU when there is one); raises if the merge fails."""
-    import torch
-    import yaml
-
-    from hf_dpmerge.cli.main import main as hf_dpmerge
-
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    code = hf_dpmerge(["merge", str(config_path), str(merged), "--overwrite", "--quiet",
-                       "--lora-merge-cache", str(lora_cache), *(["--cuda"] if torch.cuda.is_available() else [])])
-    if code != 0:
-        raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
 
 
 def merge_unit(ctx: Context, cell: Cell, merge: str) -> None:

@@ -38,7 +38,7 @@ BENCHMARK_MAX_SIGN_CONFLICT = EVIDENCE["interference"]["private"]["max_sign_conf
 RECIPE_FLOOR_GAP: dict[str, Any] = json.loads(
     resources.files("hf_dpmerge.merging").joinpath("data", "recipe_floor_gap.json").read_text(encoding="utf-8"))
 """The measured gap between the default recipe's DP adapters and a private head on the frozen encoder, per measured
-ε (written by ``benchmarks/lpft.py`` with LPFT.md)."""
+ε (exported by ``benchmarks/studies/lpft.py`` with LPFT.md; a test keeps it equal to the stored units)."""
 MEASURED_EPSILONS = sorted({e for e in [*EVIDENCE["quality"]["epsilons"],
                                         *(row["epsilon"] for row in EVIDENCE["settings"])] if e is not None})
 NOISE_TO_SIGNAL_FLOOR = 0.05

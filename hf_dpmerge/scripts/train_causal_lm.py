@@ -71,7 +71,7 @@ from hf_dpmerge.utils.io import require_model_source, staged_directory
 SCRIPT = "train_causal_lm.py"
 BASE_MARKER = "hf_dpmerge_base.json"
 # The DP recipe for the packaged SmolLM2 at ε = 8, chosen on bbc_news' validation split
-# (benchmarks/reports/causal-recipe/CAUSAL_RECIPE.md, docs/causal-lm.md): near full-batch DP gradient descent on the
+# (benchmarks/reports/causal_recipe/CAUSAL_RECIPE.md, docs/causal-lm.md): near full-batch DP gradient descent on the
 # cached prefix, LoRA r = 8 on q/v of the top 4 of 30 layers, expected batch 1600, 12 steps, constant AdamW 1e-2,
 # C = 1, plain DP-SGD (no SAM, no alignment). Any later flag overrides it.
 CAUSAL_DP_DEFAULTS: list[str] = [

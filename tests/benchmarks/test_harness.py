@@ -7,16 +7,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks import harness
 from benchmarks.harness import Store, Unit
 from benchmarks.studies.data_size import DataSize
 
 
-class Squares:
-    """A toy study: one unit per x, its result x²; counts the units it runs."""
-
-    name = "squares"
-    schema = 1
+class Squares(harness.Study, name="squares", schema=1):
+    """A toy study: one unit per x, its result x²; counts the units it runs; exports the sum."""
 
     def __init__(self) -> None:
         self.ran: list[str] = []
@@ -26,14 +25,19 @@ class Squares:
         parser.add_argument("--offset", type=int, default=0)
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
+        if "0" in args.xs.split(","):
+            raise ValueError("--xs: 0 is no unit")
         return [Unit(f"x{x}", {"x": int(x), "offset": args.offset}) for x in args.xs.split(",")]
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
         self.ran.append(unit.name)
-        return {"value": unit.settings["x"] ** 2 + unit.settings["offset"]}
+        return {"value": unit.settings["x"] ** 2 + unit.settings["offset"], "scratch": str(work_dir / unit.name)}
 
-    def report(self, stored: list[dict[str, Any]]) -> str:
-        return "\n".join(f"{unit['name']}: {unit['result']['value']}" for unit in stored) + "\n"
+    def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        return {"SQUARES.md": "\n".join(f"{unit['name']}: {unit['result']['value']}" for unit in stored) + "\n"}
+
+    def exports(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        return {"hf_dpmerge/squares.txt": str(sum(unit["result"]["value"] for unit in stored))}
 
 
 def test_a_unit_is_reused_only_while_its_schema_and_settings_match(tmp_path: Path) -> None:
@@ -46,20 +50,24 @@ def test_a_unit_is_reused_only_while_its_schema_and_settings_match(tmp_path: Pat
 
 
 def test_main_runs_what_is_missing_and_reports_every_stored_unit(tmp_path: Path, capsys) -> None:
-    paths = ["--units-dir", str(tmp_path / "units"), "--report", str(tmp_path / "REPORT.md"),
-             "--work-dir", str(tmp_path / "work")]
+    paths = ["--units-dir", str(tmp_path / "units"), "--out", str(tmp_path), "--work-dir", str(tmp_path / "work")]
+    report = tmp_path / "benchmarks" / "reports" / "squares" / "SQUARES.md"
     study = Squares()
     assert harness.main(study, [*paths, "--xs", "1,2"], log=lambda _: None) == 0
-    assert study.ran == ["x1", "x2"] and (tmp_path / "REPORT.md").read_text() == "x1: 1\nx2: 4\n"
+    assert study.ran == ["x1", "x2"] and report.read_text() == "x1: 1\nx2: 4\n"
+    assert (tmp_path / "hf_dpmerge" / "squares.txt").read_text() == "5"  # the export, written with the report
+    assert Store(tmp_path / "units", 1).results()[0]["result"]["scratch"] == "<work>/x1"  # no local path
     harness.main(study, [*paths, "--xs", "1,2,3"], log=lambda _: None)
     assert study.ran == ["x1", "x2", "x3"]  # x1, x2 reused
     harness.main(study, [*paths, "--xs", "1", "--offset", "5"], log=lambda _: None)
-    assert study.ran[-1] == "x1" and "x1: 6" in (tmp_path / "REPORT.md").read_text()  # a changed setting reruns
+    assert study.ran[-1] == "x1" and "x1: 6" in report.read_text()  # a changed setting reruns
     capsys.readouterr()
     harness.main(study, [*paths, "--xs", "1,4", "--offset", "5", "--plan"])
     assert capsys.readouterr().out.split("\n")[:2] == ["done  x1", "todo  x4"]
-    harness.main(study, [*paths, "--report-only"])
+    harness.main(study, [*paths, "--report-only"], log=lambda _: None)
     assert len(study.ran) == 4
+    with pytest.raises(SystemExit):  # a plan's ValueError is a usage error
+        harness.main(study, [*paths, "--xs", "0"])
 
 
 def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: Path) -> None:
@@ -75,7 +83,7 @@ def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: P
         stored.append({"name": unit.name, "settings": s,
                        "result": {"test": test - (0.002 * s["seed"] if s["arm"] == "private_head" else 0),
                                   "rows": s["n"] or 900, "train_seconds": 60.0}})
-    text = study.report(stored)
+    text = study.report(stored)["REPORT.md"]
     row = next(line for line in text.splitlines() if line.startswith("| t | 100 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4:7] == ["80.2 ± 0.2", "78.0 ± 0.1", "85.2 ± 0.2"]

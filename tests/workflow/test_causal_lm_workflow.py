@@ -238,29 +238,36 @@ def test_tune_chooses_the_causal_merge_with_the_best_validation_accuracy_and_pus
 
 
 @pytest.mark.slow
-def test_the_merge_benchmark_scores_what_hf_dpmerge_evaluate_scores(project, tmp_path):
-    """``benchmarks.causal_merge`` on this project's adapters, kept as both trainers' seed-0 units: its zero-shot,
+def test_the_merge_benchmark_scores_what_hf_dpmerge_evaluate_scores(project, tmp_path, monkeypatch):
+    """The causal_merge study on this project's adapters, kept as both trainers' seed-0 units: its zero-shot,
     individual and task-arithmetic units equal ``hf-dpmerge evaluate``'s floor, individual and merged scores of
     ``mergekit-yaml``'s merge of the same packaged config on the same rows, whichever trainer name holds them."""
-    from benchmarks import causal_merge
+    from benchmarks import harness
+    from benchmarks.studies.causal_merge import TRAINERS, CausalMerge
 
-    for trainer in causal_merge.TRAINERS:
+    kept = []
+    for candidate in TRAINERS.values():
         for task in TASKS:
-            shutil.copytree(project / "runs_causal" / task, causal_merge.kept_run(tmp_path / "kept", task, trainer, 0))
-    assert causal_merge.main(["--kept", str(tmp_path / "kept"), "--base", str(project / "runs_causal" / "base"),
-                              "--tasks", ",".join(TASKS), "--methods", "task_arithmetic", "--max-eval-samples", "24",
-                              "--work-dir", str(tmp_path / "work"), "--units-dir", str(tmp_path / "units"),
-                              "--report", str(tmp_path / "MERGE.md")]) == 0
-    units = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "units").glob("*.json")}
-    assert len(units) == 1 + 2 * len(causal_merge.TRAINERS)
+            name = f"{task}-{candidate}-test-eps8-seed0"  # the causal_recipe study's unit, its kept folder
+            shutil.copytree(project / "runs_causal" / task, tmp_path / "kept" / name / task)
+            kept.append({"name": name, "settings": {"stage": "train", "task": task, "candidate": candidate,
+                                                    "split": "test", "epsilon": 8.0, "seed": 0}, "result": {}})
+    monkeypatch.setattr(harness, "stored", lambda study, schema: kept)
+    assert harness.main(CausalMerge(), [
+        "--kept", str(tmp_path / "kept"), "--base", str(project / "runs_causal" / "base"), "--tasks", ",".join(TASKS),
+        "--methods", "task_arithmetic", "--max-eval-samples", "24", "--work-dir", str(tmp_path / "work"),
+        "--units-dir", str(tmp_path / "units"), "--out", str(tmp_path)], log=lambda _: None) == 0
+    units = {u["name"]: u["result"] for u in harness.Store(tmp_path / "units", CausalMerge.schema).results()}
+    assert len(units) == 1 + 2 * len(TRAINERS)
     expected = json.loads((project / "eval" / "causal_task_arithmetic" / "results.json").read_text())["tasks"]
     for task in TASKS:
         assert units["zero_shot"]["scores"][task]["accuracy"] == pytest.approx(expected[task]["floor"], abs=1e-12)
-        for trainer in causal_merge.TRAINERS:
-            scores = {what: units[causal_merge.unit_name(trainer, 0, what)]["scores"][task]
+        for trainer in TRAINERS:
+            scores = {what: units[f"{trainer}-seed0-{what}"]["scores"][task]
                       for what in ("individual", "task_arithmetic")}
             assert scores["individual"]["accuracy"] == pytest.approx(expected[task]["individual"], abs=1e-12)
             assert scores["task_arithmetic"]["accuracy"] == pytest.approx(expected[task]["merged"], abs=1e-12)
             assert scores["task_arithmetic"]["num_examples"] == expected[task]["num_examples"]
     assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
-    assert "| task_arithmetic | 0 | +0.00 | +0.00 | — | — |" in (tmp_path / "MERGE.md").read_text()
+    report = tmp_path / "benchmarks" / "reports" / "causal_merge" / "MERGE.md"
+    assert "| task_arithmetic | 0 | +0.00 | +0.00 | — | — |" in report.read_text()

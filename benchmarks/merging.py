@@ -1,0 +1,134 @@
+"""Merging in the studies: a packaged merge config with a study's inputs, ``hf-dpmerge merge``, staged run folders,
+and the paper's question as a report: DP-SGD vs DP-Merging adapters of the same seeds, merged by each method.
+
+The report is shared by the encoder (``benchmarks/studies/lpft_merge.py``) and the causal-LM
+(``benchmarks/studies/causal_merge.py``) comparisons. A merge unit is ``{"trainer", "seed", "method", "tasks",
+"evaluation": {"tasks": {task: {"individual", "merged"}}}}`` (accuracies in [0, 1]); the floor of a (task, seed) is
+what the adapters are measured against (the private head for LP-FT, the zero-shot base for a causal LM).
+
+Per method and trainer, means over seeds of the task averages: individual and merged accuracy, interference
+(individual − merged, points), retention (merged / individual) and gain retained (merged − floor) /
+(individual − floor) on the averaged scores. Per method: DP-Merging − DP-SGD in task-averaged merged accuracy,
+paired t over seeds (the seed is the unit: each retrains both trainers' adapters), Holm over the methods.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from .markdown import table
+from .quality.significance import ALPHA, holm
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINERS = ("dp_sgd", "dp_merging")
+METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
+MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
+                 "dp_aware": "dp.yaml"}
+"""Each encoder merge method's packaged config under ``merge_configs/``."""
+
+
+def packaged_parameters(merge: str) -> dict[str, Any] | None:
+    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`)."""
+    import yaml
+
+    template = yaml.safe_load((REPO / "merge_configs" / MERGE_CONFIGS[merge]).read_text())
+    if template["merge_method"] != merge:
+        raise ValueError(f"merge_configs/{MERGE_CONFIGS[merge]} merges with {template['merge_method']}, not {merge}")
+    return template.get("parameters")
+
+
+def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: bool = False,
+                 parameters: dict | None = None) -> dict[str, Any]:
+    """``merge_configs/<method>.yaml`` with its base and inputs replaced (its parameters, or ``parameters``); for
+    non-private adapters, ``dp_aware`` is told so (``allow_non_private: true``), as it requires."""
+    from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
+
+    parameters = packaged_parameters(merge) if parameters is None else parameters
+    if non_private and merge == "dp_aware":
+        parameters = {**(parameters or {}), "allow_non_private": True}
+    return mergekit_config(merge, base_dir, [lora_reference(base_dir, a) for a in adapters], parameters=parameters)
+
+
+def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -> None:
+    """Write the mergekit ``config`` to ``config_path`` and merge it into ``merged`` with ``hf-dpmerge merge``
+    (replacing an earlier output; on the GPU when there is one); raises if the merge fails."""
+    import torch
+    import yaml
+
+    from hf_dpmerge.cli.main import main as hf_dpmerge
+
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    code = hf_dpmerge(["merge", str(config_path), str(merged), "--overwrite", "--quiet",
+                       "--lora-merge-cache", str(lora_cache), *(["--cuda"] if torch.cuda.is_available() else [])])
+    if code != 0:
+        raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
+
+
+def stage_runs(runs: Path, base: Path, kept_runs: Mapping[str, Path]) -> Path:
+    """``runs``: a link to the shared ``base`` and a copy of each task's kept run folder (checkpoints left out),
+    laid out as training wrote them (the adapters name their base as ../../base); staged beside and renamed, so a
+    killed copy is redone. An existing ``runs`` is reused."""
+    if not runs.is_dir():
+        staged = runs.with_name(runs.name + ".tmp")
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        (staged / "base").symlink_to(base.resolve(), target_is_directory=True)
+        for task, kept_run in kept_runs.items():
+            shutil.copytree(kept_run, staged / task, ignore=shutil.ignore_patterns("checkpoints*"))
+        staged.rename(runs)
+    return runs
+
+
+def task_average(unit: dict, score: str) -> float:
+    """A merge unit's ``score`` ('individual' or 'merged') averaged over its tasks, in %."""
+    return 100 * statistics.mean(unit["evaluation"]["tasks"][t][score] for t in unit["tasks"])
+
+
+def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, title: str, preamble: list[str],
+               floor_label: str, footer: str) -> str:
+    """The report (markdown) from the stored merge units and each (task, seed)'s floor in %."""
+    by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
+    seeds = sorted({s for (_, s, _) in by})
+    rows, comparisons = [], []
+    for method in METHODS:
+        for trainer in TRAINERS:
+            cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
+            if not cells:
+                continue
+            individual = [task_average(c, "individual") for c in cells]
+            merged = [task_average(c, "merged") for c in cells]
+            floor = [statistics.mean(floors.get((t, c["seed"]), float("nan")) for t in c["tasks"]) for c in cells]
+            ind, mer, fl = statistics.mean(individual), statistics.mean(merged), statistics.mean(floor)
+            gain = (mer - fl) / (ind - fl) if ind > fl else float("nan")
+            rows.append([method, trainer, ",".join(str(c["seed"]) for c in cells), f"{fl:.1f}", f"{ind:.1f}",
+                         f"{mer:.1f}", f"{ind - mer:+.2f}", f"{100 * mer / ind:.1f}",
+                         f"below {floor_label}" if gain != gain else f"{100 * gain:.0f} %"])
+        paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
+        if paired:
+            score = {(tr, s): task_average(by[(tr, s, method)], "merged") for tr in TRAINERS for s in paired}
+            diffs = [score[("dp_merging", s)] - score[("dp_sgd", s)] for s in paired]
+            p = (float(stats.ttest_rel([score[("dp_merging", s)] for s in paired],
+                                       [score[("dp_sgd", s)] for s in paired]).pvalue)
+                 if len(paired) > 1 and len(set(diffs)) > 1 else None)
+            comparisons.append([method, ",".join(map(str, paired)), " ".join(f"{d:+.2f}" for d in diffs),
+                                f"{statistics.mean(diffs):+.2f}", p])
+    tested = [i for i, c in enumerate(comparisons) if c[-1] is not None]
+    adjusted = dict(zip(tested, holm([comparisons[i][-1] for i in tested])))
+    for i, c in enumerate(comparisons):
+        c[-1:] = (["—", "—"] if i not in adjusted else
+                  [f"{c[-1]:.3g}", f"{adjusted[i]:.3g}" + (" *" if adjusted[i] < ALPHA else "")])
+    text = [f"# {title}", "", *preamble, "",
+            "## Per method and trainer", "",
+            table(["method", "trainer", "seeds", floor_label, "individual", "merged",
+                            "interference (points)", "retention %", "gain retained"], rows), "",
+            "## DP-Merging − DP-SGD, task-averaged merged accuracy (points)", "",
+            table(["method", "seeds", "per seed", "mean", "p (paired t, seeds)",
+                            f"Holm-adjusted p (* < {ALPHA})"], comparisons), "",
+            footer, ""]
+    return "\n".join(text)
