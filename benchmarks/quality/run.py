@@ -133,7 +133,7 @@ def train_unit(ctx: Context, cell: Cell, task: str) -> None:
     if settings is None:
         return
     # as the training script's main() plans it, after the one-phase defaults of parse_train_arguments
-    run = train_script.plan_runs(settings["argv"], defaults=train_script.ONE_PHASE_DEFAULTS)[task]
+    run = train_script.plan_runs([*settings["argv"], "--task", task], defaults=train_script.ONE_PHASE_DEFAULTS)[task]
     script, config = run.script, run.config
     base_dir = train_script.shared_base(dataclasses.replace(script, runs_dir=str(ctx.work_dir)))
     set_seed(cell.seed)  # LoRA and head initialisation do not depend on what ran before in this process

@@ -273,7 +273,7 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
         (lora_config_yaml("task_arithmetic", "./runs/other_base", ADAPTERS, per_model=WEIGHT),
          "input ./runs/other_base+./runs/a/encoder_adapter was trained on another base model"),
         (lora_config_yaml("cauchy_poe", "./runs/base", [ADAPTERS[0], "./broken/dora"]),
-         "is a DoRA adapter (use_dora: true): cauchy_poe and dp_aware support plain LoRA adapters only"),
+         "is a DoRA adapter (use_dora: true): hf_dpmerge's merge methods support plain LoRA adapters only"),
         (lora_config_yaml("dp_aware", "./runs/base", [ADAPTERS[0], "./broken/truncated"]),
          "broken/truncated/adapter_model.safetensors: unreadable adapter weights"),
         (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "paramters:\n  lambda: 0.5\n"),
