@@ -1,12 +1,15 @@
 """How much data does DP need to pay off? The default recipe on subsamples of N training rows (docs/workflow.md
 "How much data").
 
-Per task, N and seed: the private LoRA adapter (train_glue.py's default: private LP-FT, batches fitted to N by
-``hf_dpmerge/scripts/data_size.py``), the private head at the same ε (``--train_lora false``) and the non-private
+Per task, N and seed: the private LoRA adapter (train_glue.py's default: private LP-FT, batch and steps fitted to N
+by ``hf_dpmerge/scripts/data_size.py``), the same with the recipe's 75 encoder steps kept (``adapter_recipe_steps``,
+the rule before the steps were fitted), the private head at the same ε (``--train_lora false``) and the non-private
 head (``--train_lora false --dp false``), on the first N rows of the seeded stratified subsample
-(``--max_train_samples``; the same rows for every seed and arm), scored on the task's whole test split. The seed is
-the unit of the paired t-test of adapter − private head; Holm over the rows of the table. Nothing is tuned here:
-the recipe is the packaged default, chosen on the full select tasks' validation splits.
+(``--max_train_samples``; the same rows for every seed and arm), scored on the task's whole test split; an N at or
+above the training split is the whole split, whose adapter and private head are the lpft study's default-recipe
+units. The seed is the unit of the paired t-tests; Holm over each table's rows. Nothing is tuned on the test split:
+the recipe is the packaged default, chosen on the full select tasks' validation splits, and the step rule is
+compared on validation accuracy.
 
     python -m benchmarks.studies.data_size --tasks rotten_tomatoes,bbc_news --sizes 100,300,1000,3000 --seeds 0,1,2
     python -m benchmarks.studies.data_size --epsilons 4,16 --sizes 300,1000   # the ε each N needs
@@ -31,7 +34,10 @@ from benchmarks.markdown import table
 from benchmarks.quality.significance import ALPHA, holm
 
 ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],
-        "adapter": []}
+        "adapter": [], "adapter_recipe_steps": ["--max_steps", "75", "--head_phase_steps", "1000"]}
+DEFAULT_ARMS = ("private_head", "nonprivate_head", "adapter")
+LPFT_DEFAULT = {"adapter": "k2_b1024_t75_lr1e-2_head6_dpsgd", "private_head": "private_head"}
+"""The lpft study's candidates that are the packaged default recipe (its whole-split units)."""
 FULL = 0
 """N = 0 stands for the whole training split."""
 
@@ -42,10 +48,15 @@ class DataSize(harness.Study, name="data_size", schema=1):
         parser.add_argument("--sizes", default="100,300,1000,3000", help="N; 0 is the whole training split")
         parser.add_argument("--seeds", default="0,1,2")
         parser.add_argument("--epsilons", default="8")
-        parser.add_argument("--arms", default=",".join(ARMS))
+        parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)}")
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
-        """Cheapest first (N ascending, heads before adapters), so a partial run already answers the small N."""
+        """Cheapest first (N ascending, heads before adapters), so a partial run already answers the small N; an N at
+        or above a task's training split is planned once, as N = 0 (the whole split)."""
+        from hf_dpmerge.data.load import load_task
+
+        tasks = args.tasks.split(",")
+        rows = {task: load_task(task).splits["train"].num_rows for task in tasks}
         sizes = sorted(map(int, args.sizes.split(",")), key=lambda n: n or sys.maxsize)
         units = []
         for n in sizes:
@@ -53,7 +64,9 @@ class DataSize(harness.Study, name="data_size", schema=1):
                 for epsilon in map(float, args.epsilons.split(",")):
                     if arm == "nonprivate_head" and epsilon != 8:
                         continue  # no ε: once
-                    for task in args.tasks.split(","):
+                    for task in tasks:
+                        if n >= rows[task] or (n == FULL and arm in LPFT_DEFAULT and epsilon == 8):
+                            continue  # the whole split: once, and the lpft study's units where it has them
                         for seed in map(int, args.seeds.split(",")):
                             settings = {"task": task, "n": n, "arm": arm, "seed": seed,
                                         "epsilon": None if arm == "nonprivate_head" else epsilon}
@@ -82,36 +95,86 @@ class DataSize(harness.Study, name="data_size", schema=1):
         return result
 
     def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
-        cells: dict[tuple, dict[int, dict]] = {}
-        for unit in stored:
-            s = unit["settings"]
-            cells.setdefault((s["task"], s["n"], s["arm"], s["epsilon"]), {})[s["seed"]] = unit["result"]
-        rows, tests = [], []
+        cells = _cells(stored)
         keys = sorted({(task, n, eps) for task, n, arm, eps in cells if arm == "adapter"},
                       key=lambda k: (k[0], k[1] or sys.maxsize, k[2]))
+        rows, tests = [], []
         for task, n, eps in keys:
             adapter, head = cells[(task, n, "adapter", eps)], cells.get((task, n, "private_head", eps), {})
             nonprivate = cells.get((task, n, "nonprivate_head", None), {})
-            seeds = sorted(set(adapter) & set(head))
-            gains = [100 * (adapter[s]["test"] - head[s]["test"]) for s in seeds]
-            p = stats.ttest_rel([adapter[s]["test"] for s in seeds], [head[s]["test"] for s in seeds]).pvalue \
-                if len(seeds) >= 2 and len(set(gains)) > 1 else float("nan")
+            gains, p = _paired(adapter, head, "test")
             tests.append(p)
-            rows.append([task, str(next(iter(adapter.values()))["rows"]), f"{eps:g}", ",".join(map(str, seeds)),
-                         _mean(adapter), _mean(head), _mean(nonprivate), _mean_points(gains), _p(p),
-                         _minutes(adapter)])
-        finite = [i for i, p in enumerate(tests) if p == p]
-        adjusted = holm([tests[i] for i in finite]) if finite else []
-        for i, q in zip(finite, adjusted, strict=True):
-            rows[i].insert(9, _p(q) + (" *" if q < ALPHA else ""))
-        for i in set(range(len(rows))) - set(finite):
-            rows[i].insert(9, "–")
+            rows.append([task, _rows(adapter), f"{eps:g}", ",".join(map(str, sorted(set(adapter) & set(head)))),
+                         _mean(adapter), _mean(head), _mean(nonprivate), _mean_points(gains), _p(p), _minutes(adapter)])
+        _insert_holm(rows, tests, 9)
         header = ["task", "N", "ε", "seeds", "private adapter", "private head", "non-private head",
                   "adapter − head (points)", "p", "Holm", "adapter min"]
+        steps_rows, steps_tests = [], []
+        for task, n, eps in keys:
+            fitted, recipe = cells[(task, n, "adapter", eps)], cells.get((task, n, "adapter_recipe_steps", eps))
+            if not recipe:
+                continue
+            gains, p = _paired(fitted, recipe, "validation")
+            steps_tests.append(p)
+            steps_rows.append([task, _rows(fitted), f"{eps:g}", _steps(fitted), _mean(fitted, "validation"),
+                               _mean(recipe, "validation"), _mean_points(gains), _p(p), _mean(fitted),
+                               _mean(recipe), _minutes(fitted), _minutes(recipe)])
+        _insert_holm(steps_rows, steps_tests, 8)
+        steps_header = ["task", "N", "ε", "fitted steps", "fitted (val)", "75 steps (val)", "fitted − 75 (val points)",
+                        "p", "Holm", "fitted (test)", "75 steps (test)", "fitted min", "75 steps min"]
         return {"REPORT.md": "# How much data: the default recipe by training-set size\n\n"
-                "Generated by `python -m benchmarks.studies.data_size` from its stored units; test accuracy (%) on "
-                "the whole test split, mean ± sd over seeds; N the training rows; paired t-test over seeds, Holm "
-                f"over the table's rows (* < {ALPHA}).\n\n" + table(header, rows) + "\n" + _needed(keys, cells)}
+                "Generated by `python -m benchmarks.studies.data_size` from its stored units (N = all: the lpft "
+                "study's default-recipe units); test accuracy (%) on the whole test split, mean ± sd over seeds; N "
+                "the training rows; paired t-test over seeds, Holm over the table's rows "
+                f"(* < {ALPHA}).\n\n" + table(header, rows) + "\n" + _needed(keys, cells)
+                + "\n## The encoder's steps: fitted to the batch, or the recipe's 75\n\n"
+                "Accuracy (%) of the private adapter with the steps fitted to its batch (T = max(10, ⌈75·B/1024⌉), "
+                "the default) and with the recipe's 75 steps kept (`--max_steps 75 --head_phase_steps 1000`), same "
+                "batch B, ε, rows and seeds; compared on the validation split (paired over seeds, Holm over the "
+                "rows), the test split shown beside.\n\n" + table(steps_header, steps_rows)}
+
+
+def _cells(stored: list[dict[str, Any]]) -> dict[tuple, dict[int, dict]]:
+    """(task, N, arm, ε) → seed → result, this study's units and the lpft study's whole-split default units."""
+    cells: dict[tuple, dict[int, dict]] = {}
+    for unit in stored:
+        s = unit["settings"]
+        cells.setdefault((s["task"], s["n"], s["arm"], s["epsilon"]), {})[s["seed"]] = unit["result"]
+    tasks = {task for task, *_ in cells}
+    for unit in harness.stored("lpft", 1):
+        s, r = unit["settings"], unit["result"]
+        arms = [arm for arm, candidate in LPFT_DEFAULT.items() if candidate == s["candidate"]]
+        if arms and s["base"] == "minilm" and s["task"] in tasks and s["target_epsilon"] == 8:
+            cells.setdefault((s["task"], FULL, arms[0], 8.0), {})[s["seed"]] = {
+                "test": r["test"]["accuracy"], "validation": r["validation"]["accuracy"], "steps": r["steps"],
+                "train_seconds": r["train_seconds"]}
+    return cells
+
+
+def _paired(a: dict, b: dict, split: str) -> tuple[list[float], float]:
+    """Per common seed, 100·(a − b) on ``split``, and the paired t-test's p (nan with < 2 seeds or no spread)."""
+    seeds = sorted(set(a) & set(b))
+    gains = [100 * (a[s][split] - b[s][split]) for s in seeds]
+    p = stats.ttest_rel([a[s][split] for s in seeds], [b[s][split] for s in seeds]).pvalue \
+        if len(seeds) >= 2 and len(set(gains)) > 1 else float("nan")
+    return gains, p
+
+
+def _insert_holm(rows: list[list[str]], tests: list[float], column: int) -> None:
+    finite = [i for i, p in enumerate(tests) if p == p]
+    adjusted = holm([tests[i] for i in finite]) if finite else []
+    for i, q in zip(finite, adjusted, strict=True):
+        rows[i].insert(column, _p(q) + (" *" if q < ALPHA else ""))
+    for i in set(range(len(rows))) - set(finite):
+        rows[i].insert(column, "–")
+
+
+def _rows(by_seed: dict) -> str:
+    return str(next(iter(by_seed.values())).get("rows", "all"))
+
+
+def _steps(by_seed: dict) -> str:
+    return str(next(iter(by_seed.values()))["steps"])
 
 
 def _needed(keys: list[tuple], cells: dict) -> str:
@@ -130,8 +193,8 @@ def _needed(keys: list[tuple], cells: dict) -> str:
     return ("\nThe ε each N needs for the adapter to beat the head:\n\n" + "\n".join(lines) + "\n") if lines else ""
 
 
-def _mean(by_seed: dict) -> str:
-    values = [100 * r["test"] for r in by_seed.values()]
+def _mean(by_seed: dict, split: str = "test") -> str:
+    values = [100 * r[split] for r in by_seed.values()]
     return "–" if not values else f"{statistics.fmean(values):.1f}" + (
         f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
 

@@ -1,19 +1,23 @@
 """The default recipe fitted to the data size (docs/workflow.md "How much data"): :func:`fit_to_data`.
 
 The packaged recipe's expected batches (phase 2 and LP-FT's head phase: 1024) assume thousands of privacy units. For
-N units, each expected batch the user did not set becomes ``min(recipe batch, ⌊MAX_SAMPLE_RATE·N⌋)`` (q ≤ 2/3, which
-keeps every packaged task's recipe as it is: bbc_news' 1602 rows run at q = 0.64); steps stay the recipe's. With
-Poisson sampling the noise in the averaged gradient is about σ(q, T, ε)·C/(qN) ∝ √T·C/(Nε) once amplification
-holds, so a smaller batch costs little accuracy and less compute. Below ``MIN_TRAINING_UNITS`` the defaults refuse.
+N units, each expected batch the user did not set becomes ``B = min(recipe batch, ⌊MAX_SAMPLE_RATE·N⌋)`` (q ≤ 2/3,
+which keeps every packaged task's recipe as it is: bbc_news' 1602 rows run at q = 0.64), and when the encoder's
+batch shrinks from B₀ its steps (unless set) shrink with it, ``T = max(MIN_FITTED_STEPS, ⌈T₀·B/B₀⌉)``, so the
+compute T·B falls with N (head steps on cached features cost little and stay). The noise in the averaged gradient
+is about σ(q, T, ε)·C/(qN) ∝ √T·C/(Nε): fewer steps are each less noisy. Below ``MIN_TRAINING_UNITS`` the defaults
+refuse. The rule is measured in benchmarks/reports/data_size/REPORT.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 
 MAX_SAMPLE_RATE = 2 / 3
 MIN_TRAINING_UNITS = 100
+MIN_FITTED_STEPS = 10
 
 
 def given_flags(parser, argv: Iterable[str]) -> set[str]:
@@ -28,9 +32,9 @@ def training_units(train, unit_column: str | None) -> int:
 
 
 def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool):
-    """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too) fitted
-    to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch had to shrink, and
-    whenever a batch (the user's) exceeds N, before anything is written."""
+    """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too), and an
+    encoder's steps, fitted to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch
+    had to shrink, and whenever a batch (the user's) exceeds N, before anything is written."""
     units = training_units(train, config.privacy_unit_column)
     cap = int(MAX_SAMPLE_RATE * units)
     world = max(config.world_size, 1)
@@ -43,7 +47,10 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
                          "--per_device_train_batch_size and --head_phase_batch_size yourself")
     if "per_device_train_batch_size" in shrink:
         batch = max(cap // world, 1)
-        config = dataclasses.replace(config, per_device_train_batch_size=batch,
+        steps = config.max_steps
+        if script.train_lora and "max_steps" not in given:  # encoder steps: compute ∝ T·B
+            steps = max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size))
+        config = dataclasses.replace(config, per_device_train_batch_size=batch, max_steps=min(steps, config.max_steps),
                                      physical_batch_size=min(config.physical_batch_size, batch))
     if "head_phase_batch_size" in shrink:
         script = dataclasses.replace(script, head_phase_batch_size=max(cap // world, 1))
