@@ -4,7 +4,7 @@ The runs layout is the one ``examples/train_causal_lm.py`` writes (``<runs>/base
 ``<runs>/<task>/adapter`` LoRA + ``dp_privacy.json``) and the merged model is mergekit's output, a plain causal
 LM. Each model predicts the label whose verbaliser is most likely after the prompt
 (:mod:`hf_dpmerge.modeling.verbaliser_scoring`), scored with the task's primary metric (accuracy for the
-packaged tasks). A task whose adapter was trained without the answer's end (its record's ``train_answer_end``
+packaged tasks); on a prompt → completion task, each model's completion token accuracy. A task whose adapter was trained without the answer's end (its record's ``train_answer_end``
 false) has every model scored on the verbaliser's tokens alone, the end of sequence left out, floor and merged
 included (one scoring rule per task). Per task:
 
@@ -34,9 +34,11 @@ from hf_dpmerge.analysis.evaluation_report import mean_of_defined
 from hf_dpmerge.analysis.merged_origin import check_is_merge, check_merges_runs
 from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_rows, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
+from hf_dpmerge.data.completions import completion_rows
 from hf_dpmerge.data.instructions import verbaliser_choices
 from hf_dpmerge.data.metrics import compute_metrics
 from hf_dpmerge.data.tasks import TaskSpec
+from hf_dpmerge.modeling.completion_scoring import completion_token_accuracy
 from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
 from hf_dpmerge.records.record import CAUSAL_LM
 from hf_dpmerge.records.runs_layout import BASE_DIR
@@ -65,7 +67,11 @@ def task_predictions(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset,
 
 def task_score(model: torch.nn.Module, tokenizer, spec: TaskSpec, dataset, max_length: int,
                batch_size: int = 16, answer_end: bool = True) -> float:
-    """The task's primary metric of ``model``'s verbaliser predictions on a loaded split (``label`` column)."""
+    """The task's primary metric of ``model``'s verbaliser predictions on a loaded split (``label`` column); for a
+    prompt → completion task, its completion token accuracy (:mod:`hf_dpmerge.modeling.completion_scoring`)."""
+    if spec.is_generative:
+        return completion_token_accuracy(model, completion_rows(dataset, tokenizer, max_length, answer_end),
+                                         pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch_size)
     predictions = task_predictions(model, tokenizer, spec, dataset, max_length, batch_size, answer_end)
     return compute_metrics(spec, predictions, np.asarray(dataset["label"]))[spec.metric]
 

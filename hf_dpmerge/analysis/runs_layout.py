@@ -125,15 +125,18 @@ def task_runs(
 
 def own_spec(name: str, record: PrivacyRecord, source: DatasetSource) -> TaskSpec:
     """An own-data run's spec as training recorded it (its label names: those its head predicts; a causal LM's
-    verbalisers: the answers it was trained to give)."""
-    from hf_dpmerge.data.tasks import OWN
+    verbalisers: the answers it was trained to give; prompt → completion data: no labels)."""
+    from hf_dpmerge.data.tasks import OWN, TOKEN_ACCURACY
 
+    carved = tuple(record.extra.get("carved_splits") or ())
+    if source.is_generative:
+        return TaskSpec(record.task or name, 0, (), ("prompt",), TOKEN_ACCURACY, OWN, dataset=source,
+                        carved_splits=carved)
     names = tuple(record.extra.get("label_names") or ())
     verbalisers = record.extra.get("verbalisers")
     return TaskSpec(record.task or name, len(names), names, source.text_columns, "accuracy", OWN, dataset=source,
                     label_origin=record.extra.get("label_names_from"),
-                    carved_splits=tuple(record.extra.get("carved_splits") or ()),
-                    verbalisers=tuple(verbalisers) if verbalisers else None)
+                    carved_splits=carved, verbalisers=tuple(verbalisers) if verbalisers else None)
 
 
 def task_rows(run: TaskRun, split: str, *, max_samples: int | None = None, glue_path: str | None = None):

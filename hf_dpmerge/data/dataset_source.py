@@ -25,7 +25,8 @@ class DatasetSource:
     """A dataset given as files (``train_file``… : csv, json, jsonl, parquet) or by ``dataset_name`` (a local
     ``save_to_disk`` folder or a Hub id, with ``dataset_config_name``). ``text_column`` (and ``text_pair_column`` for
     sentence pairs) hold the inputs, ``label_column`` the class. ``label_names`` is the public label set (None: the
-    schema's, or with ``label_names_from_private_data`` the training rows', which ε does not cover)."""
+    schema's, or with ``label_names_from_private_data`` the training rows', which ε does not cover). A causal LM's
+    prompt → completion data names ``prompt_column`` and ``completion_column`` instead (no labels)."""
 
     dataset_name: str | None = None
     dataset_config_name: str | None = None
@@ -37,6 +38,12 @@ class DatasetSource:
     label_column: str = "label"
     label_names: tuple[str, ...] | None = None
     label_names_from_private_data: bool = False
+    prompt_column: str | None = None
+    completion_column: str | None = None
+
+    @property
+    def is_generative(self) -> bool:
+        return self.prompt_column is not None
 
     @property
     def files(self) -> dict[str, str]:

@@ -63,7 +63,7 @@ def _packaged(spec: TaskSpec, seed: int) -> tuple[datasets.Dataset, datasets.Dat
 
 
 def _labels(ds: datasets.Dataset, spec: TaskSpec) -> np.ndarray | None:
-    return None if spec.is_regression else np.asarray(ds["label"])
+    return None if spec.is_regression or spec.is_generative else np.asarray(ds["label"])
 
 
 def _cap(ds: datasets.Dataset, spec: TaskSpec, size: int | None, seed: int) -> datasets.Dataset:

@@ -4,7 +4,8 @@ read with ``datasets``' own loaders, checked, and its :class:`~hf_dpmerge.data.t
 Every check runs before training writes anything, and no message quotes a row: the rows are private. The label set
 is part of the release (the head's ``id2label``), so it comes from ``--label_names`` or a ``ClassLabel`` schema; from
 the training rows only with ``--label_names_from_private_data`` (outside ε: the record and card say so). Integer
-labels index the label names; string labels name them (docs/workflow.md "Your own data").
+labels index the label names; string labels name them (docs/workflow.md "Your own data"). A causal LM's prompt →
+completion dataset (:func:`own_completion_task`) has no label set: its rows become ``prompt`` and ``completion``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hf_dpmerge.data.dataset_source import (
     LABELS_FROM_USER,
     DatasetSource,
 )
-from hf_dpmerge.data.tasks import OWN, TaskSpec
+from hf_dpmerge.data.tasks import OWN, TOKEN_ACCURACY, TaskSpec
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 NO_LABEL_SET = ("the label set is part of the release and may not come from the private rows unasked: pass "
@@ -119,17 +120,23 @@ def _named_dataset(source: DatasetSource) -> datasets.DatasetDict | datasets.Dat
 
 
 def _check_columns(splits: datasets.DatasetDict, source: DatasetSource, extra: tuple[str, ...]) -> None:
-    wanted = [("--text_column", source.text_column), ("--text_pair_column", source.text_pair_column),
-              ("--label_column", source.label_column), *(("--privacy_unit_column", column) for column in extra)]
+    if source.is_generative:
+        texts = [("--prompt_column", source.prompt_column), ("--completion_column", source.completion_column)]
+        wanted = texts
+    else:
+        texts = [("--text_column", column) for column in source.text_columns]
+        wanted = [("--text_column", source.text_column), ("--text_pair_column", source.text_pair_column),
+                  ("--label_column", source.label_column)]
+    wanted += [("--privacy_unit_column", column) for column in extra]
     for split, rows in splits.items():
         for flag, column in wanted:
             if column is not None and column not in rows.column_names:
                 raise ValueError(f"{flag} {column}: no such column in the {split} split (columns found: "
                                  f"{', '.join(rows.column_names)})")
-        for column in source.text_columns:
+        for flag, column in texts:
             feature = rows.features[column]
             if not (isinstance(feature, datasets.Value) and "string" in feature.dtype):
-                raise ValueError(f"--text_column {column}: the {split} split holds {feature}, not text")
+                raise ValueError(f"{flag} {column}: the {split} split holds {feature}, not text")
             empty = sum(1 for text in rows[column] if text is None or not text.strip())
             if empty:
                 raise ValueError(f"the {split} split has {empty} row(s) whose {column!r} is empty or null: remove or "
@@ -195,6 +202,8 @@ def own_task(source: DatasetSource, name: str, keep_columns: tuple[str, ...] = (
     if unknown:
         raise ValueError(f"split(s) {unknown} are not train, validation or test; rename them")
     _check_columns(loaded, source, keep_columns)
+    if source.is_generative:
+        return own_completion_task(loaded, source, name, keep_columns)
     names, origin = _label_names(loaded, source)
     spec = TaskSpec(name, len(names), names, source.text_columns, "accuracy", OWN,
                     description=f"own data; label names from {origin}", dataset=source, label_origin=origin)
@@ -208,4 +217,19 @@ def own_task(source: DatasetSource, name: str, keep_columns: tuple[str, ...] = (
                for c in keep_columns):
             table = {c: [None if v is None else str(v) for v in values] for c, values in table.items()}
         splits[split] = datasets.Dataset.from_dict({**table, "label": codes}, features=features)
+    return splits, spec
+
+
+def own_completion_task(loaded: datasets.DatasetDict, source: DatasetSource, name: str,
+                        keep_columns: tuple[str, ...] = ()) -> tuple[dict[str, datasets.Dataset], TaskSpec]:
+    """A checked prompt → completion dataset's splits (columns ``prompt``, ``completion`` and ``keep_columns``) and
+    its spec (no labels, :data:`~hf_dpmerge.data.tasks.TOKEN_ACCURACY`)."""
+    spec = TaskSpec(name, 0, (), ("prompt",), TOKEN_ACCURACY, OWN, description="own data; prompt → completion",
+                    dataset=source)
+    features = datasets.Features({c: datasets.Value("string") for c in ("prompt", "completion", *keep_columns)})
+    splits = {}
+    for split, rows in loaded.items():
+        table = {"prompt": rows[source.prompt_column], "completion": rows[source.completion_column],
+                 **{c: [None if v is None else str(v) for v in rows[c]] for c in keep_columns}}
+        splits[split] = datasets.Dataset.from_dict(table, features=features)
     return splits, spec

@@ -17,11 +17,14 @@ from hf_dpmerge.data.dataset_source import DatasetSource
 GLUE = "glue"
 PACKAGED = "packaged"
 OWN = "own"
+TOKEN_ACCURACY = "token_accuracy"
+"""A prompt → completion task's metric: the share of completion tokens the model predicts (teacher-forced)."""
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One text-classification (or, for ``num_labels == 1``, regression) task.
+    """One text-classification (``num_labels == 1``: regression; ``0``: an own prompt → completion task for a causal
+    LM, its columns ``prompt`` and ``completion``, scored by :data:`TOKEN_ACCURACY`) task.
 
     ``text_columns`` has one column for single texts and two for sentence pairs; the label column is
     always ``label``. ``metric`` is the primary metric (a key of :func:`hf_dpmerge.data.metrics.
@@ -46,6 +49,10 @@ class TaskSpec:
     @property
     def is_regression(self) -> bool:
         return self.num_labels == 1
+
+    @property
+    def is_generative(self) -> bool:
+        return self.num_labels == 0
 
     @property
     def is_pair(self) -> bool:

@@ -27,7 +27,7 @@ from hf_dpmerge.hub.push import PushResult, release_staged
 from hf_dpmerge.hub.staging import PushError, check_release_base, load_task_record, place_file
 from hf_dpmerge.records.card import render_card
 from hf_dpmerge.records.fingerprint import adapter_fingerprint
-from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PROMPT_COMPLETION, PrivacyRecord
 from hf_dpmerge.records.release_files import unlisted_files
 from hf_dpmerge.records.selection_record import SelectionRecord, find_selection_record
 from hf_dpmerge.records.statement import PrivacyStatement, check_unseeded_release
@@ -77,6 +77,7 @@ def causal_model_card(records: Mapping[str, PrivacyRecord], *, repo_id: str, mer
         merge_source=merge.source, fingerprint_text=_fingerprint_text(records, base_checked), evaluation=evaluation,
         evaluation_rows=_evaluation_rows(evaluation) if evaluation else [], repo_id=repo_id,
         verbalisers={task: r.extra.get("verbalisers") or [] for task, r in records.items()},
+        completion_tasks=[task for task, r in records.items() if r.extra.get("task_kind") == PROMPT_COMPLETION],
         unended_tasks=[task for task, r in records.items() if not r.answer_end_trained],
         scored_without_end=[task for task, row in (evaluation or {}).get("tasks", {}).items()
                             if row.get("answer_end_scored") is False],

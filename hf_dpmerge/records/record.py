@@ -24,6 +24,7 @@ from hf_dpmerge.utils.io import write_text_atomic
 
 PRIVACY_RECORD_NAME = "dp_privacy.json"
 CAUSAL_LM = "causal_lm"  # extra["model_kind"] of a causal-LM adapter (examples/train_causal_lm.py); else a classifier
+PROMPT_COMPLETION = "prompt_completion"  # extra["task_kind"] of a causal-LM adapter trained on prompt → completion rows
 SCHEMA_VERSION = 2
 EXAMPLE_UNIT = "example"
 UNIT_PREFIX = "unit:"

@@ -31,12 +31,15 @@ def training_units(train, unit_column: str | None) -> int:
     return len(train) if unit_column is None else len(set(train[unit_column]))
 
 
-def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool):
-    """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too), and an
-    encoder's steps, fitted to N (module docstring); refused below :data:`MIN_TRAINING_UNITS` when a default batch
-    had to shrink, and whenever a batch (the user's) exceeds N, before anything is written."""
+def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool, encoder: bool = True,
+                max_sample_rate: float = MAX_SAMPLE_RATE):
+    """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too), and
+    the steps of a run that trains the encoder (``encoder``; a head-only run's are cheap and stay), fitted to N
+    (module docstring; ``max_sample_rate`` bounds q: the causal recipe is near full-batch, q ≤ 1); refused below
+    :data:`MIN_TRAINING_UNITS` when a default batch had to shrink, and whenever a batch (the user's) exceeds N,
+    before anything is written."""
     units = training_units(train, config.privacy_unit_column)
-    cap = int(MAX_SAMPLE_RATE * units)
+    cap = int(max_sample_rate * units)
     world = max(config.world_size, 1)
     fits = {"per_device_train_batch_size": config.per_device_train_batch_size * world <= cap,
             "head_phase_batch_size": not head_phase or script.head_phase_batch_size * world <= cap}
@@ -44,11 +47,12 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
     if shrink and units < MIN_TRAINING_UNITS:
         raise ValueError(f"{task}: {units} training {_units(config)}; the default recipe needs at least "
                          f"{MIN_TRAINING_UNITS} privacy units (DP noise swamps fewer): add data, or set "
-                         "--per_device_train_batch_size and --head_phase_batch_size yourself")
+                         "--per_device_train_batch_size" + (" and --head_phase_batch_size" if head_phase else "")
+                         + " yourself")
     if "per_device_train_batch_size" in shrink:
         batch = max(cap // world, 1)
         steps = config.max_steps
-        if script.train_lora and "max_steps" not in given:  # encoder steps: compute ∝ T·B
+        if encoder and "max_steps" not in given:  # encoder steps: compute ∝ T·B
             steps = max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size))
         config = dataclasses.replace(config, per_device_train_batch_size=batch, max_steps=min(steps, config.max_steps),
                                      physical_batch_size=min(config.physical_batch_size, batch))

@@ -444,7 +444,8 @@ def plan_runs(argv: list[str], defaults: list[str] = DP_DEFAULTS) -> dict[str, P
                                      max_eval_samples=script.max_eval_samples, path=script.dataset_path)
             for task, source in sources.items()}
     lp_ft = head_phase_epsilon(script, config) is not None
-    return {task: PlannedRun(data[task], *fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft))
+    return {task: PlannedRun(data[task], *fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft,
+                                                      encoder=script.train_lora))
             for task in sources}
 
 

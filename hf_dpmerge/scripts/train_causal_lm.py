@@ -9,9 +9,11 @@ workflow behind ``examples/train_causal_lm.py`` (:func:`shared_causal_base`, :fu
 
 Own data takes the classifier script's flags (``--train_file``/``--dataset_name``, ``--text_column``,
 ``--label_column``, ``--label_names``…: :class:`~hf_dpmerge.scripts.arguments.DataArguments`, loaded and checked by the
-same code) and ``--verbalizers``, each label's answer word (default: the label names); the run writes
-``<runs_dir>/<task>/dataset.json`` as that script does, so ``hf-dpmerge evaluate`` scores the same rows.
-``--prompt_column``/``--completion_column`` (generative data without labels) are refused: not supported yet.
+same code) and ``--verbalizers``, each label's answer word (default: the label names), or
+``--prompt_column``/``--completion_column`` for prompt → completion data without labels
+(:mod:`hf_dpmerge.data.completions`, scored by completion token accuracy); the run writes
+``<runs_dir>/<task>/dataset.json`` as that script does, so ``hf-dpmerge evaluate`` scores the same rows. The
+expected batch and steps are fitted to the data size as the classifier script's (:mod:`hf_dpmerge.scripts.data_size`).
 
 Each example is ``prompt → verbaliser`` (:mod:`hf_dpmerge.data.instructions`); the loss is the causal-LM loss
 of the response tokens only (the prompt's labels are -100) and one example, prompt and response together, is
@@ -42,16 +44,18 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_dpmerge.analysis.causal_evaluation import task_score
+from hf_dpmerge.data.completions import tokenize_completions
+from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.instructions import IGNORE_INDEX, instruction_format, tokenize_instructions
 from hf_dpmerge.data.load import TaskData
 from hf_dpmerge.data.model_path import DEFAULT_CAUSAL_HUB_ID, default_causal_gguf
 from hf_dpmerge.data.public_prompts import PACKAGED, load_public_prompts, prompts_digest
 from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec
 from hf_dpmerge.modeling.causal_base import save_causal_base
-from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
+from hf_dpmerge.records.record import CAUSAL_LM, PROMPT_COMPLETION, PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments
-from hf_dpmerge.scripts.data_size import check_batch_fits, given_flags
+from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
 from hf_dpmerge.scripts.train import (
     REFUSED_FLAGS,
     argument_parser,
@@ -91,9 +95,7 @@ CAUSAL_DP_DEFAULTS: list[str] = [
     "--report_to", "none",
     "--seed", "0",
 ]
-GENERATIVE = ("prompt → completion data (a generative task without labels) is not supported yet: give a text and a "
-              "label column (--text_column, --label_column, --label_names) and each label's answer with --verbalizers")
-CAUSAL_REFUSED_FLAGS = {**REFUSED_FLAGS, "prompt_column": GENERATIVE, "completion_column": GENERATIVE}
+LABEL_FLAGS = ("label_names", "label_names_from_private_data", "verbalizers", "text_pair_column")
 
 
 @dataclass
@@ -101,7 +103,7 @@ class CausalScriptArguments(LoraArguments, DataArguments):
     """The causal-LM script's flags besides DPSAMConfig's: tasks or own data and base, LoRA, and the run's
     outputs."""
 
-    refused_flags: ClassVar[dict[str, str]] = CAUSAL_REFUSED_FLAGS  # what parse_arguments refuses (name → why)
+    refused_flags: ClassVar[dict[str, str]] = REFUSED_FLAGS  # what parse_arguments refuses (name → why)
 
     task: str = field(default=DEFAULT_TASK, metadata={"help": "One task (packaged offline task or a GLUE name)."})
     tasks: str | None = field(default=None, metadata={"help": "Comma-separated tasks, trained one after another."})
@@ -130,8 +132,30 @@ class CausalScriptArguments(LoraArguments, DataArguments):
     verbalizers: str | None = field(default=None, metadata={
         "help": "Own data: each label's answer word, comma-separated in the order of the label names (default: the "
                 "label names, with _ . - as spaces); released in the record and the card."})
-    prompt_column: str | None = field(default=None, metadata={"help": "Refused: " + GENERATIVE})
-    completion_column: str | None = field(default=None, metadata={"help": "Refused: " + GENERATIVE})
+    prompt_column: str | None = field(default=None, metadata={
+        "help": "Own prompt → completion data (no labels): the column holding each prompt (with --completion_column)."})
+    completion_column: str | None = field(default=None, metadata={
+        "help": "Own prompt → completion data: the column holding the completion the adapter learns to give."})
+
+    def dataset_source(self) -> DatasetSource | None:
+        """The own dataset the flags name (with ``--prompt_column``/``--completion_column``: prompt → completion rows,
+        no label flags), or None."""
+        generative = (self.prompt_column, self.completion_column)
+        if generative == (None, None):
+            return super().dataset_source()
+        if None in generative:
+            raise ValueError("--prompt_column and --completion_column go together: give both (prompt → completion "
+                             "data), or neither (text and label columns)")
+        given = [f"--{flag}" for flag in LABEL_FLAGS if getattr(self, flag) not in (None, False)]
+        given += [f"--{flag}" for flag, default in (("text_column", "text"), ("label_column", "label"))
+                  if getattr(self, flag) != default]
+        if given:
+            raise ValueError(f"{given[0]} describes labelled data; prompt → completion data has no labels: drop "
+                             f"{given[0]}, or drop --prompt_column/--completion_column")
+        source = super().dataset_source()
+        if source is None:
+            raise ValueError("--prompt_column describes an own dataset: pass --train_file or --dataset_name too")
+        return dataclasses.replace(source, prompt_column=self.prompt_column, completion_column=self.completion_column)
 
     def answer_words(self, own_data: bool) -> tuple[str, ...] | None:
         """``--verbalizers`` as words (None when not given), refused without own data: a packaged task has its own."""
@@ -204,10 +228,10 @@ def train_causal_task(task: str, task_data: TaskData, script: CausalScriptArgume
     splits, spec = task_data
     unit = config.privacy_unit_column
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    tokenize = tokenize_completions if spec.is_generative else tokenize_instructions
     with config.main_process_first(local=not config.save_on_each_node, desc=f"{task} tokens"):
-        train = tokenize_instructions(splits["train"], spec, tokenizer, script.max_length,
-                                      keep_columns=(unit,) if unit is not None else (),
-                                      train_answer_end=script.train_answer_end)
+        train = tokenize(splits["train"], spec, tokenizer, script.max_length,
+                         keep_columns=(unit,) if unit is not None else (), train_answer_end=script.train_answer_end)
     # an absolute base path: peft and the privacy record must not hold a path relative to today's directory
     model = lora_causal_lm(base_dir.resolve(), **script.lora_options())
     out = Path(script.runs_dir) / task
@@ -223,7 +247,9 @@ def train_causal_task(task: str, task_data: TaskData, script: CausalScriptArgume
     record.task = task
     record_own_dataset(spec, out, record)
     record.extra.update(model_kind=CAUSAL_LM, label_names=list(spec.label_names),
-                        verbalisers=list(instruction_format(spec).verbalisers), max_length=script.max_length,
+                        verbalisers=[] if spec.is_generative else list(instruction_format(spec).verbalisers),
+                        **({"task_kind": PROMPT_COMPLETION} if spec.is_generative else {}),
+                        max_length=script.max_length,
                         train_answer_end=script.train_answer_end,
                         base_model_hub_id=script.base_hub_id(), base_model_source=Path(script.model_source()).name)
     if prompts is not None:  # what the anchor read, named without a path of this machine
@@ -238,7 +264,8 @@ def train_causal_task(task: str, task_data: TaskData, script: CausalScriptArgume
                "privacy_unit": record.privacy_unit, "steps": record.steps, "num_samples": record.num_samples,
                "num_units": record.num_units}
     (out / EVAL_METRICS_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-    scoring = "verbaliser scoring" + ("" if script.train_answer_end else ", the answer's end left out")
+    scoring = ("completion tokens, teacher-forced" if spec.is_generative else "verbaliser scoring") + (
+        "" if script.train_answer_end else ", the answer's end left out")
     print(f"[{task}] {script.eval_split} {spec.metric} = {score:.4f} ({scoring}), ε = {record.epsilon:.3g}, "
           f"δ = {record.delta:.3g}, per {record.privacy_unit} ({record.num_units} units)")
     return summary
@@ -257,22 +284,28 @@ def plan_causal_runs(argv: list[str]) -> CausalPlan:
     task's data (as ``examples/train_glue.py`` does), its instruction format (a regression task, answer words that
     do not fit its labels) and its expected batch: nothing is written."""
     script, config = parse_arguments(argv, CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
-    sources = task_sources(script, given_flags(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS), argv))
+    given = given_flags(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS), argv)
+    sources = task_sources(script, given)
     words = script.answer_words(own_data=None not in sources.values())
     resume_point(config, list(sources))
     for task in sources:  # refuse to replace a release before training anything, not after
         check_release_target(Path(script.runs_dir) / task / ADAPTER_DIR, script.overwrite)
     for task in (task for task, source in sources.items() if source is None):  # a regression task, before loading
         instruction_format(get_task_spec(task))
-    data = {}
+    data, configs = {}, {}
     for task, source in sources.items():
         splits, spec = load_training_data(task, source, config, max_train_samples=script.max_train_samples,
                                           max_eval_samples=script.max_eval_samples)
         spec = spec if words is None else dataclasses.replace(spec, verbalisers=words)
-        instruction_format(spec)  # an own task's answer words against its labels
-        check_batch_fits(task, config, splits["train"])
+        if not spec.is_generative:
+            instruction_format(spec)  # an own task's answer words against its labels
+        _, fitted = fit_to_data(task, script, config, splits["train"], given, head_phase=False, max_sample_rate=1.0)
+        configs[task] = fitted
         data[task] = TaskData(splits, spec)
-    return CausalPlan(script, config, data)
+    if len({(c.per_device_train_batch_size, c.max_steps) for c in configs.values()}) > 1:
+        raise ValueError(f"the tasks {', '.join(configs)} fit different batches to their sizes; train them one "
+                         "by one, or set --per_device_train_batch_size and --max_steps")
+    return CausalPlan(script, next(iter(configs.values()), config), data)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from hf_dpmerge.utils.user_errors import run_script
 from tests.utils.tiny_models import CORPUS, save_tiny_llama
 
 OWN = ["--train_file", "reviews.csv", "--label_names", "neg,pos"]
+COMPLETION = ["--train_file", "qa.jsonl", "--prompt_column", "question", "--completion_column", "answer"]
 SMALL_BATCH = ["--per_device_train_batch_size", "16", "--physical_batch_size", "8"]
 
 
@@ -34,7 +35,14 @@ def reviews(n: int) -> pd.DataFrame:
 def own_csv(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     reviews(150).to_csv("reviews.csv", index=False)
+    questions(150).to_json("qa.jsonl", orient="records", lines=True)
     return tmp_path
+
+
+def questions(n: int) -> pd.DataFrame:
+    """``n`` prompt → completion rows of the tiny tokenizer's words."""
+    return pd.DataFrame({"question": [CORPUS[i % len(CORPUS)] for i in range(n)],
+                         "answer": [CORPUS[(i + 1) % len(CORPUS)] for i in range(n)]})
 
 
 def test_own_data_plans_the_label_names_with_the_given_answer_words_and_writes_nothing(own_csv: Path) -> None:
@@ -45,7 +53,16 @@ def test_own_data_plans_the_label_names_with_the_given_answer_words_and_writes_n
     assert sum(map(len, splits.values())) == 150 and spec.carved_splits == ("validation", "test")
     default = plan_causal_runs([*OWN, "--task_name", "rotten_tomatoes", *SMALL_BATCH]).data["rotten_tomatoes"].spec
     assert instruction_format(default).verbalisers == ("neg", "pos")  # the label names, not the packaged task's
-    assert sorted(p.name for p in own_csv.iterdir()) == ["reviews.csv"]
+    assert sorted(p.name for p in own_csv.iterdir()) == ["qa.jsonl", "reviews.csv"]
+
+
+def test_prompt_completion_data_plans_without_labels_with_the_recipe_fitted_to_its_rows(own_csv: Path) -> None:
+    plan = plan_causal_runs(COMPLETION)
+    splits, spec = plan.data["qa"]
+    assert spec.is_generative and spec.metric == "token_accuracy" and spec.label_names == ()
+    assert splits["train"].column_names == ["prompt", "completion"] and splits["train"].num_rows == 108
+    assert plan.config.per_device_train_batch_size == 108 and plan.config.max_steps == 10  # q ≤ 1, steps ≥ 10
+    assert sorted(p.name for p in own_csv.iterdir()) == ["qa.jsonl", "reviews.csv"]
 
 
 def mistakes(root: Path) -> list[tuple[list[str], str]]:
@@ -57,9 +74,14 @@ def mistakes(root: Path) -> list[tuple[list[str], str]]:
         ([*OWN, "--verbalizers", "rotten", *SMALL_BATCH], "--verbalizers gives 1 answer words for the 2 labels"),
         ([*OWN, "--verbalizers", "yes,yes", *SMALL_BATCH], "must be distinct and non-empty"),
         (["--task", "bbc_news", "--verbalizers", "a,b,c,d,e"], "--verbalizers gives an own dataset's answer words"),
-        ([*OWN, "--prompt_column", "prompt"], f"--prompt_column is not used by {SCRIPT}: prompt → completion data"),
-        ([*OWN, "--completion_column", "answer"], "is not supported yet"),
-        (OWN, "reviews: the expected batch 1600 exceeds the 108 training rows: lower --per_device_train_batch_size"),
+        (["--train_file", "qa.jsonl", "--prompt_column", "question"], "--prompt_column and --completion_column go "
+                                                                       "together"),
+        ([*OWN, *COMPLETION], "--label_names describes labelled data; prompt → completion data has no labels"),
+        (["--train_file", "qa.jsonl", "--prompt_column", "q", "--completion_column", "answer"],
+         "--prompt_column q: no such column in the train split (columns found: question, answer)"),
+        (["--task", "bbc_news", *COMPLETION[2:]], "--prompt_column describes an own dataset"),
+        ([*OWN, "--per_device_train_batch_size", "500"], "reviews: the expected batch 500 exceeds the 108 training "
+                                                         "rows: lower --per_device_train_batch_size"),
         (["--train_file", "rare.csv", "--label_names", "neg,pos", *SMALL_BATCH],
          "1 row(s) whose label is not one of the 2 label names"),
         (["--train_file", "reviews.csv", *SMALL_BATCH], "the label set is part of the release"),
@@ -124,3 +146,30 @@ def test_an_own_csv_trains_a_causal_adapter_that_evaluate_and_push_take_through_
                        "--staging_dir", "staged"]) == 0
     card = (own_csv / "staged" / "README.md").read_text()
     assert "`reviews`: rotten, fresh" in card and "Held-out splits of `reviews`" in card
+
+
+@pytest.mark.slow
+def test_prompt_completion_rows_train_an_adapter_that_evaluate_scores_and_push_stages(own_csv: Path) -> None:
+    from hf_dpmerge.cli.main import main as hf_dpmerge
+
+    base = save_tiny_llama(own_csv / "tiny-llama", initializer_range=0.5)
+    main([*COMPLETION, "--model_name_or_path", str(base), *SMALL_BATCH, "--max_steps", "2", "--lora_r", "2",
+          "--max_length", "32", "--lora_layers", "top_1", "--use_cpu", "true", "--disable_tqdm", "true"])
+    run = own_csv / "runs_causal" / "qa"
+    record = PrivacyRecord.load(run / "adapter")
+    assert record.extra["task_kind"] == "prompt_completion" and record.extra["verbalisers"] == []
+    assert task_runs(own_csv / "runs_causal")[0].spec.is_generative
+    config = yaml.safe_load((Path(__file__).parents[2] / "merge_configs" / "causal_task_arithmetic.yaml").read_text())
+    config["models"] = [{"model": "./runs_causal/base+./runs_causal/qa/adapter"}]
+    (own_csv / "merge.yaml").write_text(yaml.safe_dump(config))
+    assert hf_dpmerge(["merge", "merge.yaml", "merged", "--lora-merge-cache", "runs_causal/lora-cache",
+                       "--quiet"]) == 0
+    assert hf_dpmerge(["evaluate", "--runs", "runs_causal", "--merged", "merged", "--output", "eval"]) == 0
+    row = json.loads((own_csv / "eval" / "results.json").read_text())["tasks"]["qa"]
+    trained = json.loads((run / "eval_metrics.json").read_text())["test"]["token_accuracy"]
+    assert row["metric"] == "token_accuracy" and row["individual"] == pytest.approx(trained, abs=1e-12)
+    assert 0 <= row["floor"] <= 1 and row["num_examples"] == 30
+    assert hf_dpmerge(["push", "merged", "--runs", "runs_causal", "--eval_json", "eval/results.json", "--dry-run",
+                       "--staging_dir", "staged"]) == 0
+    card = (own_csv / "staged" / "README.md").read_text()
+    assert "`qa`: a completion of the prompt" in card and "teacher-forced" in card
