@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import shutil
 import statistics
 import sys
@@ -32,10 +33,15 @@ from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
 from benchmarks.quality.significance import ALPHA, holm
+from hf_dpmerge.scripts.data_size import MIN_FITTED_STEPS, RULE
 
 ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],
-        "adapter": [], "adapter_recipe_steps": ["--max_steps", "75", "--head_phase_steps", "1000"]}
+        "adapter": [], "adapter_recipe_steps": ["--max_steps", "75", "--head_phase_steps", "1000"],
+        "adapter_fitted_steps": ["--max_steps", "{fitted_steps}", "--head_phase_steps", "1000"]}
+"""Each arm's flags; ``adapter`` is the default (``RULE``: steps fitted, learning rates scaled), the other adapter arms
+the rule's ablations: the recipe's 75 steps, and the fitted steps at the recipe's learning rates."""
 DEFAULT_ARMS = ("private_head", "nonprivate_head", "adapter")
+ABLATIONS = {"adapter_recipe_steps": "75 steps, recipe lr", "adapter_fitted_steps": "fitted steps, recipe lr"}
 LPFT_DEFAULT = {"adapter": "k2_b1024_t75_lr1e-2_head6_dpsgd", "private_head": "private_head"}
 """The lpft study's candidates that are the packaged default recipe (its whole-split units)."""
 FULL = 0
@@ -70,6 +76,8 @@ class DataSize(harness.Study, name="data_size", schema=1):
                         for seed in map(int, args.seeds.split(",")):
                             settings = {"task": task, "n": n, "arm": arm, "seed": seed,
                                         "epsilon": None if arm == "nonprivate_head" else epsilon}
+                            if arm == "adapter":
+                                settings["rule"] = RULE
                             eps = "" if settings["epsilon"] is None else f"-eps{epsilon:g}"
                             units.append(Unit(f"{task}-n{n or 'full'}-{arm}{eps}-seed{seed}", settings))
         return units
@@ -80,7 +88,9 @@ class DataSize(harness.Study, name="data_size", schema=1):
 
         s = unit.settings
         runs_dir = work_dir / unit.name
-        argv = [*ARMS[s["arm"]], "--task", s["task"], "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
+        batch = min(1024, int(2 / 3 * s["n"])) if s["n"] else 1024
+        fitted_steps = max(MIN_FITTED_STEPS, math.ceil(75 * batch / 1024))
+        argv = [*(flag.format(fitted_steps=fitted_steps) for flag in ARMS[s["arm"]]), "--task", s["task"], "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
                 "--overwrite", "true", "--disable_tqdm", "true", "--prefix_cache_dir", str(work_dir / "prefix_cache")]
         argv += ["--max_train_samples", str(s["n"])] if s["n"] else []
         argv += ["--target_epsilon", f"{s['epsilon']:g}"] if s["epsilon"] is not None else []
@@ -111,27 +121,31 @@ class DataSize(harness.Study, name="data_size", schema=1):
                   "adapter − head (points)", "p", "Holm", "adapter min"]
         steps_rows, steps_tests = [], []
         for task, n, eps in keys:
-            fitted, recipe = cells[(task, n, "adapter", eps)], cells.get((task, n, "adapter_recipe_steps", eps))
-            if not recipe:
-                continue
-            gains, p = _paired(fitted, recipe, "validation")
-            steps_tests.append(p)
-            steps_rows.append([task, _rows(fitted), f"{eps:g}", _steps(fitted), _mean(fitted, "validation"),
-                               _mean(recipe, "validation"), _mean_points(gains), _p(p), _mean(fitted),
-                               _mean(recipe), _minutes(fitted), _minutes(recipe)])
-        _insert_holm(steps_rows, steps_tests, 8)
-        steps_header = ["task", "N", "ε", "fitted steps", "fitted (val)", "75 steps (val)", "fitted − 75 (val points)",
-                        "p", "Holm", "fitted (test)", "75 steps (test)", "fitted min", "75 steps min"]
+            fitted = cells[(task, n, "adapter", eps)]
+            for arm, label in ABLATIONS.items():
+                other = cells.get((task, n, arm, eps))
+                if not other:
+                    continue
+                gains, p = _paired(fitted, other, "validation")
+                steps_tests.append(p)
+                steps_rows.append([task, _rows(fitted), f"{eps:g}", label, _steps(fitted), _steps(other),
+                                   _mean(fitted, "validation"), _mean(other, "validation"), _mean_points(gains),
+                                   _p(p), _mean(fitted), _mean(other), _minutes(fitted), _minutes(other)])
+        _insert_holm(steps_rows, steps_tests, 10)
+        steps_header = ["task", "N", "ε", "against", "steps", "its steps", "default (val)", "it (val)",
+                        "default − it (val points)", "p", "Holm", "default (test)", "it (test)", "default min",
+                        "its min"]
         return {"REPORT.md": "# How much data: the default recipe by training-set size\n\n"
                 "Generated by `python -m benchmarks.studies.data_size` from its stored units (N = all: the lpft "
                 "study's default-recipe units); test accuracy (%) on the whole test split, mean ± sd over seeds; N "
                 "the training rows; paired t-test over seeds, Holm over the table's rows "
                 f"(* < {ALPHA}).\n\n" + table(header, rows) + "\n" + _needed(keys, cells)
-                + "\n## The encoder's steps: fitted to the batch, or the recipe's 75\n\n"
-                "Accuracy (%) of the private adapter with the steps fitted to its batch (T = max(10, ⌈75·B/1024⌉), "
-                "the default) and with the recipe's 75 steps kept (`--max_steps 75 --head_phase_steps 1000`), same "
-                "batch B, ε, rows and seeds; compared on the validation split (paired over seeds, Holm over the "
-                "rows), the test split shown beside.\n\n" + table(steps_header, steps_rows)}
+                + "\n## The rule against its ablations\n\n"
+                f"Accuracy (%) of the private adapter by the default rule ({RULE}) against the recipe's 75 steps "
+                "at its learning rates (`--max_steps 75 --head_phase_steps 1000`) and against the fitted steps at "
+                "the recipe's learning rates (`--max_steps T --head_phase_steps 1000`): same batch B, ε, rows and "
+                "seeds; compared on the validation split (paired over seeds, Holm over the rows), the test split "
+                "shown beside.\n\n" + table(steps_header, steps_rows)}
 
 
 def _cells(stored: list[dict[str, Any]]) -> dict[tuple, dict[int, dict]]:

@@ -4,9 +4,10 @@ The packaged recipe's expected batches (phase 2 and LP-FT's head phase: 1024) as
 N units, each expected batch the user did not set becomes ``B = min(recipe batch, ⌊MAX_SAMPLE_RATE·N⌋)`` (q ≤ 2/3,
 which keeps every packaged task's recipe as it is: bbc_news' 1602 rows run at q = 0.64), and when the encoder's
 batch shrinks from B₀ its steps (unless set) shrink with it, ``T = max(MIN_FITTED_STEPS, ⌈T₀·B/B₀⌉)``, so the
-compute T·B falls with N (head steps on cached features cost little and stay). The noise in the averaged gradient
-is about σ(q, T, ε)·C/(qN) ∝ √T·C/(Nε): fewer steps are each less noisy. Below ``MIN_TRAINING_UNITS`` the defaults
-refuse. The rule is measured in benchmarks/reports/data_size/REPORT.md.
+compute T·B falls with N, while its learning rates (unless set) keep the distance travelled, ``η = η₀·T₀/T``. The
+noise in the averaged gradient is about σ(q, T, ε)·C/(qN) ∝ √T·C/(Nε), so T steps of ``η`` move as far as T₀ of
+``η₀`` at the same signal-to-noise ratio. Head steps on cached features cost little and stay. Below
+``MIN_TRAINING_UNITS`` the defaults refuse. Measured in benchmarks/reports/data_size/REPORT.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Iterable
 MAX_SAMPLE_RATE = 2 / 3
 MIN_TRAINING_UNITS = 100
 MIN_FITTED_STEPS = 10
+RULE = "B = min(B0, floor(2N/3)); T = max(10, ceil(T0*B/B0)); lr = lr0*T0/T"
+"""The rule as the data-size study records it with its units (a changed rule reruns them)."""
 
 
 def given_flags(parser, argv: Iterable[str]) -> set[str]:
@@ -53,9 +56,11 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
         batch = max(cap // world, 1)
         steps = config.max_steps
         if encoder and "max_steps" not in given:  # encoder steps: compute ∝ T·B
-            steps = max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size))
-        config = dataclasses.replace(config, per_device_train_batch_size=batch, max_steps=min(steps, config.max_steps),
-                                     physical_batch_size=min(config.physical_batch_size, batch))
+            steps = min(steps, max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size)))
+        rates = {name: getattr(config, name) * config.max_steps / steps
+                 for name in ("learning_rate", "head_learning_rate") if name not in given}
+        config = dataclasses.replace(config, per_device_train_batch_size=batch, max_steps=steps,
+                                     physical_batch_size=min(config.physical_batch_size, batch), **rates)
     if "head_phase_batch_size" in shrink:
         script = dataclasses.replace(script, head_phase_batch_size=max(cap // world, 1))
     check_batch_fits(task, config, train)

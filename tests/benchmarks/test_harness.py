@@ -74,8 +74,9 @@ def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: P
     study = DataSize()
     parser = argparse.ArgumentParser()
     study.add_arguments(parser)
-    plan = study.plan(parser.parse_args(["--tasks", "t", "--sizes", "0,100", "--seeds", "0,1,2"]))
-    assert [u.settings["n"] for u in plan][:9] == [100] * 9 and plan[-1].settings["n"] == 0  # cheapest first
+    plan = study.plan(parser.parse_args(["--tasks", "rotten_tomatoes", "--sizes", "0,100,99999", "--seeds", "0,1,2"]))
+    assert [u.settings["n"] for u in plan] == [100] * 9 + [0] * 3  # cheapest first; 99999 is the whole split
+    assert {u.settings["arm"] for u in plan[9:]} == {"nonprivate_head"}  # the rest of N = all: the lpft study's
     stored = []
     for unit in plan:
         s = unit.settings
@@ -84,7 +85,7 @@ def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: P
                        "result": {"test": test - (0.002 * s["seed"] if s["arm"] == "private_head" else 0),
                                   "rows": s["n"] or 900, "train_seconds": 60.0}})
     text = study.report(stored)["REPORT.md"]
-    row = next(line for line in text.splitlines() if line.startswith("| t | 100 |"))
+    row = next(line for line in text.splitlines() if line.startswith("| rotten_tomatoes | 100 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4:7] == ["80.2 ± 0.2", "78.0 ± 0.1", "85.2 ± 0.2"]
     assert cells[7] == "+2.20"  # 2.0, 2.2, 2.4 points over seeds 0, 1, 2

@@ -27,6 +27,8 @@ def test_a_small_dataset_fits_the_batches_and_the_encoder_steps_to_its_rows(tmp_
     assert config.per_device_train_batch_size == batch and script.head_phase_batch_size == batch
     assert config.physical_batch_size <= batch
     assert config.max_steps == math.ceil(75 * batch / 1024) < 75  # compute T·B falls with N
+    assert config.learning_rate * config.max_steps == pytest.approx(1e-2 * 75)  # as far as the recipe's 75 steps
+    assert config.head_learning_rate * config.max_steps == pytest.approx(1e-3 * 75)
     assert script.head_phase_steps == 1000  # the head phase on cached features keeps its steps
     assert not (tmp_path / "runs").exists()
 
@@ -36,10 +38,12 @@ def test_the_steps_never_fall_below_the_minimum(tmp_path: Path) -> None:
     assert config.max_steps == MIN_FITTED_STEPS
 
 
-@pytest.mark.parametrize("flags, steps", [(("--max_steps", "30"), 30), (("--per_device_train_batch_size", "64"), 75)])
-def test_what_the_user_sets_is_kept(tmp_path: Path, flags: tuple[str, ...], steps: int) -> None:
+@pytest.mark.parametrize("flags, steps, rate", [(("--max_steps", "30"), 30, 1e-2),
+                                               (("--per_device_train_batch_size", "64"), 75, 1e-2),
+                                               (("--learning_rate", "3e-3"), 36, 3e-3)])
+def test_what_the_user_sets_is_kept(tmp_path: Path, flags: tuple[str, ...], steps: int, rate: float) -> None:
     _, _, config = plan(tmp_path, 1000, *flags)
-    assert config.max_steps == steps
+    assert (config.max_steps, config.learning_rate) == (steps, pytest.approx(rate))
 
 
 def test_a_head_only_run_keeps_its_steps(tmp_path: Path) -> None:
