@@ -31,7 +31,7 @@ from scipy import stats
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
-from benchmarks.quality.significance import ALPHA, holm
+from benchmarks.significance import ALPHA, holm
 
 ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],
         "adapter": [], "adapter_recipe_steps": ["--max_steps", "75", "--head_phase_steps", "1000"]}
