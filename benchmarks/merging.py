@@ -23,7 +23,7 @@ from typing import Any
 from scipy import stats
 
 from .markdown import table
-from .quality.significance import ALPHA, holm
+from .significance import ALPHA, holm
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINERS = ("dp_sgd", "dp_merging")

@@ -28,6 +28,6 @@ Modules: :mod:`.grid` (grids, cells, trainer flags), :mod:`.run` (one unit: a ta
 :mod:`.store` (one JSON per finished unit), :mod:`.time_model` (``--plan``'s estimate), :mod:`.report`
 (BENCHMARKS.md and plots), ``__main__`` (the command line); for the stress grids :mod:`.stress_run` (their units),
 :mod:`.merge_space` (each method's search space), :mod:`.tuning` (selection on validation), :mod:`.scoring`
-(per-example correctness), :mod:`.noise_injection`, :mod:`.floor` (gain retained), :mod:`.significance` (paired
-bootstrap, McNemar) and :mod:`.stress_report` (BENCHMARKS_STRESS.md).
+(per-example correctness), :mod:`.noise_injection`, :mod:`.floor` (gain retained),
+:mod:`benchmarks.significance` (paired bootstrap, McNemar) and :mod:`.stress_report` (BENCHMARKS_STRESS.md).
 """

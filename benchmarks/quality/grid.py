@@ -3,7 +3,7 @@
 The ``stress*`` grids make merging hard and compare fairly: six overlapping tasks, LoRA on every layer
 and module, every merge tuned alike on validation splits (:mod:`.merge_space`, :mod:`.tuning`), a head-only floor
 (:mod:`.floor`), a noise-injection arm (:mod:`.noise_injection`) and paired significance tests
-(:mod:`.significance`).
+(:mod:`benchmarks.significance`).
 """
 
 from __future__ import annotations

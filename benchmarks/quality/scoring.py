@@ -1,4 +1,4 @@
-"""Per-example correctness of the models the stress grid compares, for the paired tests of :mod:`.significance`.
+"""Per-example correctness of the models the stress grid compares, for :mod:`benchmarks.significance`'s paired tests.
 
 For each task of a cell: the individual model (base + the task's adapter) and the merged encoder with the task's
 own head (:mod:`hf_dpmerge.analysis.task_models`, as ``hf-dpmerge evaluate`` scores them), on the same seeded

@@ -5,7 +5,7 @@ over seeds. Gain retained = (merged − floor)/(individual − floor) per seed o
 (:mod:`.floor`), then averaged over seeds; undefined where the adapters do not beat the floor.
 Each merge is its method's point chosen on validation (:mod:`.tuning`); "best" among methods is also decided on
 the validation means, never on test. Paired comparisons treat seeds as the unit and examples as samples within
-a seed, and every comparison of a report is one Holm family (:mod:`.significance`).
+a seed, and every comparison of a report is one Holm family (:mod:`benchmarks.significance`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks.markdown import mean_sd, table
+from benchmarks.significance import ALPHA, Comparison, adjust, compare
 from hf_dpmerge.data.metrics import gain_retained
 
 from .floor import floor_group
 from .grid import FLOOR_TRAINER, HEADLINE_EPSILON, NON_PRIVATE_FLOOR_FLAGS, Cell, Grid
 from .merge_space import BUDGET, FIXED, SCALE, SPACES, grid_edges, point_label
 from .scoring import decode
-from .significance import ALPHA, Comparison, adjust, compare
 from .store import Store
 
 Group = tuple[str, float | None]  # (trainer, ε) or ("noise", σ)

@@ -49,7 +49,7 @@ against a zero-shot floor of its own; a variant that learnt it has the learnt pa
 ZERO_SHOT, INDIVIDUAL, NON_PRIVATE = "zero_shot", "individual", "non_private"
 LEARNT_GENERATION = {"task_arithmetic": "generation_task_arithmetic.json", "ties": "generation_ties.json",
                      "dp_aware": "generation_dp.json", "cauchy_poe": "generation_cauchy_poe.json"}
-"""Each seed-0 DP-SGD merge's stock generation (``benchmarks.causal_runs --score_generation``), in
+"""Each seed-0 DP-SGD merge's stock generation (``benchmarks.studies.causal_full.merged_generation``), in
 ``benchmarks/reports/causal_recipe/``."""
 
 

@@ -58,7 +58,7 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 }
 """The equal-budget candidates stored in ``units/`` (≈ 10k example passes; the full-batch one ≈ 19k). Pruned before
 running, for time, once every 10k-pass candidate stayed at or below zero-shot: FFA r = 2 at 128 × 80 and the full
-run's own recipe (its test score is in ``benchmarks/reports/causal-full``)."""
+run's own recipe (its test score is in ``benchmarks/reports/causal_full``)."""
 
 
 FULL_BATCH = "full"

@@ -32,7 +32,7 @@ from scipy import stats
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
-from benchmarks.quality.significance import ALPHA, holm
+from benchmarks.significance import ALPHA, holm
 from hf_dpmerge.scripts.data_size import MIN_FITTED_STEPS, RULE
 
 ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],

@@ -29,7 +29,7 @@ from scipy import stats
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
-from benchmarks.quality.significance import ALPHA, holm
+from benchmarks.significance import ALPHA, holm
 from benchmarks.training import train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 

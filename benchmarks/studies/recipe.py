@@ -25,7 +25,7 @@ from scipy import stats
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table_lines
-from benchmarks.quality.significance import holm
+from benchmarks.significance import holm
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.training.recipe import HEAD_ONLY_RECIPE
 

@@ -39,7 +39,7 @@ BLOCK_ELEMENTS = 1 << 22
 """Largest block of ΔW entries (rows × d_in) materialised at once for the sign-conflict count."""
 NOISE_MODEL_RELATIVE_ERROR = 0.2
 """How far the predicted noise energy may be from the measured one (relative): the noise model against 8
-noise-only re-runs, predicted/measured 0.88–1.09 per kind (benchmarks/reports/noise-reruns/NOISE_RERUNS.md,
+noise-only re-runs, predicted/measured 0.88–1.09 per kind (benchmarks/reports/noise_reruns/NOISE_RERUNS.md,
 docs/design.md §6), rounded up to ±20 %."""
 ADAPTER_DIRS = (ENCODER_ADAPTER_DIR, ADAPTER_DIR)
 """A run folder's adapters, in order of preference: the LoRA-only export, then the adapter with its head."""

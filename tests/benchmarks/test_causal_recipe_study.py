@@ -207,7 +207,7 @@ def test_the_script_default_is_the_chosen_candidate():
 
 def test_the_full_runs_recipe_keeps_its_meaning_under_the_new_defaults():
     from benchmarks.causal import NON_PRIVATE
-    from benchmarks.causal_runs import RECIPE
+    from benchmarks.studies.causal_full import RECIPE
 
     _, dp = parse_arguments([*RECIPE, "--target_epsilon", "8"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
     assert (dp.per_device_train_batch_size, dp.max_steps, dp.learning_rate) == (64, 200, 3e-3)

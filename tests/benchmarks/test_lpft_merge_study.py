@@ -9,7 +9,7 @@ from scipy import stats
 
 from benchmarks import harness
 from benchmarks.merging import METHODS, TRAINERS, packaged_parameters
-from benchmarks.quality.significance import holm
+from benchmarks.significance import holm
 from benchmarks.studies import lpft, lpft_merge
 from benchmarks.studies.lpft_merge import DEFAULT_RECIPE, LpftMerge
 from hf_dpmerge.scripts import train as train_script

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import harness
-from benchmarks.quality.significance import holm
+from benchmarks.significance import holm
 from benchmarks.studies import headroom, lpft
 from benchmarks.studies.headroom import Headroom
 from hf_dpmerge.scripts import train as train_script

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks.quality.significance import (
+from benchmarks.quality.tuning import tune
+from benchmarks.significance import (
     adjust,
     cluster_bootstrap_ci,
     compare,
@@ -16,7 +17,6 @@ from benchmarks.quality.significance import (
     holm,
     mcnemar_p_value,
 )
-from benchmarks.quality.tuning import tune
 from hf_dpmerge.data.metrics import gain_retained
 
 
