@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, NoReturn
 
 import torch
 from transformers import (
@@ -44,6 +44,7 @@ from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments, TaskArguments
 from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
+from hf_dpmerge.scripts.help_groups import group_flags
 from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dp.state import last_complete_checkpoint
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
@@ -389,11 +390,16 @@ class ScriptParser(HfArgumentParser):
     DataArguments' type and help; every other dataclass's ``label_names`` stays None."""
 
     def __init__(self, dataclass_types: tuple[type, ...]) -> None:
-        super().__init__(dataclass_types, conflict_handler="resolve")
+        super().__init__(dataclass_types, conflict_handler="resolve", allow_abbrev=False)
         if any(issubclass(kind, DataArguments) for kind in dataclass_types):
             item = next(f for f in dataclasses.fields(DataArguments) if f.name == "label_names")
             action = next(action for action in self._actions if action.dest == "label_names")
             action.type, action.nargs, action.help = str, None, item.metadata["help"]
+        group_flags(self, dataclass_types[0])
+
+    def error(self, message: str) -> NoReturn:
+        """One line and a pointer to ``--help`` (argparse would print the whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
     def parse_args_into_dataclasses(self, args=None, **_: object) -> tuple:
         parsed, remaining = self.parse_known_args(args)

@@ -85,7 +85,7 @@ def test_a_bad_head_phase_is_refused_naming_the_flag(argv, message) -> None:
 def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() -> None:
     from hf_dpmerge.scripts.train import TRAIN_GLUE_REFUSED_FLAGS, argument_parser
 
-    help_text = " ".join(argument_parser().format_help().split("options:", 1)[1].split())
+    help_text = " ".join(argument_parser().format_help().split("\n\n", 1)[1].split())  # after the usage
     for flag in ("per_device_train_batch_size", "learning_rate", "max_steps", "save_strategy"):
         value = recipe_value([*DP_RECIPE, *LPFT_RECIPE], f"--{flag}")  # LPFT_RECIPE's last word
         shown = re.search(rf"--{flag} .*?\(default: ([^)]*)\)", help_text).group(1)
@@ -96,25 +96,42 @@ def test_help_shows_the_values_the_script_runs_with_and_hides_refused_flags() ->
 
 def test_each_script_hides_and_refuses_its_own_arguments_table() -> None:
     from hf_dpmerge.scripts.train import REFUSED_FLAGS, TRAIN_GLUE_REFUSED_FLAGS, argument_parser
-    from hf_dpmerge.scripts.train_causal_lm import (
-        CAUSAL_DP_DEFAULTS,
-        CAUSAL_REFUSED_FLAGS,
-        SCRIPT,
-        CausalScriptArguments,
-    )
+    from hf_dpmerge.scripts.train_causal_lm import CAUSAL_DP_DEFAULTS, SCRIPT, CausalScriptArguments
 
     assert ScriptArguments.refused_flags is TRAIN_GLUE_REFUSED_FLAGS
-    assert CausalScriptArguments.refused_flags is CAUSAL_REFUSED_FLAGS
-    assert set(CAUSAL_REFUSED_FLAGS) == {*REFUSED_FLAGS, "prompt_column", "completion_column"}  # not supported yet
+    assert CausalScriptArguments.refused_flags is REFUSED_FLAGS
     causal_help = " ".join(argument_parser(CausalScriptArguments, CAUSAL_DP_DEFAULTS).format_help().split())
-    assert "--anchor_lambda " in causal_help and "--verbalizers " in causal_help  # the causal LM's own flags
-    assert not [name for name in CAUSAL_REFUSED_FLAGS if f"--{name} " in causal_help]
+    assert all(f"--{flag} " in causal_help for flag in ("anchor_lambda", "verbalizers", "prompt_column"))
+    assert not [name for name in REFUSED_FLAGS if f"--{name} " in causal_help]
     config = parse_arguments(["--anchor_lambda", "0.5"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)[1]
     assert config.anchor_lambda == 0.5
     with pytest.raises(ValueError, match=f"--output_dir is not used by {SCRIPT}"):
         parse_arguments(["--output_dir", "x"], CausalScriptArguments, CAUSAL_DP_DEFAULTS, SCRIPT)
     with pytest.raises(ValueError, match="--anchor_lambda is not used by train_glue.py"):
         parse_arguments(["--anchor_lambda", "0.5"])
+
+
+def test_help_groups_the_script_flags_first_and_hides_what_the_dp_step_refuses(capsys) -> None:
+    from hf_dpmerge.scripts.help_groups import HIDDEN
+    from hf_dpmerge.scripts.train import argument_parser
+
+    help_text = argument_parser().format_help()
+    lines = help_text.splitlines()
+    titles = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert titles[:5] == ["task and data:", "privacy:", "LoRA and LP-FT:", "training:", "outputs:"]
+    assert next(i for i, line in enumerate(lines) if "--target_epsilon" in line) < 80
+    assert not [name for name in HIDDEN if f"--{name} " in help_text]
+    assert all(action.help for action in argument_parser()._actions)  # every flag says what it does
+    with pytest.raises(ValueError, match="target_eps"):  # no abbreviation of --target_epsilon
+        parse_arguments(["--target_eps", "4"])
+    with pytest.raises(ValueError, match="fp16"):  # hidden, still refused
+        parse_arguments(["--fp16", "true"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        argument_parser().parse_args(["--max_steps", "abc"])
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "invalid int value: 'abc' (see --help)" in error  # no usage dump
+
 
 def test_the_script_arguments_are_the_shared_task_and_lora_arguments() -> None:
     names = {f.name for f in dataclasses.fields(ScriptArguments)}
