@@ -26,8 +26,8 @@ from unittest import mock
 import torch
 
 from hf_dpmerge.merging.inputs import adapter_input, adapter_weights, input_lora_b_noise, input_noise_variance
-from hf_dpmerge.merging.noise_variance import alignment_restoring, stats_noise_variance
-from hf_dpmerge.records.noise_stats import NoiseStats
+from hf_dpmerge.noise.variance import alignment_restoring, stats_noise_variance
+from hf_dpmerge.records.noise_record import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR
 from hf_dpmerge.training import dpsam_trainer
