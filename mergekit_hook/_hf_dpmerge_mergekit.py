@@ -3,7 +3,7 @@
 Installed at the top of site-packages beside ``_hf_dpmerge_mergekit.pth`` (an ``import`` line, Python < 3.15)
 and ``_hf_dpmerge_mergekit.start`` (a PEP 829 entry point, Python >= 3.15; its presence disables the .pth
 import line). :func:`install` only puts a finder on ``sys.meta_path``; nothing is imported until
-``mergekit.merge_methods`` is, right after which ``hf_dpmerge.merging.registration.on_merge_methods_import``
+``mergekit.merge_methods`` is, right after which ``hf_dpmerge.merging.methods.registration.on_merge_methods_import``
 registers the methods. Nothing else of mergekit is touched.
 """
 
@@ -30,7 +30,7 @@ class _CallbackLoader:
     def exec_module(self, module):
         self._loader.exec_module(module)
         try:
-            import hf_dpmerge.merging.registration as registration
+            import hf_dpmerge.merging.methods.registration as registration
 
             getattr(registration, self._callback)(module)
         except Exception as err:  # mergekit must keep working for its own methods

@@ -5,7 +5,7 @@ Inputs built from a config (no downloads): a MiniLM-sized BERT encoder (random w
 privacy record stating its ``lora_a``). Both paths run the same ``task_arithmetic`` YAML as an ``hf-dpmerge merge``
 process, interleaved: dense with an empty ``--lora-merge-cache``, factor-space with ``--as-adapter``. Printed: median
 wall time, the weights file's and the whole output's size, their ratios, and the in-process time of
-:func:`~hf_dpmerge.merging.adapter_merge.merge_shared_a_adapters`. docs/merging.md.
+:func:`~hf_dpmerge.merging.adapters.adapter_merge.merge_shared_a_adapters`. docs/merging.md.
 
     python -m benchmarks.speed.factor_merge [--workdir DIR] [--repeats N]
 """
@@ -23,7 +23,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import BertConfig, BertForSequenceClassification
 
-from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
+from hf_dpmerge.merging.adapters.adapter_merge import merge_shared_a_adapters
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a, frozen_lora_a_record

@@ -31,7 +31,7 @@ from benchmarks.merging import (
     run_merge,
     stage_runs,
 )
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS
+from hf_dpmerge.merging.adapters.factor_space import FACTOR_METHODS
 
 EPSILON, HEAD = 8.0, "private_head"
 DEFAULT_RECIPE = "k2_b1024_t75_lr1e-2_head6_dpsgd"

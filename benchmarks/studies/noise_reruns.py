@@ -65,8 +65,8 @@ def _predicted(adapter_dir: Path) -> dict[str, float]:
     import torch
 
     from hf_dpmerge.merging.inputs import adapter_input, adapter_weights, input_lora_b_noise, input_noise_variance
-    from hf_dpmerge.merging.noise_variance import alignment_restoring, stats_noise_variance
-    from hf_dpmerge.records.noise_stats import NoiseStats
+    from hf_dpmerge.noise.variance import alignment_restoring, stats_noise_variance
+    from hf_dpmerge.records.noise_record import NoiseStats
     from hf_dpmerge.records.record import PrivacyRecord
 
     reference = adapter_input(adapter_dir)

@@ -11,10 +11,10 @@ this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour (a stock 
 merge methods mergekit knows, ours included.
 
 ``--as-adapter`` merges shared-A LoRA adapters (``--lora_freeze_a``) in factor space and writes a LoRA adapter
-instead of a model (:mod:`~hf_dpmerge.merging.adapter_merge`); it reads the same YAML (``task_arithmetic``,
+instead of a model (:mod:`~hf_dpmerge.merging.adapters.adapter_merge`); it reads the same YAML (``task_arithmetic``,
 ``dp_aware``, ``cauchy_poe``, ``safe_merge``, ``tsv``, ``iso_c``, ``iso_cts`` or ``wudi``, ``models:`` as
 ``base+adapter``) without mergekit, honouring every setting whose merge is exact in factor space and refusing the
-others by name (:mod:`~hf_dpmerge.merging.adapter_merge_config`) and inputs whose record names another base;
+others by name (:mod:`~hf_dpmerge.merging.adapters.adapter_merge_config`) and inputs whose record names another base;
 mergekit's options (``--lora-merge-cache``, …) are ignored with a note.
 """
 
@@ -42,7 +42,7 @@ def list_methods() -> list[str]:
     """One line per registered merge method: name, pretty name, and whose it is."""
     from mergekit.merge_methods import registered_methods
 
-    from hf_dpmerge.merging.methods import METHODS
+    from hf_dpmerge.merging.methods.mergekit_methods import METHODS
 
     ours = {method.spec.name for method in METHODS}
     return [
@@ -75,8 +75,8 @@ def _click_command(overwrite: bool):
 def run_as_adapter(config_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
     """The ``--as-adapter`` merge of the YAML at ``config_path`` into the adapter ``out_path``; as for a dense merge,
     every input whose privacy record names another base than the YAML's is refused first."""
-    from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
-    from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
+    from hf_dpmerge.merging.adapters.adapter_merge import merge_shared_a_adapters
+    from hf_dpmerge.merging.adapters.adapter_merge_config import adapter_merge_arguments
     from hf_dpmerge.merging.config_edit import read_merge_config
     from hf_dpmerge.merging.run import parse_config
     from hf_dpmerge.merging.validation import check_recorded_bases

@@ -34,8 +34,8 @@ def _number(value: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from hf_dpmerge.merging.merge_recommendation import measure, recommend
-    from hf_dpmerge.merging.task_similarity import load_task_vector, task_similarity
+    from hf_dpmerge.merging.planning.merge_recommendation import measure, recommend
+    from hf_dpmerge.merging.planning.task_similarity import load_task_vector, task_similarity
 
     vectors = [load_task_vector(run) for run in args.runs]
     report = task_similarity(vectors)

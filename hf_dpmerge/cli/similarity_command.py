@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
-from hf_dpmerge.merging.merge_groups import DEFAULT_THRESHOLD
+from hf_dpmerge.merging.planning.merge_groups import DEFAULT_THRESHOLD
 from hf_dpmerge.records.runs_layout import BASE_DIR, is_peft_adapter
 
 RESULTS_NAME = "similarity.json"
@@ -53,9 +53,9 @@ def default_base(runs: list[str]) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dpmerge.merging.merge_groups import merge_groups, write_group_configs
-    from hf_dpmerge.merging.similarity_plot import plot_similarity
-    from hf_dpmerge.merging.task_similarity import load_task_vector, task_similarity
+    from hf_dpmerge.merging.planning.merge_groups import merge_groups, write_group_configs
+    from hf_dpmerge.merging.planning.similarity_plot import plot_similarity
+    from hf_dpmerge.merging.planning.task_similarity import load_task_vector, task_similarity
     from hf_dpmerge.utils.io import staged_directory
     from hf_dpmerge.utils.own_output import check_own_output
 

@@ -35,7 +35,7 @@ def _parse_scores(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from hf_dpmerge.merging.config_edit import read_merge_config, write_merge_config
-    from hf_dpmerge.merging.score_weights import score_weighted_config
+    from hf_dpmerge.merging.planning.score_weights import score_weighted_config
 
     output = Path(args.output)
     if output.exists():

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from hf_dpmerge.federated.client_level_dp import ClientLevelDP, private_mean_update
-from hf_dpmerge.merging.dp_aware import dp_aware_merge
-from hf_dpmerge.merging.noise_variance import record_noise_variance
+from hf_dpmerge.merging.methods.dp_aware import dp_aware_merge
+from hf_dpmerge.noise.variance import record_noise_variance
 from hf_dpmerge.records.record import PrivacyRecord
 
 AGGREGATIONS = ("fedavg", "task_arithmetic", "dp_aware", "ties", "dare")

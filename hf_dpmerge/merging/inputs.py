@@ -25,15 +25,15 @@ from mergekit.common import ModelPath, ModelReference
 from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.lora import LoraFactor, SavedAdapter, UnsupportedAdapterError, load_saved_adapter
-from hf_dpmerge.merging.noise_floor import lora_noise_edge, noise_edge
-from hf_dpmerge.merging.noise_variance import (
+from hf_dpmerge.noise.floor import lora_noise_edge, noise_edge
+from hf_dpmerge.noise.variance import (
     alignment_restoring,
     capped_variance,
     lora_noise_variance,
     record_noise_variance,
     stats_noise_variance,
 )
-from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
+from hf_dpmerge.records.noise_record import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
@@ -276,11 +276,11 @@ def input_noise_variance(
     """s² of the DP noise in one input's task vector for one tensor (a scalar or a per-coordinate map).
 
     ``task_vector`` (W_i − W_0, when the caller has it) caps a head's or full model's s² from the record by
-    its mean square (:func:`~hf_dpmerge.merging.noise_variance.capped_variance`); LoRA B is capped by B̃ itself.
+    its mean square (:func:`~hf_dpmerge.noise.variance.capped_variance`); LoRA B is capped by B̃ itself.
 
     Order: the per-model ``noise_std``; else the input's record with its per-model overrides (σ, C, B_exp and,
     for the fallback formula, ``sum_lr_squared``/``optimizer.*``) and its noise statistics
-    (:mod:`~hf_dpmerge.merging.noise_variance`): for a LoRA adapter the factor formula for weights its LoRA
+    (:mod:`~hf_dpmerge.noise.variance`): for a LoRA adapter the factor formula for weights its LoRA
     layers modify, the head's own variance for trained heads, 0 for weights it leaves frozen.
     """
     values = {key: value for key, value in overrides.items() if value is not None}
@@ -303,8 +303,8 @@ def input_noise_variance(
 def input_noise_edge(
     reference: ModelReference, tensor_name: str, overrides: Mapping[str, Any], task_vector: torch.Tensor
 ) -> float:
-    """The noise floor of one input's task vector τ (W_i − W_0) for one 2-D tensor (:mod:`.noise_floor`): from its
-    factors' noise for a noisy LoRA delta (s·e(V_B, A) with A frozen), else from the per-coordinate s² of
+    """The noise floor of one input's task vector τ (W_i − W_0) for one 2-D tensor (:mod:`~hf_dpmerge.noise.floor`):
+    from its factors' noise for a noisy LoRA delta (s·e(V_B, A) with A frozen), else from the per-coordinate s² of
     :func:`input_noise_variance` (a per-model ``noise_std``, heads, full models; 0 for non-DP inputs)."""
     lora = input_lora_noise(reference, tensor_name, overrides)
     if lora is not None:

@@ -5,8 +5,8 @@ mergekit is patched).
 Before anything is written: unknown YAML keys and methods are refused, an existing output only with
 ``overwrite`` and when it holds a previous merge (:func:`check_merge_output`), every input's privacy record must name
 the merge base whatever the method, and for our methods every input and setting is checked
-(:func:`.registration.check_config`). The merge is written into a scratch directory renamed into place at the end,
-so a failed merge leaves nothing at the output; before that the card gets its privacy section and
+(:func:`.methods.registration.check_config`). The merge is written into a scratch directory renamed into place at
+the end, so a failed merge leaves nothing at the output; before that the card gets its privacy section and
 ``finish(staged, config)`` adds the caller's files (docs/design.md §8).
 """
 
@@ -25,8 +25,8 @@ from mergekit.options import MergeOptions
 
 from hf_dpmerge.merging.config_edit import load_config_mapping, unknown_config_keys
 from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
+from hf_dpmerge.merging.methods.registration import check_config, register_methods
 from hf_dpmerge.merging.privacy_section import write_privacy_section
-from hf_dpmerge.merging.registration import check_config, register_methods
 from hf_dpmerge.records.runs_layout import MERGE_CONFIG_NAME
 from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.utils.own_output import check_own_output

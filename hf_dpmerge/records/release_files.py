@@ -7,7 +7,7 @@ import fnmatch
 import os
 from pathlib import Path, PurePosixPath
 
-from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
+from hf_dpmerge.records.noise_record import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME
 from hf_dpmerge.records.selection_record import SELECTION_RECORD_NAME
 

@@ -42,6 +42,8 @@ from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 from hf_dpmerge.modeling.stock_release import save_stock_classifier
+from hf_dpmerge.noise.collection import write_noise_stats
+from hf_dpmerge.noise.linearised_response import AdamNoiseResponse, supports_noise_response
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint, peft_base_tensors
 from hf_dpmerge.records.record import ADD_REMOVE_ONE, PrivacyRecord, privacy_unit_name
@@ -73,8 +75,6 @@ from hf_dpmerge.training.dp.state import (
     seeded_generator,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
-from hf_dpmerge.training.noise_response import AdamNoiseResponse, supports_noise_response
-from hf_dpmerge.training.noise_stats import write_noise_stats
 from hf_dpmerge.training.public_anchor import anchor_divergence
 from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads, queries_per_step

@@ -17,7 +17,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from hf_dpmerge.modeling.task_head import in_modules
-from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME
+from hf_dpmerge.records.noise_record import NOISE_STATS_NAME
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, read_adapter_weights
 from hf_dpmerge.utils.io import staged_directory

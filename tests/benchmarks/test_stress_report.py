@@ -110,7 +110,7 @@ def test_a_choice_at_the_end_of_its_grid_is_flagged(tmp_path):
 
 
 def test_the_report_writes_the_rows_recommend_reads_in_its_schema(tmp_path):
-    from hf_dpmerge.merging.merge_recommendation import EVIDENCE
+    from hf_dpmerge.merging.planning.merge_recommendation import EVIDENCE
 
     grid, cells, store, settings = _store(tmp_path, lambda cell, method: 0.85 if method == "ties" else 0.8)
     write_stress_report(store, grid, cells, lambda cell, unit: settings, tmp_path, "cmd", [], {})

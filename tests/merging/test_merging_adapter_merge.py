@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging.adapter_merge import MERGE_RECORD_NAME, merge_shared_a_adapters
-from hf_dpmerge.merging.adapter_merge_config import adapter_merge_arguments
+from hf_dpmerge.merging.adapters.adapter_merge import MERGE_RECORD_NAME, merge_shared_a_adapters
+from hf_dpmerge.merging.adapters.adapter_merge_config import adapter_merge_arguments
 from hf_dpmerge.merging.inputs import NOISE_STD, RECORD_OVERRIDES, adapter_weights
-from hf_dpmerge.merging.methods import DPAwareMethod
+from hf_dpmerge.merging.methods.mergekit_methods import DPAwareMethod
 from tests.utils.merging_builders import SHARED_A_SEED as SEED
 from tests.utils.merging_builders import lora_config_yaml, save_shared_a_adapter, save_shared_a_runs
 from tests.utils.tiny_models import save_tiny_llama, tiny_causal_tokenizer, tiny_tokenizer
@@ -148,7 +148,7 @@ def test_cli_as_adapter_reads_the_merge_yaml(runs: Path, tmp_path: Path, capsys)
 def test_cauchy_poe_adapter_gives_the_dense_cauchy_poe_merges_logits_through_stock_peft(runs: Path, tmp_path: Path):
     """The fixed point of the τ_i = s·B_i·A lies in A's row space: the adapter is the dense merge, at adapter size,
     from mergekit-yaml's config through hf-dpmerge merge --as-adapter."""
-    from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
+    from hf_dpmerge.merging.methods.cauchy_poe import cauchy_poe_merge
 
     inputs, lam = adapters(runs, "sst2", "mnli", "qnli"), 0.8
     options = {"tol": 1e-2, "jitter": 1e-3, "max_iter": 500, "conv_tol": 1e-9, "layers": "reference"}

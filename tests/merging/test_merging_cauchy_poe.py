@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_dpmerge.merging import cauchy_poe
-from hf_dpmerge.merging.cauchy_poe import (
+from hf_dpmerge.merging.methods import cauchy_poe
+from hf_dpmerge.merging.methods.cauchy_poe import (
     _full_rank,
     averaged_by_rule,
     cauchy_energy,

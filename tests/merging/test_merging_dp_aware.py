@@ -7,10 +7,10 @@ import pytest
 import torch
 from mergekit.merge_methods import merge_tensors
 
-from hf_dpmerge.merging.dp_aware import between_variance, dp_aware_merge, lora_factor_estimate
-from hf_dpmerge.merging.noise_variance import lora_noise_variance
-from hf_dpmerge.merging.scale_shrinkage import sure_scale
-from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
+from hf_dpmerge.merging.methods.dp_aware import between_variance, dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.noise.shrinkage import sure_scale
+from hf_dpmerge.noise.sure_threshold import sure_soft_threshold
+from hf_dpmerge.noise.variance import lora_noise_variance
 
 
 def _sparse_tasks(count: int, size: int, seed: int, density: float = 0.05) -> list[torch.Tensor]:

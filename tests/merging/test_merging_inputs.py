@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES, adapter_weights, input_noise_variance, input_record
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, stats_noise_variance
 from hf_dpmerge.merging.privacy_section import privacy_section
 from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys
-from hf_dpmerge.records.noise_stats import NOISE_STATS_NAME, NoiseStats
+from hf_dpmerge.noise.variance import lora_noise_variance, stats_noise_variance
+from hf_dpmerge.records.noise_record import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from tests.utils.merging_builders import lora_config_yaml, save_variant
@@ -124,7 +124,7 @@ def test_overrides_cover_the_noise_model_and_never_the_guarantee() -> None:
 
 def test_missing_record_is_an_error_and_noise_estimate_is_refused(runs: Path) -> None:
     """`noise: estimate` (a MAD scale of the weights) zeroed most of a clean LoRA delta: it is refused up front."""
-    from hf_dpmerge.merging.registration import check_config
+    from hf_dpmerge.merging.methods.registration import check_config
 
     full = ModelReference.parse(str(runs / "base"))  # has no record
     with pytest.raises(PrivacyRecordError, match="noise_std"):

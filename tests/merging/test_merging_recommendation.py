@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging import merge_recommendation as mr
-from hf_dpmerge.merging.task_similarity import load_task_vector, task_similarity
+from hf_dpmerge.merging.planning import merge_recommendation as mr
+from hf_dpmerge.merging.planning.task_similarity import load_task_vector, task_similarity
 from tests.utils.task_vector_builders import ALPHA, RANK, orthogonal_pair, random_factors, save_adapter, save_runs_base
 
 QUIET = dict(max_abs_cosine=0.0, min_cosine=0.0, mean_sign_conflict=0.5, max_sign_conflict=0.5)

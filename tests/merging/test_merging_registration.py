@@ -92,7 +92,7 @@ def test_kernels_via_mergekit_api_name_the_tensor_of_a_nan_input() -> None:
     import torch
     from mergekit.merge_methods import get, merge_tensors
 
-    from hf_dpmerge.merging.dp_aware import dp_aware_merge
+    from hf_dpmerge.merging.methods.dp_aware import dp_aware_merge
 
     generator = torch.Generator().manual_seed(0)
     base = torch.randn(6, 4, generator=generator)

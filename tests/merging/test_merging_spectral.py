@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from hf_dpmerge.merging.iso import common_space_sizes, iso_c_merge, iso_cts_merge
-from hf_dpmerge.merging.noise_floor import lora_noise_edge, noise_edge
-from hf_dpmerge.merging.spectral import joint_rank, spectrum, task_spectra
-from hf_dpmerge.merging.tsv import tsv_merge
-from hf_dpmerge.merging.wudi import wudi_merge
+from hf_dpmerge.merging.methods.iso import common_space_sizes, iso_c_merge, iso_cts_merge
+from hf_dpmerge.merging.methods.spectral import joint_rank, spectrum, task_spectra
+from hf_dpmerge.merging.methods.tsv import tsv_merge
+from hf_dpmerge.merging.methods.wudi import wudi_merge
+from hf_dpmerge.noise.floor import lora_noise_edge, noise_edge
 
 KERNELS = {"tsv": tsv_merge, "iso_c": iso_c_merge, "iso_cts": iso_cts_merge,
            "wudi": lambda t, edges=None: wudi_merge(t, solver="least_squares", edges=edges)}

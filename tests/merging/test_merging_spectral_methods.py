@@ -14,13 +14,13 @@ from mergekit.merge_methods.api import merge_state_dicts
 from safetensors.torch import load_file
 
 from hf_dpmerge.merging import run as merge_run
-from hf_dpmerge.merging.adapter_merge import merge_shared_a_adapters
+from hf_dpmerge.merging.adapters.adapter_merge import merge_shared_a_adapters
 from hf_dpmerge.merging.inputs import adapter_weights
-from hf_dpmerge.merging.iso import iso_c_merge, iso_cts_merge
-from hf_dpmerge.merging.noise_floor import lora_noise_edge, noise_edge
-from hf_dpmerge.merging.registration import register_methods
-from hf_dpmerge.merging.tsv import tsv_merge
-from hf_dpmerge.merging.wudi import wudi_merge
+from hf_dpmerge.merging.methods.iso import iso_c_merge, iso_cts_merge
+from hf_dpmerge.merging.methods.registration import register_methods
+from hf_dpmerge.merging.methods.tsv import tsv_merge
+from hf_dpmerge.merging.methods.wudi import wudi_merge
+from hf_dpmerge.noise.floor import lora_noise_edge, noise_edge
 from hf_dpmerge.records.record import PrivacyRecordError
 from tests.utils.merging_builders import NOISE_STD_B, lora_config_yaml, save_shared_a_runs
 

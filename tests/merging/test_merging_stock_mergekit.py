@@ -13,7 +13,7 @@ import torch
 from mergekit.merge_methods.api import merge_state_dicts
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging.registration import register_methods
+from hf_dpmerge.merging.methods.registration import register_methods
 from hf_dpmerge.records.record import PrivacyRecordError
 from tests.utils.merging_builders import full_config_yaml, save_base, save_variant
 

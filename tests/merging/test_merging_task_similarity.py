@@ -14,10 +14,10 @@ from mergekit.config import MergeConfiguration
 
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging import task_similarity
 from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
-from hf_dpmerge.merging.merge_groups import merge_groups
-from hf_dpmerge.merging.task_similarity import (
+from hf_dpmerge.merging.planning import task_similarity
+from hf_dpmerge.merging.planning.merge_groups import merge_groups
+from hf_dpmerge.merging.planning.task_similarity import (
     SimilarityReport,
     load_task_vector,
     lora_inner_product,

@@ -14,8 +14,8 @@ from mergekit.merge_methods import merge_tensors
 from safetensors.torch import load_file
 
 from hf_dpmerge.cli.main import main
-from hf_dpmerge.merging.safe_merge import percentile_threshold, safe_merge_tensor
-from hf_dpmerge.merging.score_weights import softmax_weights
+from hf_dpmerge.merging.methods.safe_merge import percentile_threshold, safe_merge_tensor
+from hf_dpmerge.merging.planning.score_weights import softmax_weights
 from tests.utils.merging_builders import full_config_yaml, save_base, save_task_adapter, save_variant
 
 REPO = Path(__file__).resolve().parents[2]

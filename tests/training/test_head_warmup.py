@@ -84,7 +84,7 @@ def test_the_noise_statistics_of_a_warm_started_run_count_each_groups_own_steps(
     """The release ships dp_noise_stats with a warm-up too: the LoRA group's learning rates are its T − K noisy
     steps (whose Σ η² the record holds), the head's all T (without this the statistics were dropped and merges
     fell back to the record's over-stating formula)."""
-    from hf_dpmerge.training.noise_stats import collect_noise_stats
+    from hf_dpmerge.noise.collection import collect_noise_stats
 
     trainer = make_trainer(tmp_path, max_steps=STEPS, head_warmup_steps=WARMUP, noise_multiplier=1.0,
                            target_epsilon=None, logging_steps=STEPS, lr_scheduler_type="constant")

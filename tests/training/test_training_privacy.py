@@ -178,7 +178,7 @@ def test_release_ships_noise_statistics_the_merge_uses(tmp_path):
     from safetensors.torch import load_file
 
     from hf_dpmerge.merging.inputs import input_noise_variance
-    from hf_dpmerge.records.noise_stats import NoiseStats
+    from hf_dpmerge.records.noise_record import NoiseStats
 
     trainer = make_trainer(tmp_path, lr_scheduler_type="linear", head_learning_rate=0.1)
     trainer.train()

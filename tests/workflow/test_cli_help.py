@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hf_dpmerge.cli.main import build_parser
-from hf_dpmerge.merging.merge_groups import DEFAULT_THRESHOLD, merge_groups
-from hf_dpmerge.merging.task_similarity import SimilarityReport
+from hf_dpmerge.merging.planning.merge_groups import DEFAULT_THRESHOLD, merge_groups
+from hf_dpmerge.merging.planning.task_similarity import SimilarityReport
 from hf_dpmerge.scripts.task_folders import ROOT_NOTE
 
 REPO = Path(__file__).resolve().parents[2]

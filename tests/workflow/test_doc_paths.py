@@ -8,7 +8,7 @@ span or a ```bash block is a claim about the repository, checked by this rule:
 - A word is path-like when it holds a ``/`` or ends in .py, .sh, .md, .yaml, .yml or .json. Skipped: URLs,
   absolute or home paths (``/tmp/…``, ``~/…``), placeholders and variables (a word with ``<``, ``$`` or ``{``),
   and command-line options (``--runs_dir``). Plain prose counts too, for words holding a ``/`` and ending in
-  .py, .sh or .md (``(tests/merging/test_merging_noise_variance.py)``).
+  .py, .sh or .md (``(tests/noise/test_noise_variance.py)``).
 - A ``.py``, ``.sh`` or ``.md`` name is source or documentation: it must be the tail (whole path components) of
   a tracked file, e.g. ``hf_dpmerge/training/recipe.py``, ``training/recipe.py`` (docs/design.md names modules
   relative to the package) or ``recipe.py`` — unless its first component names no folder of the repository at

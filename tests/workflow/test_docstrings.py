@@ -20,7 +20,6 @@ MAX_LINES = 15
 EXCEPTIONS = frozenset({
     "analysis/causal_evaluation.py",
     "cli/merge_command.py",
-    "merging/__init__.py",
     "scripts/train_causal_lm.py",
 })
 

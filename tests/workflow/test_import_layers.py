@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hf_dpmerge"
 
 _LOW = {"utils", "lazy_exports"}
-_MODELS = _LOW | {"records", "data", "modeling", "lora"}
+_NOISE = _LOW | {"records", "lora", "noise"}
+_MODELS = _NOISE | {"data", "modeling"}
 _LIBRARY = _MODELS | {"training", "analysis", "merging", "audit", "hub", "federated"}
 MAY_IMPORT: dict[str, set[str]] = {
     "utils": set(),
@@ -23,9 +24,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "data": _LOW,
     "modeling": _LOW,
     "lora": _LOW,
+    "noise": _LOW | {"records", "lora"},
     "training": _MODELS,
     "analysis": _MODELS,
-    "merging": _LOW | {"records", "lora"},
+    "merging": _NOISE,
     "audit": _MODELS | {"training"},
     "federated": _MODELS | {"training", "analysis", "merging"},
     "hub": _LOW | {"records", "modeling", "analysis"},
@@ -123,12 +125,16 @@ def test_every_part_of_the_package_has_a_layer() -> None:
 @pytest.mark.parametrize(("importer", "line", "problem"), [
     ("records/record.py", "from hf_dpmerge.training.dpsam_trainer import DPSAMTrainer",
      "hf_dpmerge.records.record imports hf_dpmerge.training.dpsam_trainer"),
-    ("merging/methods.py", "from hf_dpmerge.data.tasks import TaskSpec",
-     "hf_dpmerge.merging.methods imports hf_dpmerge.data.tasks"),
+    ("merging/methods/mergekit_methods.py", "from hf_dpmerge.data.tasks import TaskSpec",
+     "hf_dpmerge.merging.methods.mergekit_methods imports hf_dpmerge.data.tasks"),
     ("analysis/drift.py", "    from hf_dpmerge.training.sam import SAM_MODES",
      "hf_dpmerge.analysis.drift imports hf_dpmerge.training.sam"),
     ("training/release.py", "from ..merging import methods",
      "hf_dpmerge.training.release imports hf_dpmerge.merging.methods"),
+    ("noise/variance.py", "    from hf_dpmerge.training.sam import SAM_MODES",
+     "hf_dpmerge.noise.variance imports hf_dpmerge.training.sam"),
+    ("noise/collection.py", "from hf_dpmerge.merging.inputs import RECORD_OVERRIDES",
+     "hf_dpmerge.noise.collection imports hf_dpmerge.merging.inputs"),
 ])
 def test_an_upward_import_is_caught(tmp_path: Path, importer: str, line: str, problem: str) -> None:
     copy = _copy_package(tmp_path)

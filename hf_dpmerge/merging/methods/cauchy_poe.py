@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from hf_dpmerge.merging.spectral import is_embedding
+from hf_dpmerge.merging.methods.spectral import is_embedding
 
 _SKETCH_START = 64
 _BASIS_RTOL = 1e-4

@@ -3,8 +3,8 @@
 Each step's privatised gradient carries noise N(0, σ_g²) per coordinate, σ_g = σ·C/B_exp (σ per query). With the
 adapter's ``dp_noise_stats.safetensors``: SGD/momentum exactly, s² = σ_g²·Σ_s w_s²; Adam(W) by the coordinate's
 r̂_k² = max(v̂_k/σ_g² − 1, 0): the simulated S(r̂_k, h) below r̂ = 0.5, from there the run's linearised response
-(:mod:`hf_dpmerge.training.noise_response`) capped by the pure-noise walk S(0, h)
-(:mod:`~hf_dpmerge.merging.optimizer_response`; h: the alignment penalty's pull, :func:`alignment_restoring`).
+(:mod:`hf_dpmerge.noise.linearised_response`) capped by the pure-noise walk S(0, h)
+(:mod:`~hf_dpmerge.noise.optimizer_response`; h: the alignment penalty's pull, :func:`alignment_restoring`).
 Without the statistics, from the record alone with a warning (SGD σ_g²·Σ_t η_t²/(1 − μ)², Adam Σ_t η_t²). Heads
 use their own learning rate; :func:`capped_variance` caps s² by the released weights. A LoRA delta s·B·A with
 factor noise V_A, V_B has the unbiased plug-in from the released factors (V_A = 0 for a frozen A)
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from hf_dpmerge.lora import LoraFactor, penalty_curvature
-from hf_dpmerge.merging.optimizer_response import adam_variance, sgd_variance
-from hf_dpmerge.records.noise_stats import NoiseStats
+from hf_dpmerge.noise.optimizer_response import adam_variance, sgd_variance
+from hf_dpmerge.records.noise_record import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
 
 _SGD_HYPER = ("momentum", "dampening", "nesterov")

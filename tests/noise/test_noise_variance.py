@@ -9,7 +9,7 @@ import torch
 from opacus.optimizers import DPOptimizer
 
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging.noise_variance import (
+from hf_dpmerge.noise.variance import (
     LINEAR_RESPONSE_MIN_RATIO,
     alignment_restoring,
     capped_variance,
@@ -17,7 +17,7 @@ from hf_dpmerge.merging.noise_variance import (
     record_noise_variance,
     stats_noise_variance,
 )
-from hf_dpmerge.records.noise_stats import NoiseStats
+from hf_dpmerge.records.noise_record import NoiseStats
 from tests.utils.merging_builders import adamw_record
 
 SIGMA, CLIP, BATCH, STEPS, COORDS = 1.2, 0.5, 16, 400, 4000

@@ -17,13 +17,13 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging.noise_variance import (
+from hf_dpmerge.noise.collection import collect_noise_stats
+from hf_dpmerge.noise.variance import (
     alignment_restoring,
     capped_variance,
     lora_noise_variance,
     stats_noise_variance,
 )
-from hf_dpmerge.training.noise_stats import collect_noise_stats
 from hf_dpmerge.training.shared_lora_a import freeze_shared_lora_a
 from tests.utils.merging_builders import adamw_record
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset

@@ -1,4 +1,4 @@
-"""Collect a DPSAMTrainer run's :class:`~hf_dpmerge.records.noise_stats.NoiseStats` for its release.
+"""Collect a DPSAMTrainer run's :class:`~hf_dpmerge.records.noise_record.NoiseStats` for its release.
 
 The dp_aware merge derives each coordinate's noise variance from them (docs/design.md §6). All of it is computed
 from the privatised gradients and what is built from them (Adam's v̂, the weights, the linearised noise response) or
@@ -18,7 +18,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from transformers.optimization import get_scheduler
 
-from hf_dpmerge.records.noise_stats import NoiseStats
+from hf_dpmerge.records.noise_record import NoiseStats
 
 logger = logging.getLogger(__name__)
 _HYPER = ("betas", "eps", "momentum", "dampening", "nesterov")

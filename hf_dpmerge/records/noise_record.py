@@ -4,7 +4,7 @@ The dp_aware merge needs each coordinate's DP noise variance, and under Adam tha
 coordinate's signal-to-noise ratio (docs/design.md §6). The file holds, per trainable tensor
 (keyed like ``adapter_model.safetensors``): Adam's bias-corrected second moment v̂ = E[g̃²] (none for SGD),
 under Adam(W) the noise variance of the final value linearised along the run's trajectory
-(:mod:`hf_dpmerge.training.noise_response`; absent in older files and in resumed runs), its parameter group;
+(:mod:`hf_dpmerge.noise.linearised_response`; absent in older files and in resumed runs), its parameter group;
 per group the learning rate η_t of every step taken and the weight decay; and the optimizer's name and
 hyper-parameters, and σ_g = σ·C/B_exp, the per-step noise std of one coordinate.
 

@@ -103,7 +103,7 @@ def spectrum(task_vector: TaskVector, dtype: torch.dtype = torch.float64) -> Spe
 
 def task_spectra(task_vectors: Sequence[TaskVector], edges: Sequence[float] | None = None) -> list[Spectrum]:
     """Each task vector's spectrum (in :func:`computing_dtype`), truncated at its noise edge when ``edges`` are
-    given (:mod:`.noise_floor`: directions below it carry noise only)."""
+    given (:mod:`hf_dpmerge.noise.floor`: directions below it carry noise only)."""
     dtype = computing_dtype(task_vectors)
     spectra = [spectrum(t, dtype) for t in task_vectors]
     return spectra if edges is None else [s.above(e) for s, e in zip(spectra, edges, strict=True)]

@@ -1,7 +1,7 @@
 """Merge groups: adapters whose task vectors point the same way, found by hierarchical clustering.
 
 Average-linkage agglomerative clustering (scipy) on the distance 1 − c(τᵢ, τⱼ), c the lower end of the
-noise-aware cosine's interval of :mod:`hf_dpmerge.merging.task_similarity` (sampling and the noise model's ±20 %;
+noise-aware cosine's interval of :mod:`.task_similarity` (sampling and the noise model's ±20 %;
 the plain cosine for non-private adapters), cut at 1 − ``threshold``: two clusters join while the mean of c
 between their members is at least ``threshold``, so a pair whose interval straddles the threshold stays apart.
 Each group of two or more adapters gets one mergekit config; an adapter alone in its group needs no merge (use it
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hf_dpmerge.merging.merge_config import lora_merge_config, merge_config_yaml
-from hf_dpmerge.merging.task_similarity import SimilarityReport
+from hf_dpmerge.merging.planning.task_similarity import SimilarityReport
 
 DEFAULT_THRESHOLD = 0.1
 """Default cosine similarity at which adapters group (see docs/merging.md, "Task grouping")."""

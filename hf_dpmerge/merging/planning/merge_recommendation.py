@@ -1,8 +1,8 @@
 """Which trainer and merge method, from measured interference and noise and the benchmarks' stored results.
 
 Measured on the adapters (post-processing, no privacy cost): the cosine and sign-conflict rate of every pair of
-task vectors (:mod:`hf_dpmerge.merging.task_similarity`), each task vector's noise-to-signal ratio
-√(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F from its record (:mod:`hf_dpmerge.merging.noise_variance`, docs/design.md §6), and the
+task vectors (:mod:`hf_dpmerge.merging.planning.task_similarity`), each task vector's noise-to-signal ratio
+√(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F from its record (:mod:`hf_dpmerge.noise.variance`, docs/design.md §6), and the
 trainer and ε each record names. :data:`RULES` map them to advice, citing only figures read from
 ``data/benchmark_evidence.json`` (:data:`EVIDENCE`) and ``data/recipe_floor_gap.json`` (:data:`RECIPE_FLOOR_GAP`):
 the merge measured at the nearest ε and an interference at least the adapters', the head-only comparison first
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_dpmerge.merging.noise_variance import lora_noise_variance, record_noise_variance
-from hf_dpmerge.merging.task_similarity import SimilarityReport, TaskVector
+from hf_dpmerge.merging.planning.task_similarity import SimilarityReport, TaskVector
+from hf_dpmerge.noise.variance import lora_noise_variance, record_noise_variance
 
 EVIDENCE: dict[str, Any] = json.loads(
     resources.files("hf_dpmerge.merging").joinpath("data", "benchmark_evidence.json").read_text(encoding="utf-8"))

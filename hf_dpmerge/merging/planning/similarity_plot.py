@@ -1,4 +1,4 @@
-"""The heatmap ``hf-dpmerge similarity`` saves: the cosine matrix of :mod:`hf_dpmerge.merging.task_similarity`."""
+"""The heatmap ``hf-dpmerge similarity`` saves: the cosine matrix of :mod:`.task_similarity`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_dpmerge.merging.task_similarity import SimilarityReport
+from hf_dpmerge.merging.planning.task_similarity import SimilarityReport
 
 
 def plot_similarity(report: SimilarityReport, path: str | os.PathLike, groups: Sequence[Sequence[str]] = ()) -> Path:

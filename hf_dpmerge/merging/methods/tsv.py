@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hf_dpmerge.merging.spectral import TaskVector, joint_rank, partial_isometry, task_spectra, zero_task_vector
+from hf_dpmerge.merging.methods.spectral import TaskVector, joint_rank, partial_isometry, task_spectra, zero_task_vector
 
 
 def tsv_merge(task_vectors: Sequence[TaskVector], k: int | None = None,

@@ -1,12 +1,12 @@
-"""The linearised noise response of Adam(W) (training/noise_response.py, docs/design.md §6)."""
+"""The linearised noise response of Adam(W) (noise/linearised_response.py, docs/design.md §6)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_dpmerge.merging.optimizer_response import adam_variance
-from hf_dpmerge.training.noise_response import AdamNoiseResponse, supports_noise_response
+from hf_dpmerge.noise.linearised_response import AdamNoiseResponse, supports_noise_response
+from hf_dpmerge.noise.optimizer_response import adam_variance
 from tests.utils.training_helpers import make_trainer
 
 STEPS, NOISE_STD, PULL = 12, 0.3, 0.4
@@ -84,7 +84,7 @@ def test_only_adam_without_amsgrad_is_followed() -> None:
 def test_a_dp_run_ships_the_response_of_every_trained_tensor(tmp_path) -> None:
     """A private AdamW run writes a response variance for every tensor with a second moment, positive and finite;
     a run resumed from a checkpoint followed only part of the steps and ships none."""
-    from hf_dpmerge.records.noise_stats import NoiseStats
+    from hf_dpmerge.records.noise_record import NoiseStats
 
     trainer = make_trainer(tmp_path, max_steps=3)
     trainer.train()

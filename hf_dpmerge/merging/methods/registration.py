@@ -2,12 +2,12 @@
 
 mergekit 0.1.5 has no plugin entry points, so the start-up hook (``_hf_dpmerge_mergekit``, installed as a
 ``.pth``/``.start`` pair) calls :func:`on_merge_methods_import` right after ``mergekit.merge_methods`` is
-imported. That only registers our methods (:data:`~.methods.METHODS`, ``safe_merge``): stock mergekit
+imported. That only registers our methods (:data:`~.mergekit_methods.METHODS`, ``safe_merge``): stock mergekit
 (``mergekit-yaml``, ``run_merge``, ``merge_state_dicts``) behaves exactly as without hf_dpmerge for its own methods.
 
 :func:`check_config` is what ``hf-dpmerge merge`` (:func:`hf_dpmerge.merging.run.merge`) checks before writing
 anything: an unknown method name; for every method, each input's privacy record against the merge base (its
-recorded base fingerprint); for the methods of :data:`~.methods.METHODS` also unknown parameter keys, a missing
+recorded base fingerprint); for the methods of :data:`~.mergekit_methods.METHODS` also unknown parameter keys, a missing
 scale and every input; for ``safe_merge``, its keys and unwanted inputs. Under plain ``mergekit-yaml`` our methods
 check each input when they merge its first tensor (mergekit's own output handling applies); mergekit's own methods
 check no base there.
@@ -22,13 +22,14 @@ from typing import Any
 
 
 def register_methods() -> None:
-    """Register our methods (:data:`~.methods.METHODS`, ``safe_merge``) with mergekit: importing their modules does it.
+    """Register our methods (:data:`~.mergekit_methods.METHODS`, ``safe_merge``) with mergekit: importing their
+    modules does it.
 
     When that module is itself being imported (it imports ``mergekit.merge_methods``, which fires the
     hook), ``import_module`` returns it half-initialised and its last lines register the methods.
     """
-    importlib.import_module("hf_dpmerge.merging.methods")
-    importlib.import_module("hf_dpmerge.merging.safe_merge")
+    importlib.import_module("hf_dpmerge.merging.methods.mergekit_methods")
+    importlib.import_module("hf_dpmerge.merging.methods.safe_merge")
 
 
 def check_method_name(name: str) -> None:
@@ -67,8 +68,8 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     """Reject an unknown method and, whatever the method, an input whose privacy record names another base; for our
     methods, also unknown YAML keys and bad inputs, before any output exists."""
     from hf_dpmerge.merging.inputs import input_settings, require_private
-    from hf_dpmerge.merging.methods import ALLOW_NON_PRIVATE, METHODS
-    from hf_dpmerge.merging.safe_merge import check_safe_merge_config, safe_merge
+    from hf_dpmerge.merging.methods.mergekit_methods import ALLOW_NON_PRIVATE, METHODS
+    from hf_dpmerge.merging.methods.safe_merge import check_safe_merge_config, safe_merge
     from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys, check_recorded_bases
 
     check_method_name(merge_config.merge_method)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hf_dpmerge.merging.spectral import (
+from hf_dpmerge.merging.methods.spectral import (
     Spectrum,
     TaskVector,
     computing_dtype,

@@ -1,7 +1,7 @@
 """Data-free, noise-calibrated merge of DP task vectors (docs/design.md §6; post-processing, no privacy cost).
 
 Per tensor, with task vectors τ_i = W_i − W_0 and the DP noise variance s_i² each carries
-(:mod:`~hf_dpmerge.merging.noise_variance`): (1) denoise, ``shrinkage="scale"`` (default) the SURE-optimal
+(:mod:`~hf_dpmerge.noise.variance`): (1) denoise, ``shrinkage="scale"`` (default) the SURE-optimal
 positive-part James–Stein scale θ̂_i = max(0, 1 − Σ_k s_ik²/‖τ_i‖²)·τ_i, or ``soft_threshold`` at s_i (a LoRA
 delta in factor space: θ̂_i = s·SURE(B; V_B)·A); (2) optional ``consensus="precision_sign"``: keep the θ̂_i whose
 sign agrees with sign(Σ_i θ̂_i / s_i²); (3) combine W_0 + λ·Σ_i w_i θ̂_i, or with ``weighting="random_effects"``
@@ -16,8 +16,8 @@ from typing import Literal
 
 import torch
 
-from hf_dpmerge.merging.scale_shrinkage import sure_scale
-from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
+from hf_dpmerge.noise.shrinkage import sure_scale
+from hf_dpmerge.noise.sure_threshold import sure_soft_threshold
 
 Consensus = Literal["none", "precision_sign"]
 Weighting = Literal["task_arithmetic", "random_effects"]

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from hf_dpmerge.lora import LoraFactor
-from hf_dpmerge.merging.iso import iso_c_merge, iso_cts_merge
-from hf_dpmerge.merging.sure_threshold import sure_soft_threshold
-from hf_dpmerge.merging.tsv import tsv_merge
-from hf_dpmerge.merging.wudi import wudi_merge
+from hf_dpmerge.merging.methods.iso import iso_c_merge, iso_cts_merge
+from hf_dpmerge.merging.methods.tsv import tsv_merge
+from hf_dpmerge.merging.methods.wudi import wudi_merge
+from hf_dpmerge.noise.sure_threshold import sure_soft_threshold
 
 SPECTRAL_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
     "tsv": tsv_merge, "iso_c": iso_c_merge, "iso_cts": iso_cts_merge, "wudi": wudi_merge,
@@ -37,9 +37,9 @@ def denoised_lora_b(lora_b: torch.Tensor, variance: torch.Tensor | float, lora_a
     """B̂ with s·B̂·A the dense ``dp_aware`` estimate of the delta s·B·A (A frozen, so Var(ΔW) = s²·V_B·A²):
 
     - ``scale``: c·B with c = max(0, 1 − Σ Var(ΔW)/‖ΔW‖²) = max(0, 1 − Σ (V_B·(A∘A))/‖B·A‖²) (s² cancels),
-      the dense scale shrinkage of the delta (:func:`~hf_dpmerge.merging.scale_shrinkage.sure_scale`);
+      the dense scale shrinkage of the delta (:func:`~hf_dpmerge.noise.shrinkage.sure_scale`);
     - ``soft_threshold``: the SURE soft threshold of B at V_B, as the dense path's
-      :func:`~hf_dpmerge.merging.dp_aware.lora_factor_estimate`.
+      :func:`~hf_dpmerge.merging.methods.dp_aware.lora_factor_estimate`.
     """
     b = lora_b.float()
     if shrinkage == "soft_threshold":
@@ -83,7 +83,7 @@ def cauchy_poe_lora_b(
     ``options`` are the kernel's (``tol``, ``jitter``, ``max_iter``, ``conv_tol``, ``layers``); ``noise_variance``
     the mean per-coordinate noise variance of each τ_i (DP-calibrated widths) or None.
     """
-    from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
+    from hf_dpmerge.merging.methods.cauchy_poe import cauchy_poe_merge
 
     a = lora_a.double()
     factors = [(scaling * b.double(), a) for b in lora_bs]
@@ -117,9 +117,9 @@ def safe_merge_lora_b(
     fan_in_fan_out: bool = False,
 ) -> torch.Tensor:
     """One layer's merged B for ``safe_merge`` with a ``projection``: B' with s·B'·A the dense
-    ``scale·(I − P or P)·Σ_useful w_i·τ_i`` (:func:`~hf_dpmerge.merging.safe_merge.project` on the weight's first
+    ``scale·(I − P or P)·Σ_useful w_i·τ_i`` (:func:`~..methods.safe_merge.project` on the weight's first
     axis, as the dense kernel), solved in float64 and read back."""
-    from hf_dpmerge.merging.safe_merge import project, subspace_basis
+    from hf_dpmerge.merging.methods.safe_merge import project, subspace_basis
 
     a = lora_a.double()
     deltas = [scaling * b.double() @ a for b in lora_bs]  # in B·A's layout; the weight's is its transpose if fifo

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hf_dpmerge.merging.factor_space import FACTOR_METHODS, SPECTRAL_METHODS
+from hf_dpmerge.merging.adapters.factor_space import FACTOR_METHODS, SPECTRAL_METHODS
 from hf_dpmerge.merging.inputs import RECORD_OVERRIDES
 
 DENSE = "use the dense merge (hf-dpmerge merge without --as-adapter)"
@@ -39,8 +39,8 @@ EXACT_PERCENTILE = 100.0  # safe_merge without a projection: the mask keeps ever
 def _specs(method: str) -> dict[str, Any]:
     from mergekit.merge_methods import registered_methods
 
-    import hf_dpmerge.merging.methods  # noqa: F401  (registers cauchy_poe, dp_aware and the spectral methods)
-    import hf_dpmerge.merging.safe_merge  # noqa: F401  (registers safe_merge)
+    import hf_dpmerge.merging.methods.mergekit_methods  # noqa: F401  (registers cauchy_poe, dp_aware and the spectral methods)
+    import hf_dpmerge.merging.methods.safe_merge  # noqa: F401  (registers safe_merge)
 
     spec = next(m.spec for m in registered_methods() if m.spec.name == method)
     return {parameter.name: parameter for parameter in spec.parameters}
@@ -66,7 +66,7 @@ def _validated(method: str, spec: Any, value: Any, where: str) -> Any:
 
 
 def adapter_merge_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of :func:`~hf_dpmerge.merging.adapter_merge.merge_shared_a_adapters` (``adapter_dirs``
+    """The keyword arguments of :func:`~.adapter_merge.merge_shared_a_adapters` (``adapter_dirs``
     included, ``out_dir`` and ``overwrite`` not) for a merge YAML mapping; refuses what it cannot honour."""
     from mergekit.common import ModelReference
     from mergekit.merge_methods.base import MISSING, ParameterScope

@@ -32,9 +32,7 @@ from mergekit.merge_methods.base import (
 )
 from pydantic import Field
 
-from hf_dpmerge.merging.cauchy_poe import cauchy_poe_merge
-from hf_dpmerge.merging.dp_aware import dp_aware_merge, lora_factor_estimate
-from hf_dpmerge.merging.factor_space import SPECTRAL_KERNELS
+from hf_dpmerge.merging.adapters.factor_space import SPECTRAL_KERNELS
 from hf_dpmerge.merging.inputs import (
     NOISE_STD,
     RECORD_OVERRIDES,
@@ -46,8 +44,10 @@ from hf_dpmerge.merging.inputs import (
     input_noise_variance,
     require_private,
 )
-from hf_dpmerge.merging.spectral import TaskVector, merged_as_matrix
-from hf_dpmerge.merging.wudi import Solver
+from hf_dpmerge.merging.methods.cauchy_poe import cauchy_poe_merge
+from hf_dpmerge.merging.methods.dp_aware import dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.methods.spectral import TaskVector, merged_as_matrix
+from hf_dpmerge.merging.methods.wudi import Solver
 
 ALLOW_NON_PRIVATE = "allow_non_private"
 Positive = Annotated[float, Field(gt=0)]
@@ -122,7 +122,7 @@ class _TaskVectorMethod(GroupMergeMethod):
 
 
 class CauchyPoEMethod(_TaskVectorMethod):
-    """Heavy-tailed product-of-experts MAP merge (:mod:`hf_dpmerge.merging.cauchy_poe`)."""
+    """Heavy-tailed product-of-experts MAP merge (:mod:`hf_dpmerge.merging.methods.cauchy_poe`)."""
 
     name = "cauchy_poe"
     pretty_name = "Cauchy product-of-experts"
@@ -176,7 +176,7 @@ def _lora_deltas(name: str, entries: tuple[TensorEntry, ...]) -> list[tuple[torc
 
 
 class DPAwareMethod(_TaskVectorMethod):
-    """SURE-denoised, noise-calibrated task arithmetic (:mod:`hf_dpmerge.merging.dp_aware`)."""
+    """SURE-denoised, noise-calibrated task arithmetic (:mod:`hf_dpmerge.merging.methods.dp_aware`)."""
 
     name = "dp_aware"
     pretty_name = "DP-aware (SURE-denoised task arithmetic)"
@@ -240,8 +240,9 @@ class DPAwareMethod(_TaskVectorMethod):
 
 class _SpectralMethod(_TaskVectorMethod):
     """The spectral merges: τ_i exactly from an input's LoRA factors when it has them (else W_i − W_0), each
-    task's spectrum truncated at its noise edge with ``noise_floor: record`` (:func:`~.inputs.input_noise_edge`),
-    matrices merged by the method's kernel (:data:`~.factor_space.SPECTRAL_KERNELS`, given its ``own`` settings),
+    task's spectrum truncated at its noise edge with ``noise_floor: record``
+    (:func:`~hf_dpmerge.merging.inputs.input_noise_edge`), matrices merged by the method's kernel
+    (:data:`~hf_dpmerge.merging.adapters.factor_space.SPECTRAL_KERNELS`, given its ``own`` settings),
     1-D tensors and embeddings by task arithmetic as the papers do (λ·mean, or λ·Σ where ``fallback_sum``).
     ``lambda`` defaults to the papers' scale, 1."""
 
@@ -281,7 +282,7 @@ class _SpectralMethod(_TaskVectorMethod):
 
 
 class TSVMethod(_SpectralMethod):
-    """TSV-Merge (:mod:`hf_dpmerge.merging.tsv`)."""
+    """TSV-Merge (:mod:`hf_dpmerge.merging.methods.tsv`)."""
 
     name = "tsv"
     pretty_name = "TSV-Merge (task singular vectors)"
@@ -292,7 +293,7 @@ class TSVMethod(_SpectralMethod):
 
 
 class IsoCMethod(_SpectralMethod):
-    """Iso-C (:mod:`hf_dpmerge.merging.iso`)."""
+    """Iso-C (:mod:`hf_dpmerge.merging.methods.iso`)."""
 
     name = "iso_c"
     pretty_name = "Iso-C (isotropic merging in the common subspace)"
@@ -300,7 +301,7 @@ class IsoCMethod(_SpectralMethod):
 
 
 class IsoCTSMethod(_SpectralMethod):
-    """Iso-CTS (:mod:`hf_dpmerge.merging.iso`)."""
+    """Iso-CTS (:mod:`hf_dpmerge.merging.methods.iso`)."""
 
     name = "iso_cts"
     pretty_name = "Iso-CTS (isotropic merging in common and task-specific subspaces)"
@@ -311,7 +312,7 @@ class IsoCTSMethod(_SpectralMethod):
 
 
 class WUDIMethod(_SpectralMethod):
-    """WUDI-Merging (:mod:`hf_dpmerge.merging.wudi`); 1-D tensors keep its start, the task-arithmetic sum."""
+    """WUDI-Merging (:mod:`hf_dpmerge.merging.methods.wudi`); 1-D tensors keep its start, the task-arithmetic sum."""
 
     name = "wudi"
     pretty_name = "WUDI-Merging (interference guided by the task vectors)"

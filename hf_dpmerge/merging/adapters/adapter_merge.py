@@ -24,7 +24,7 @@ import yaml
 from safetensors.torch import save_file
 
 from hf_dpmerge.lora import SavedAdapter
-from hf_dpmerge.merging.factor_space import (
+from hf_dpmerge.merging.adapters.factor_space import (
     FACTOR_METHODS,
     SPECTRAL_METHODS,
     cauchy_poe_lora_b,
@@ -39,8 +39,8 @@ from hf_dpmerge.merging.inputs import (
     input_lora_b_noise,
     require_private,
 )
-from hf_dpmerge.merging.noise_floor import lora_noise_edge
 from hf_dpmerge.merging.run import MERGE_MARKER, check_merge_output
+from hf_dpmerge.noise.floor import lora_noise_edge
 from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord

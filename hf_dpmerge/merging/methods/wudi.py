@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from hf_dpmerge.merging.spectral import TaskVector, computing_dtype, task_spectra, zero_task_vector
+from hf_dpmerge.merging.methods.spectral import TaskVector, computing_dtype, task_spectra, zero_task_vector
 
 Solver = Literal["adam", "least_squares"]
 
