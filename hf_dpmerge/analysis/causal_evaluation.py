@@ -42,6 +42,7 @@ from hf_dpmerge.modeling.completion_scoring import completion_token_accuracy
 from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
 from hf_dpmerge.records.record import CAUSAL_LM
 from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.utils.quiet import expected_warnings_ignored
 
 RESULTS_NAME = "results.json"
 SCORED = ("floor", "individual", "merged")
@@ -213,7 +214,9 @@ def evaluate_causal_runs(
     score_all("merged", AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32))
     for run in runs:
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        score_all("individual", PeftModel.from_pretrained(base, run.adapter_dir), only=run)
+        with expected_warnings_ignored():
+            adapted = PeftModel.from_pretrained(base, run.adapter_dir)
+        score_all("individual", adapted, only=run)
     results = []
     for run in runs:
         row = scores[run.name]

@@ -17,6 +17,7 @@ import torch
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+from hf_dpmerge.utils.quiet import expected_warnings_ignored, transformers_errors_only
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -26,18 +27,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def quiet_from_pretrained(directory: Path, spec: TaskSpec):
     """A sequence classifier from ``directory`` sized for ``spec``; a head of another size is re-created."""
-    from transformers.utils import logging
-
     labels = {"id2label": spec.id2label, "label2id": spec.label2id} if spec.label_names else {}
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()  # the re-created head is replaced right after; its warning is noise
-    logging.disable_progress_bar()
-    try:
+    with transformers_errors_only():  # the re-created head is replaced right after
         model = load_sequence_classifier(directory, num_labels=spec.num_labels, ignore_mismatched_sizes=True, **labels)
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
     return model.eval()
 
 
@@ -52,7 +44,8 @@ def load_task_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLik
     head = task_head_state(adapter_dir)
     model = quiet_from_pretrained(Path(base_dir), spec)
     attach_head(model, head, source=str(adapter_dir))  # checks shapes before peft does, with a clearer error
-    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable).eval()
+    with expected_warnings_ignored():
+        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable).eval()
 
 
 def load_individual_model(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, spec: TaskSpec):

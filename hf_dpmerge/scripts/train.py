@@ -61,6 +61,7 @@ from hf_dpmerge.training.recipe import (
 from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
+from hf_dpmerge.utils.quiet import transformers_errors_only
 
 # The tuned DP recipe first; prediction keeps no per-sample gradients: large evaluation batches (Trainer's is 8).
 # LoRA adapters: private LP-FT (LPFT_RECIPE) on top of the one-phase FFA-LoRA recipe (LORA_RECIPE)
@@ -204,7 +205,8 @@ def shared_base(script: ScriptArguments) -> Path:
             f"{base_dir} exists but was not built by this script (no {marker.name}): use another --runs_dir"
         )
     torch.manual_seed(script.base_seed)
-    model = load_sequence_classifier(source, num_labels=2, classifier_pooling=script.classifier_pooling)
+    with transformers_errors_only():  # its placeholder head is new: the "missing" load report is expected
+        model = load_sequence_classifier(source, num_labels=2, classifier_pooling=script.classifier_pooling)
     with staged_directory(base_dir) as staged:  # a killed run leaves no half-written base
         model.save_pretrained(staged)
         AutoTokenizer.from_pretrained(source).save_pretrained(staged)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 from hf_dpmerge.training.dp.accounting import ACCOUNTANTS
@@ -110,6 +111,8 @@ class DPSAMConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator (torch warns and skips it otherwise)
         problems = []
         if self.sam_mode not in SAM_MODES:
             problems.append(f"sam_mode must be one of {SAM_MODES}, got {self.sam_mode!r}")

@@ -80,6 +80,7 @@ from hf_dpmerge.training.release import check_finite_weights, release_adapter
 from hf_dpmerge.training.sam import per_example_sam_grads, queries_per_step
 from hf_dpmerge.training.shared_lora_a import frozen_lora_a_record
 from hf_dpmerge.utils.adapter_files import set_adapter_base
+from hf_dpmerge.utils.quiet import expected_warnings_ignored
 
 logger = logging.getLogger(__name__)
 # opacus registers full backward hooks on modules whose inputs (frozen activations) need no gradient;
@@ -442,17 +443,18 @@ class DPSAMTrainer(Trainer):
         """The step's loss and g̃ + ∇R (SAM ascent per ``sam_mode``; R skipped during the head warm-up), plus
         FedProx's μ·(θ − θ₀) with ``proximal_mu``."""
         mode, rho = self.args.sam_mode, self.args.sam_rho
-        if mode == "dp_sat":
-            previous = self.dp_state.previous_gradient
-            with perturbed(self._params, ascent_step(previous, rho) if previous is not None else None):
+        with expected_warnings_ignored():  # hooks above a cached prefix, whose inputs need no gradient
+            if mode == "dp_sat":
+                previous = self.dp_state.previous_gradient
+                with perturbed(self._params, ascent_step(previous, rho) if previous is not None else None):
+                    gradient, loss = self._query(model, inputs, units)
+                self.dp_state.previous_gradient = gradient
+            elif mode == "two_query":
+                first, loss = self._query(model, inputs, units)
+                with perturbed(self._params, ascent_step(first, rho)):
+                    gradient, _ = self._query(model, inputs, units)
+            else:
                 gradient, loss = self._query(model, inputs, units)
-            self.dp_state.previous_gradient = gradient
-        elif mode == "two_query":
-            first, loss = self._query(model, inputs, units)
-            with perturbed(self._params, ascent_step(first, rho)):
-                gradient, _ = self._query(model, inputs, units)
-        else:
-            gradient, loss = self._query(model, inputs, units)
 
         if self.align_lambda > 0 and not warmup:
             with torch.enable_grad():

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_dpmerge.training.lora_classifier import check_target_modules, lora_layer_indices
 from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED, freeze_shared_lora_a
+from hf_dpmerge.utils.quiet import expected_warnings_ignored
 
 
 def lora_causal_lm(base: str | os.PathLike, *, r: int, alpha: int, target_modules: Sequence[str],
@@ -25,10 +26,11 @@ def lora_causal_lm(base: str | os.PathLike, *, r: int, alpha: int, target_module
     ``a_seed`` and freezes it, so only B trains (FFA-LoRA; :mod:`hf_dpmerge.training.shared_lora_a`)."""
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     check_target_modules(model, target_modules)
-    model = get_peft_model(model, LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=list(target_modules), task_type="CAUSAL_LM",
-        layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers),
-    ))
+    with expected_warnings_ignored():
+        model = get_peft_model(model, LoraConfig(
+            r=r, lora_alpha=alpha, target_modules=list(target_modules), task_type="CAUSAL_LM",
+            layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers),
+        ))
     if freeze_a:
         freeze_shared_lora_a(model, a_seed)
     return model

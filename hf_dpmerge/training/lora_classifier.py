@@ -17,6 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling import load_sequence_classifier
 from hf_dpmerge.training.shared_lora_a import DEFAULT_LORA_A_SEED, freeze_shared_lora_a
+from hf_dpmerge.utils.quiet import expected_warnings_ignored, transformers_errors_only
 
 
 def lora_layer_indices(choice: str, num_layers: int) -> list[int] | None:
@@ -75,16 +76,18 @@ def lora_sequence_classifier(
     floor of a benchmark. ``freeze_a`` draws every A from the public ``a_seed`` and freezes it, so only B and the
     head train (FFA-LoRA; :mod:`hf_dpmerge.training.shared_lora_a`)."""
     pooling = {"classifier_pooling": classifier_pooling} if classifier_pooling else {}
-    model = load_sequence_classifier(
-        base, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
-        ignore_mismatched_sizes=True,
-        problem_type="regression" if spec.is_regression else "single_label_classification", **pooling,
-    )
+    with transformers_errors_only():  # the task's head is new: its "missing" load report is expected
+        model = load_sequence_classifier(
+            base, num_labels=spec.num_labels, id2label=spec.id2label, label2id=spec.label2id,
+            ignore_mismatched_sizes=True,
+            problem_type="regression" if spec.is_regression else "single_label_classification", **pooling,
+        )
     check_target_modules(model, target_modules)
-    model = get_peft_model(model, LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
-        layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",
-    ))
+    with expected_warnings_ignored():
+        model = get_peft_model(model, LoraConfig(
+            r=r, lora_alpha=alpha, target_modules=list(target_modules), modules_to_save=["classifier"],
+            layers_to_transform=lora_layer_indices(layers, model.config.num_hidden_layers), task_type="SEQ_CLS",
+        ))
     if freeze_a:
         freeze_shared_lora_a(model, a_seed)
     if not train_lora:

@@ -1,0 +1,40 @@
+"""Quiet calls: the warnings and log lines our own calls make where their cause is expected and harmless."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXPECTED_WARNINGS = (
+    # peft's PeftModel reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
+    # per-sample gradient hooks on the layers above a cached prefix, whose inputs need no gradient
+    (UserWarning, r"Full backward hook is firing when gradients are computed with respect to module outputs"),
+)
+
+
+@contextmanager
+def expected_warnings_ignored() -> Iterator[None]:
+    """Ignore :data:`EXPECTED_WARNINGS` inside the block (every other warning passes)."""
+    with warnings.catch_warnings():
+        for category, message in EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield
+
+
+@contextmanager
+def transformers_errors_only() -> Iterator[None]:
+    """transformers' logging at error level and its progress bars off inside the block (restored after): its
+    load report of a head we re-create or replace right after is noise."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
