@@ -29,7 +29,7 @@ from hf_dpmerge.merging.inputs import adapter_input, adapter_weights, input_lora
 from hf_dpmerge.merging.noise_variance import alignment_restoring, stats_noise_variance
 from hf_dpmerge.records.noise_stats import NoiseStats
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR
+from hf_dpmerge.records.run_folders import ADAPTER_DIR
 from hf_dpmerge.training import dpsam_trainer
 from hf_dpmerge.training.dp.run_streams import NOISE_STREAM, stream_seed
 
