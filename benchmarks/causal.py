@@ -147,7 +147,7 @@ def scores(runs: Path, tasks: list[str], max_eval_samples: int, model_dir: Path 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_dpmerge.analysis.causal_evaluation import task_score
-    from hf_dpmerge.analysis.runs_layout import task_rows, task_runs
+    from hf_dpmerge.analysis.task_run import task_rows, task_runs
 
     tokenizer = AutoTokenizer.from_pretrained(runs / "base")
     shared = None if model_dir is None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -24,7 +24,7 @@ from hf_dpmerge.analysis.evaluation import evaluate_runs
 from hf_dpmerge.cli.main import main as hf_dpmerge
 from hf_dpmerge.cli.runs_options import parse_tasks
 from hf_dpmerge.merging.merge_config import lora_merge_config, merge_config_yaml
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.records.run_folders import BASE_DIR
 
 DEFAULT_TASKS = "rotten_tomatoes,election_tweets,reuters_r8,bbc_news"
 SPLIT = "validation"

@@ -23,12 +23,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.analysis.runs_layout import discover_tasks, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
+from hf_dpmerge.analysis.task_run import discover_tasks, find_tokenizer, load_split, task_runs
 from hf_dpmerge.merging.config_edit import read_merge_config, with_parameter
-from hf_dpmerge.records.private_selection import task_averaged_accuracy
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.records.run_folders import BASE_DIR
 from hf_dpmerge.scripts.tune import correct_counts, merge_candidate
+from hf_dpmerge.training.dp.private_selection import task_averaged_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = [REPO / "merge_configs" / f"{name}.yaml" for name in ("task_arithmetic", "ties", "cauchy_poe", "dp")]

@@ -24,7 +24,7 @@ The stress grids make merging hard and compare fairly: six overlapping tasks, Lo
 head-only floor and gain retained, every merge tuned alike on validation (test read once), a noise-injection arm,
 and paired significance tests on per-example scores.
 
-Modules: :mod:`.grid` (grids, cells, trainer flags), :mod:`.run` (one unit: a task's training or a cell's merge),
+Modules: :mod:`.grid` (grids, cells, trainer flags), :mod:`.units` (one unit: a task's training or a cell's merge),
 :mod:`.store` (one JSON per finished unit), :mod:`.time_model` (``--plan``'s estimate), :mod:`.report`
 (BENCHMARKS.md and plots), ``__main__`` (the command line); for the stress grids :mod:`.stress_run` (their units),
 :mod:`.merge_space` (each method's search space), :mod:`.tuning` (selection on validation), :mod:`.scoring`

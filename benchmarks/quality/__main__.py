@@ -17,11 +17,11 @@ from . import __doc__ as DESCRIPTION
 from .grid import CELL_ARGUMENTS, GRIDS, TRAINERS, Grid, is_headline, plan_cells
 from .merge_space import BUDGET, SPACES
 from .report import write_report
-from .run import REPO, Context, arguments_set_by, parse_train_arguments, run_cell, unit_settings
 from .store import Store
 from .stress_report import write_stress_report
 from .stress_run import run_stress_cell, stress_settings
 from .time_model import TOKENS_PER_SECOND, estimate_seconds, estimate_stress_seconds
+from .units import REPO, Context, arguments_set_by, parse_train_arguments, run_cell, unit_settings
 
 
 def main(argv: list[str] | None = None) -> int:

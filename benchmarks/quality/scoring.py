@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from hf_dpmerge.analysis.evaluation import predict_logits
-from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
+from hf_dpmerge.analysis.task_run import TaskRun, find_tokenizer, load_split, task_runs
 from hf_dpmerge.data.metrics import predictions_from_logits
 from hf_dpmerge.data.splits import stratified_subsample
 

@@ -1,4 +1,4 @@
-"""The stress grid's units (beside :mod:`.run`'s trainings): the noise arm's noisy adapters, a cell's individual
+"""The stress grid's units (beside :mod:`.units`'s trainings): the noise arm's noisy adapters, a cell's individual
 models scored per example, and each merge method tuned on validation and scored once on test (:mod:`.tuning`).
 
     noise_<task>    the non-private adapter of the same seed with N(0, σ²) on its LoRA factors (noise cells)
@@ -20,9 +20,9 @@ import yaml
 from .grid import Cell
 from .merge_space import SPACES, merge_configuration, point_label
 from .noise_injection import dense_noise_std, inject_noise
-from .run import Context, _host, pending, train_unit, unit_settings
 from .scoring import Scorer, accuracy, encode
 from .tuning import TEST, VALIDATION, tune
+from .units import Context, _host, pending, train_unit, unit_settings
 
 
 def source_cell(cell: Cell) -> Cell:

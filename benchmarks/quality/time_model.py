@@ -8,7 +8,7 @@ import numpy as np
 
 from .grid import Cell, is_headline
 from .merge_space import BUDGET
-from .run import Context, parse_train_arguments, train_arguments
+from .units import Context, parse_train_arguments, train_arguments
 
 # Time model of --plan, for MiniLM on 2 idle CPU cores. Throughput: MiniLM's measured fwd+bwd tokens per second;
 # per-sample gradients cost 1.5–2× a plain step (1.75 taken), two_query makes two such queries; a forward pass ≈ 1/3

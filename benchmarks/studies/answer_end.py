@@ -58,7 +58,7 @@ def generation(model, runs: Path, tasks: list[str]) -> dict:
     run)."""
     from transformers import AutoTokenizer
 
-    from hf_dpmerge.analysis.runs_layout import task_runs
+    from hf_dpmerge.analysis.task_run import task_runs
 
     tokenizer = AutoTokenizer.from_pretrained(runs / "base")
     return {run.task: generation_scores(model, tokenizer, run.task, run.max_length, GENERATION_SAMPLES,
@@ -200,7 +200,7 @@ class AnswerEnd(harness.Study, name="answer_end", schema=1):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from hf_dpmerge.analysis.runs_layout import task_runs
+        from hf_dpmerge.analysis.task_run import task_runs
 
         s = unit.settings
         cell = work_dir / f"{s['variant']}-seed{s['seed']}"

@@ -126,7 +126,7 @@ class NoiseReruns(harness.Study, name="noise_reruns", schema=1):
                      {"task": args.task, "reruns": args.reruns, "flags": shlex.split(args.train_flags)})]
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
-        from hf_dpmerge.records.runs_layout import ADAPTER_DIR
+        from hf_dpmerge.records.run_folders import ADAPTER_DIR
 
         s = unit.settings
         adapter_dirs = []

@@ -1,20 +1,11 @@
 """Evaluate causal-LM adapters, the zero-shot base and the merged LM on each task's test split.
 
-The runs layout is the one ``examples/train_causal_lm.py`` writes (``<runs>/base`` a causal LM,
-``<runs>/<task>/adapter`` LoRA + ``dp_privacy.json``) and the merged model is mergekit's output, a plain causal
-LM. Each model predicts the label whose verbaliser is most likely after the prompt
-(:mod:`hf_dpmerge.modeling.verbaliser_scoring`), scored with the task's primary metric (accuracy for the
-packaged tasks); on a prompt → completion task, each model's completion token accuracy. A task whose adapter was trained without the answer's end (its record's ``train_answer_end``
-false) has every model scored on the verbaliser's tokens alone, the end of sequence left out, floor and merged
-included (one scoring rule per task). Per task:
-
-- **floor** — the base model zero-shot (the instruct model asked the question, no adapter);
-- **individual** — the base with the task's adapter; **merged** — the merged LM;
-- **retention** = merged / individual;
-- **gain retained** = (merged − floor) / (individual − floor): the share of the adapter's improvement over the
-  zero-shot model that survives the merge (undefined when individual ≤ floor).
-
-Averages are unweighted means over tasks (of the defined values).
+Each model predicts the label whose verbaliser is most likely after the prompt
+(:mod:`hf_dpmerge.modeling.verbaliser_scoring`; the end of sequence left out for every model of a task whose adapter
+was trained without it), scored by the task's primary metric, or by completion token accuracy on a prompt →
+completion task. Per task: the floor f (the base zero-shot), individual a (base + the task's adapter), merged m,
+retention = m/a and gain retained = (m − f)/(a − f) (undefined when a ≤ f); averages are unweighted means over
+tasks of the defined values. See docs/design.md §14 and docs/causal-lm.md.
 """
 
 from __future__ import annotations
@@ -32,8 +23,8 @@ import torch
 
 from hf_dpmerge.analysis.evaluation_report import mean_of_defined
 from hf_dpmerge.analysis.merged_origin import check_is_merge, check_merges_runs
-from hf_dpmerge.analysis.runs_layout import check_model_dirs, task_rows, task_runs
 from hf_dpmerge.analysis.task_models import resolve_device
+from hf_dpmerge.analysis.task_run import check_model_dirs, task_rows, task_runs
 from hf_dpmerge.data.completions import completion_rows
 from hf_dpmerge.data.instructions import verbaliser_choices
 from hf_dpmerge.data.metrics import compute_metrics
@@ -41,7 +32,7 @@ from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.modeling.completion_scoring import completion_token_accuracy
 from hf_dpmerge.modeling.verbaliser_scoring import verbaliser_predictions
 from hf_dpmerge.records.record import CAUSAL_LM
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.records.run_folders import BASE_DIR
 from hf_dpmerge.utils.quiet import expected_warnings_ignored
 
 RESULTS_NAME = "results.json"
@@ -188,7 +179,7 @@ def evaluate_causal_runs(
     log=print,
 ) -> CausalEvaluationReport:
     """Score the zero-shot base, each ``<runs>/<task>/adapter`` on it and the merged LM on each task's ``split``
-    (tasks, split seed and ``max_length`` resolved as :func:`hf_dpmerge.analysis.runs_layout.task_runs` does),
+    (tasks, split seed and ``max_length`` resolved as :func:`hf_dpmerge.analysis.task_run.task_runs` does),
     with the base's tokenizer (the one training used)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,6 +1,6 @@
 """Geometry diagnostics of trained adapters and a merged model (DP-Merging §3.2, Figure 2): ``hf-dpmerge diagnose``.
 
-For each task of a runs layout (:mod:`hf_dpmerge.analysis.runs_layout`), on a split of the task's data:
+For each task of a runs layout (:mod:`hf_dpmerge.analysis.task_run`), on a split of the task's data:
 
 - **sharpness** Sharp_t = L_t(w + ρ∇L/‖∇L‖) − L_t(w) and the **top Hessian eigenvalue** of the adapter's
   parameters (:mod:`hf_dpmerge.analysis.sharpness`);
@@ -33,7 +33,6 @@ from hf_dpmerge.analysis.interpolation import (
     interpolation_gammas,
     plot_interpolation,
 )
-from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.sharpness import Sharpness, TopEigenvalue, hessian_top_eigenvalue, sharpness
 from hf_dpmerge.analysis.task_models import (
     load_individual_model,
@@ -41,7 +40,8 @@ from hf_dpmerge.analysis.task_models import (
     load_task_adapter,
     resolve_device,
 )
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.analysis.task_run import check_model_dirs, find_tokenizer, load_split, task_runs
+from hf_dpmerge.records.run_folders import BASE_DIR
 
 RESULTS_NAME = "diagnostics.json"
 CHART_NAME = "interpolation.png"

@@ -1,6 +1,6 @@
 """Evaluate per-task adapters against the merged model, each task with its own classifier head.
 
-Reads the runs layout of :mod:`hf_dpmerge.analysis.runs_layout`. For each task, on its test split (or the
+Reads the runs layout of :mod:`hf_dpmerge.analysis.task_run`. For each task, on its test split (or the
 validation split, for choices made before the test split is touched), it scores the three models of
 :mod:`hf_dpmerge.analysis.task_models` — the floor (the base encoder with the task's own head), the individual
 adapter and the merged encoder with the task's head — into the report of
@@ -25,13 +25,13 @@ from hf_dpmerge.analysis.evaluation_report import (
     TaskEvaluation,
 )
 from hf_dpmerge.analysis.merged_origin import check_is_merge, check_merges_runs
-from hf_dpmerge.analysis.runs_layout import TaskRun, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, resolve_device
+from hf_dpmerge.analysis.task_run import TaskRun, check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.data.metrics import (
     compute_metrics,
     predictions_from_logits,
 )
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.records.run_folders import BASE_DIR
 
 # ---------------------------------------------------------------------------------------------- scoring
 

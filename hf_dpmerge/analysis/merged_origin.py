@@ -20,10 +20,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from hf_dpmerge.analysis.runs_layout import TaskRun, merged_tasks
+from hf_dpmerge.analysis.task_run import TaskRun, merged_tasks
 from hf_dpmerge.records.fingerprint import base_fingerprint, directory_base_tensors, saved_tensor_names
 from hf_dpmerge.records.merge_base import check_trained_on, merge_base_dir
-from hf_dpmerge.records.runs_layout import MERGE_CONFIG_NAME
+from hf_dpmerge.records.run_folders import MERGE_CONFIG_NAME
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME
 
 _FIX = "pass --merged with the merge of these runs"

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from hf_dpmerge.analysis.runs_layout import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import quiet_from_pretrained, resolve_device
+from hf_dpmerge.analysis.task_run import check_model_dirs, find_tokenizer, load_split, task_runs
 from hf_dpmerge.modeling.pooled_features import pooled_features
-from hf_dpmerge.records.runs_layout import BASE_DIR
+from hf_dpmerge.records.run_folders import BASE_DIR
 
 DEFAULT_L2 = 1e-3
 

@@ -1,21 +1,11 @@
-"""Merge models or adapters from a mergekit YAML config (alias of ``mergekit-yaml``, atomic output).
+"""``hf-dpmerge merge CONFIG OUT [mergekit-yaml options]``: merge models or adapters from a mergekit YAML config.
 
-``hf-dpmerge merge CONFIG OUT [mergekit-yaml options]``: every option after the two paths (``--lora-merge-cache
-DIR``, ``--cuda``, …) goes to mergekit unchanged. It runs :func:`hf_dpmerge.merging.run.merge`: the merge is
-written into a temporary directory beside OUT and renamed into place only when it succeeded, so a failed or
-killed merge leaves nothing at OUT; an existing non-empty OUT is refused, and with ``--overwrite`` replaced only if
-it holds a previous merge; misspelt keys are refused, every input whose privacy record names another base is refused
-whatever the method, and the inputs of our methods are checked in full before anything is written. This policy is
-this command's: plain ``mergekit-yaml`` keeps mergekit's own behaviour (a stock method checks no base).
-``hf-dpmerge merge --list-methods`` lists the
-merge methods mergekit knows, ours included.
-
-``--as-adapter`` merges shared-A LoRA adapters (``--lora_freeze_a``) in factor space and writes a LoRA adapter
-instead of a model (:mod:`~hf_dpmerge.merging.adapters.adapter_merge`); it reads the same YAML (``task_arithmetic``,
-``dp_aware``, ``cauchy_poe``, ``safe_merge``, ``tsv``, ``iso_c``, ``iso_cts`` or ``wudi``, ``models:`` as
-``base+adapter``) without mergekit, honouring every setting whose merge is exact in factor space and refusing the
-others by name (:mod:`~hf_dpmerge.merging.adapters.adapter_merge_config`) and inputs whose record names another base;
-mergekit's options (``--lora-merge-cache``, …) are ignored with a note.
+An alias of ``mergekit-yaml`` (options after the two paths go to mergekit unchanged) that runs
+:func:`hf_dpmerge.merging.run.merge`: every input is checked before anything is written (misspelt keys, inputs whose
+record names another base, our methods' settings), and the output is written atomically, replacing only a previous
+merge and only with ``--overwrite``. ``--as-adapter`` merges shared-A LoRA adapters in factor space into a LoRA
+adapter (:mod:`~hf_dpmerge.merging.adapters.adapter_merge`); ``--list-methods`` lists mergekit's methods, ours included.
+The policy, and what plain ``mergekit-yaml`` does instead: docs/workflow.md, docs/merging.md, docs/bad-inputs.md.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hf_dpmerge.data.tasks import parse_task_list
 from hf_dpmerge.hub.causal_release import push_merged_causal_lm
 from hf_dpmerge.hub.push import DEFAULT_COMMIT_MESSAGE, push_merged_model
 from hf_dpmerge.hub.staging import PushError, default_staging_dir
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, run_adapters
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, BASE_DIR, run_adapters
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,8 +33,8 @@ def add_private_selection_options(parser: argparse.ArgumentParser) -> None:
     """``--mechanism --composition --validation_size --rows_per_unit --runs --tasks --base --lora-merge-cache
     --batch_size --device`` of ``tune`` and ``evolve`` (their docstrings explain the composition, the validation size
     and the rows per unit)."""
-    from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
     from hf_dpmerge.records.selection_record import COMPOSITIONS
+    from hf_dpmerge.training.dp.private_selection import DEFAULT_VALIDATION_SIZE, MECHANISMS
 
     parser.add_argument("--mechanism", choices=MECHANISMS, default="exponential",
                         help="exponential (report-noisy-max with Gumbel noise) or permute_and_flip")

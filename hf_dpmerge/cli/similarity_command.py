@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hf_dpmerge.merging.merge_config import METHOD_PARAMETERS
 from hf_dpmerge.merging.planning.merge_groups import DEFAULT_THRESHOLD
-from hf_dpmerge.records.runs_layout import BASE_DIR, is_peft_adapter
+from hf_dpmerge.records.run_folders import BASE_DIR, is_peft_adapter
 
 RESULTS_NAME = "similarity.json"
 HEATMAP_NAME = "similarity.png"

@@ -34,10 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_dpmerge.analysis.runs_layout import task_runs
+    from hf_dpmerge.analysis.task_run import task_runs
     from hf_dpmerge.cli.runs_options import check_positive, parse_tasks
     from hf_dpmerge.merging.config_edit import read_merge_config
-    from hf_dpmerge.records.runs_layout import BASE_DIR
+    from hf_dpmerge.records.run_folders import BASE_DIR
     from hf_dpmerge.scripts.tune import GridAxis, parse_validation_size, tune_merge
 
     check_positive(args, "epsilon", "batch_size", "rows_per_unit")

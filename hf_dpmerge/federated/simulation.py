@@ -52,10 +52,10 @@ from hf_dpmerge.federated.strategy import (
 )
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
+from hf_dpmerge.records.release_files import check_release_target, release_adapter
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.training.dp.accounting import replace_one_epsilon
 from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
-from hf_dpmerge.training.release import check_release_target, release_adapter
 from hf_dpmerge.utils.adapter_files import set_adapter_base
 from hf_dpmerge.utils.io import write_text_atomic
 

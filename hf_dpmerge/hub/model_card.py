@@ -25,7 +25,8 @@ from hf_dpmerge.analysis.evaluation_report import COLUMN_LABELS, EvaluationRepor
 from hf_dpmerge.records.card import PIPELINE_TAG, hub_model_id, render_card
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
-from hf_dpmerge.records.statement import PrivacyStatement, number
+from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.records.statement_prose import number
 
 CARD_TAGS = ["hf_dpmerge", "differential-privacy", "merge", "mergekit", "peft", "lora"]
 MERGEKIT_CONFIG_NAME = "mergekit_config.yml"

@@ -35,7 +35,7 @@ from hf_dpmerge.noise.variance import (
 )
 from hf_dpmerge.records.noise_record import NOISE_STATS_NAME, NoiseStats
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, is_peft_adapter
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, is_peft_adapter
 from hf_dpmerge.utils.adapter_files import ADAPTER_SAFETENSORS_NAME
 
 NOISE_STD = "noise_std"

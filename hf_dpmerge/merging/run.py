@@ -27,7 +27,7 @@ from hf_dpmerge.merging.config_edit import load_config_mapping, unknown_config_k
 from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
 from hf_dpmerge.merging.methods.registration import check_config, register_methods
 from hf_dpmerge.merging.privacy_section import write_privacy_section
-from hf_dpmerge.records.runs_layout import MERGE_CONFIG_NAME
+from hf_dpmerge.records.run_folders import MERGE_CONFIG_NAME
 from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.utils.own_output import check_own_output
 

@@ -16,7 +16,7 @@ import yaml
 
 from hf_dpmerge.records.fingerprint import directory_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.runs_layout import MERGE_CONFIG_NAME
+from hf_dpmerge.records.run_folders import MERGE_CONFIG_NAME
 
 
 def merge_base_dir(merged_dir: str | os.PathLike, default: str | os.PathLike | None,

@@ -4,7 +4,7 @@
 disjoint task datasets, compose in parallel to (max_t ε_t, max_t δ_t). With the selection (docs/design.md §13):
 ``sequential`` (the default: validation and training data may share individuals) gives
 (max_t ε_t + ε_sel, max_t δ_t); ``parallel`` (opt-in, disjoint individuals) (max(max_t ε_t, ε_sel), max_t δ_t).
-The unit is each task's adapter's (:mod:`hf_dpmerge.records.private_selection`). Only the candidates, the choice,
+The unit is each task's adapter's (:mod:`hf_dpmerge.training.dp.private_selection`). Only the candidates, the choice,
 the public validation sizes and the accounting are stored, never scores or private sizes. The total covers the
 adapters the choice was made with only: :meth:`SelectionRecord.released_guarantee` refuses others by their
 fingerprints (by each task's (ε, δ) in records of schema ≤ 3); schema 1 records are refused.

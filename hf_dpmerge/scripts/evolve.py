@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_dpmerge.analysis.runs_layout import TaskRun
+from hf_dpmerge.analysis.task_run import TaskRun
 from hf_dpmerge.merging.config_edit import with_parameter
-from hf_dpmerge.records.private_selection import DEFAULT_VALIDATION_SIZE, select_private
 from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.scripts.tune import (
     candidate_scratch,
@@ -30,6 +29,7 @@ from hf_dpmerge.scripts.tune import (
     merge_candidate,
     prepare_scoring,
 )
+from hf_dpmerge.training.dp.private_selection import DEFAULT_VALIDATION_SIZE, select_private
 
 
 def weighted_config(config: dict[str, Any], vector: Sequence[float], layer_points: int) -> dict[str, Any]:

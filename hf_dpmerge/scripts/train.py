@@ -41,7 +41,8 @@ from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.modeling.stock_release import SHARED_ENCODER_FILE, make_adapter_stock_loadable
 from hf_dpmerge.records.card import write_adapter_card
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
+from hf_dpmerge.records.release_files import check_release_target
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, BASE_DIR, ENCODER_ADAPTER_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments, TaskArguments
 from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
 from hf_dpmerge.scripts.help_groups import group_flags
@@ -58,7 +59,6 @@ from hf_dpmerge.training.recipe import (
     ONE_PHASE_RECIPE,
     recipe_value,
 )
-from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR
 from hf_dpmerge.utils.io import staged_directory
 from hf_dpmerge.utils.quiet import transformers_errors_only

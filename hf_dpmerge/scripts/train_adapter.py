@@ -18,8 +18,8 @@ import datasets
 from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.own_data import own_task
 from hf_dpmerge.records.record import PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR
-from hf_dpmerge.training.release import check_release_target
+from hf_dpmerge.records.release_files import check_release_target
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, ENCODER_ADAPTER_DIR
 from hf_dpmerge.utils.io import staged_directory
 
 DATA_DIR = "data"

@@ -1,33 +1,12 @@
-"""Train private LoRA adapters of a causal language model on classification tasks written as instructions: the
-workflow behind ``examples/train_causal_lm.py`` (:func:`shared_causal_base`, :func:`train_causal_task`,
-:func:`main`).
+"""Train private LoRA adapters of a causal LM on classification tasks written as instructions, or on prompt →
+completion data: the workflow behind ``examples/train_causal_lm.py`` (:func:`shared_causal_base`,
+:func:`train_causal_task`, :func:`main`).
 
-    accelerate launch examples/train_causal_lm.py       # rotten_tomatoes, packaged SmolLM2-135M-Instruct, ε = 8
-    accelerate launch examples/train_causal_lm.py --tasks rotten_tomatoes,election_tweets --max_train_samples 2000
-    accelerate launch examples/train_causal_lm.py --model_name_or_path HuggingFaceTB/SmolLM2-360M-Instruct  # Hub
-    accelerate launch examples/train_causal_lm.py --train_file notes.csv --label_names neg,pos --verbalizers no,yes
-
-Own data takes the classifier script's flags (``--train_file``/``--dataset_name``, ``--text_column``,
-``--label_column``, ``--label_names``…: :class:`~hf_dpmerge.scripts.arguments.DataArguments`, loaded and checked by the
-same code) and ``--verbalizers``, each label's answer word (default: the label names), or
-``--prompt_column``/``--completion_column`` for prompt → completion data without labels
-(:mod:`hf_dpmerge.data.completions`, scored by completion token accuracy); the run writes
-``<runs_dir>/<task>/dataset.json`` as that script does, so ``hf-dpmerge evaluate`` scores the same rows. The
-expected batch and steps are fitted to the data size as the classifier script's (:mod:`hf_dpmerge.scripts.data_size`).
-
-Each example is ``prompt → verbaliser`` (:mod:`hf_dpmerge.data.instructions`); the loss is the causal-LM loss
-of the response tokens only (the prompt's labels are -100) and one example, prompt and response together, is
-one privacy unit (per-sample clipping over the whole sequence), or ``--privacy_unit_column`` groups them.
-The DP step, its accounting, ``--sam_mode`` and ``--align_lambda`` are DPSAMTrainer's, as for classifiers, and
-every DPSAMConfig / TrainingArguments field is a flag, honoured or refused as in ``examples/train_glue.py``.
-
-All adapters start from one float32 base saved once under ``<runs_dir>/base`` (the packaged GGUF dequantised,
-or the given model), so mergekit applies them with ``<runs_dir>/base+<runs_dir>/<task>/adapter``. Per task it
-writes ``<runs_dir>/<task>/adapter/`` (LoRA + ``dp_privacy.json``; the record's ``extra`` holds the
-verbalisers and ``max_length``) and ``eval_metrics.json`` (the ``--eval_split`` split, test by default, scored by
-verbaliser log-likelihood; evaluation on private data is not covered by the DP guarantee). Every dataset is
-loaded and checked, with its instruction format and expected batch, before the base or anything else is written
-(:func:`plan_causal_runs`).
+Each example is ``prompt → verbaliser`` (:mod:`hf_dpmerge.data.instructions`), the loss on the response tokens only,
+one sequence one privacy unit (or ``--privacy_unit_column``); the DP step and its accounting are DPSAMTrainer's.
+Every dataset is checked before anything is written (:func:`plan_causal_runs`); one float32 base is saved under
+``<runs_dir>/base`` and each task's adapter, record and ``eval_metrics.json`` under ``<runs_dir>/<task>/``.
+Flags, own data and outputs: docs/causal-lm.md, docs/workflow.md ("Your own data"); the method: docs/design.md §14.
 """
 
 from __future__ import annotations
@@ -53,7 +32,8 @@ from hf_dpmerge.data.public_prompts import PACKAGED, load_public_prompts, prompt
 from hf_dpmerge.data.tasks import DEFAULT_TASK, get_task_spec
 from hf_dpmerge.modeling.causal_base import save_causal_base
 from hf_dpmerge.records.record import CAUSAL_LM, PROMPT_COMPLETION, PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
+from hf_dpmerge.records.release_files import check_release_target
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, BASE_DIR, EVAL_METRICS_NAME
 from hf_dpmerge.scripts.arguments import DataArguments, LoraArguments
 from hf_dpmerge.scripts.data_size import fit_to_data, given_flags
 from hf_dpmerge.scripts.train import (
@@ -69,7 +49,6 @@ from hf_dpmerge.training.cached_prefix import dp_trainer
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
 from hf_dpmerge.training.lora_causal_lm import lora_causal_lm
 from hf_dpmerge.training.public_anchor import anchor_rows
-from hf_dpmerge.training.release import check_release_target
 from hf_dpmerge.utils.io import require_model_source, staged_directory
 
 SCRIPT = "train_causal_lm.py"

@@ -8,7 +8,7 @@ likelihood, :mod:`hf_dpmerge.analysis.causal_evaluation`) and its accuracy count
 subsample of the task's validation set of the public size n_t (``--validation_size``; one subsample for all
 candidates; a user-level adapter's task first keeps at most ``--rows_per_unit`` rows of each privacy unit). One
 candidate is chosen by an ε-DP mechanism over the task-averaged accuracy
-(:mod:`hf_dpmerge.records.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
+(:mod:`hf_dpmerge.training.dp.private_selection`); the chosen merge is kept with a ``dp_selection.json`` that
 composes ε_sel with the adapters' records and holds each adapter's fingerprint
 (:mod:`hf_dpmerge.records.selection_record`); its README's privacy section and the card of ``hf-dpmerge push``
 state that composed total as the one guarantee, for those adapters only.
@@ -33,13 +33,15 @@ import yaml
 
 from hf_dpmerge.analysis.causal_evaluation import task_predictions
 from hf_dpmerge.analysis.evaluation import predict_logits
-from hf_dpmerge.analysis.runs_layout import TaskRun, find_tokenizer, load_split, task_rows
 from hf_dpmerge.analysis.task_models import load_merged_with_head, resolve_device
+from hf_dpmerge.analysis.task_run import TaskRun, find_tokenizer, load_split, task_rows
 from hf_dpmerge.data.metrics import predictions_from_logits
 from hf_dpmerge.data.tokenize import MissingColumnError
 from hf_dpmerge.merging.config_edit import with_parameter
 from hf_dpmerge.records.fingerprint import adapter_fingerprint
-from hf_dpmerge.records.private_selection import (
+from hf_dpmerge.records.record import EXAMPLE_UNIT
+from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee, selection_unit
+from hf_dpmerge.training.dp.private_selection import (
     DEFAULT_VALIDATION_SIZE,
     accuracy_sensitivity,
     select_private,
@@ -47,8 +49,6 @@ from hf_dpmerge.records.private_selection import (
     task_averaged_accuracy,
     unit_capped_indices,
 )
-from hf_dpmerge.records.record import EXAMPLE_UNIT
-from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee, selection_unit
 
 UTILITY = ("task-averaged validation accuracy, each task's correct predictions on n of its validation examples "
            "drawn uniformly at random (missing ones counted wrong) over n")
@@ -159,7 +159,7 @@ def scoring_sets(validation: Mapping[str, Any], validation_size: Mapping[str, in
                  unit_columns: Mapping[str, str | None] | None = None, rows_per_unit: int = 1) -> dict[str, Any]:
     """Each task's validation set subsampled uniformly at random to min(n_t, |D_t|) examples; a task with a unit
     column (``unit_columns``) keeps at most ``rows_per_unit`` rows of each unit first
-    (:func:`~hf_dpmerge.records.private_selection.unit_capped_indices`), and the column is dropped."""
+    (:func:`~hf_dpmerge.training.dp.private_selection.unit_capped_indices`), and the column is dropped."""
     sets = {}
     for task, data in validation.items():
         column = (unit_columns or {}).get(task)

@@ -14,10 +14,10 @@ from hf_dpmerge.analysis.batching import Batch, length_sorted_batches
 from hf_dpmerge.analysis.diagnostics import CHART_NAME, PRIVACY_NOTE, RESULTS_NAME, diagnose_runs
 from hf_dpmerge.analysis.drift import adapter_drift
 from hf_dpmerge.analysis.interpolation import interpolation_curve, interpolation_gammas
-from hf_dpmerge.analysis.runs_layout import load_split, task_runs
 from hf_dpmerge.analysis.sharpness import hessian_top_eigenvalue, sharpness
 from hf_dpmerge.analysis.task_loss import evaluate_loss
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head
+from hf_dpmerge.analysis.task_run import load_split, task_runs
 from hf_dpmerge.cli import diagnose_command
 from tests.utils.runs_builders import MAX_LENGTH
 from tests.utils.tiny_models import tiny_tokenizer

@@ -11,8 +11,8 @@ from transformers import AutoModelForSequenceClassification
 from hf_dpmerge.analysis.evaluation import evaluate_runs, predict_logits
 from hf_dpmerge.analysis.evaluation_report import CHART_NAME, RESULTS_NAME, EvaluationReport, TaskEvaluation
 from hf_dpmerge.analysis.merged_origin import check_merged_from_base
-from hf_dpmerge.analysis.runs_layout import task_runs
 from hf_dpmerge.analysis.task_models import load_individual_model, load_merged_with_head, task_head_state
+from hf_dpmerge.analysis.task_run import task_runs
 from hf_dpmerge.cli import evaluate_command
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data import get_task_spec, load_task, tokenize_task
@@ -192,7 +192,7 @@ def test_same_shape_head_is_replaced_not_kept(fake_runs):
 def test_default_tasks_are_the_ones_the_merged_model_merged(fake_runs, tmp_path):
     import shutil
 
-    from hf_dpmerge.analysis.runs_layout import task_runs
+    from hf_dpmerge.analysis.task_run import task_runs
 
     merged = tmp_path / "merged"
     shutil.copytree(fake_runs["merged"], merged)
@@ -215,7 +215,7 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
 
     import evaluate
 
-    from hf_dpmerge.analysis.runs_layout import load_split, task_runs
+    from hf_dpmerge.analysis.task_run import load_split, task_runs
     from hf_dpmerge.data.metrics import load_metric, metric_path, predictions_from_logits
 
     parser = argparse.ArgumentParser()
@@ -249,7 +249,7 @@ def test_evaluate_numbers_equal_the_merge_retention_module_on_the_same_predictio
 
 
 def test_a_missing_task_folder_is_named(fake_runs):
-    from hf_dpmerge.analysis.runs_layout import task_runs
+    from hf_dpmerge.analysis.task_run import task_runs
 
     message = r"--tasks election-tweets: no folder .*election-tweets \(did you mean 'election_tweets'\?\)"
     with pytest.raises(FileNotFoundError, match=message):
@@ -380,7 +380,7 @@ def test_a_record_written_before_the_answer_end_option_learnt_the_end():
 def test_the_tokenizer_of_a_release_with_remote_code_loads_without_asking_to_run_it(tmp_path, monkeypatch):
     """An adapter folder that is a stock release (mean pooling: ``auto_map`` and the remote model code beside its
     config) gives its stock tokenizer, and transformers never prompts to run the folder's code."""
-    from hf_dpmerge.analysis.runs_layout import find_tokenizer
+    from hf_dpmerge.analysis.task_run import find_tokenizer
     from hf_dpmerge.modeling.stock_release import REMOTE_MODEL_TYPE, save_stock_classifier
     from tests.utils.tiny_models import tiny_bert
 

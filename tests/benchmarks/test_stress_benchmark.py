@@ -11,9 +11,9 @@ from benchmarks.quality.__main__ import _with_train_flags
 from benchmarks.quality.__main__ import main as quality_benchmark
 from benchmarks.quality.grid import GRIDS, Cell, plan_cells
 from benchmarks.quality.merge_space import BUDGET, LAMBDAS, SCALE, SPACES, grid_edges, merge_configuration
-from benchmarks.quality.run import Context, parse_train_arguments, train_arguments
 from benchmarks.quality.store import Store
 from benchmarks.quality.stress_run import stress_settings
+from benchmarks.quality.units import Context, parse_train_arguments, train_arguments
 from tests.utils.subprocess_helpers import REPO, run_quality_benchmark
 from tests.utils.tiny_models import save_tiny_bert
 

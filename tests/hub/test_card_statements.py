@@ -23,7 +23,8 @@ from hf_dpmerge.records.card import adapter_card, merged_adapter_card
 from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
-from hf_dpmerge.records.statement import PrivacyStatement, number
+from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.records.statement_prose import number
 from tests.utils.records import privacy_record
 
 PRIVACY_DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from scipy.signal import convolve
 
-from hf_dpmerge.records.private_selection import (
+from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
+from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.training.dp.private_selection import (
     accuracy_sensitivity,
     select_private,
     selection_probabilities,
@@ -20,8 +22,6 @@ from hf_dpmerge.records.private_selection import (
     task_averaged_accuracy,
     unit_capped_indices,
 )
-from hf_dpmerge.records.selection_record import SelectionRecord, composed_guarantee
-from hf_dpmerge.records.statement import PrivacyStatement
 from tests.utils.records import privacy_record
 
 UTILITIES = [0.61, 0.74, 0.70, 0.52, 0.73]

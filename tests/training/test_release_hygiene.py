@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, DataCollatorWithPadding, EarlyStoppingCa
 from hf_dpmerge import DPSAMConfig, DPSAMTrainer, PrivacyRecord
 from hf_dpmerge.hub.model_card import build_model_card
 from hf_dpmerge.records.release_files import is_release_file
-from hf_dpmerge.records.statement import number
+from hf_dpmerge.records.statement_prose import number
 from hf_dpmerge.training.dp.run_streams import dataset_identity
 from tests.utils.tiny_models import CORPUS, tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, make_trainer, text_dataset

@@ -74,8 +74,8 @@ def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
     from hf_dpmerge.data.tasks import TaskSpec
     from hf_dpmerge.modeling import load_sequence_classifier
     from hf_dpmerge.modeling.stock_release import make_adapter_stock_loadable
+    from hf_dpmerge.records.release_files import release_adapter
     from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
-    from hf_dpmerge.training.release import release_adapter
     from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 
     root = Path(root)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hf_dpmerge.analysis.runs_layout import task_runs
+from hf_dpmerge.analysis.task_run import task_runs
 from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.instructions import instruction_format
 from hf_dpmerge.records.record import PrivacyRecord

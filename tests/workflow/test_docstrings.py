@@ -10,18 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "hf_dpmerge"
 MAX_LINES = 15
-
-# Known offenders, being rewritten elsewhere at the time this test was added: a list that only shrinks. Remove a
-# module once its docstring fits (the test below fails on an entry that already does).
-EXCEPTIONS = frozenset({
-    "analysis/causal_evaluation.py",
-    "cli/merge_command.py",
-    "scripts/train_causal_lm.py",
-})
 
 
 def docstring_lines() -> dict[str, int]:
@@ -34,14 +24,6 @@ def docstring_lines() -> dict[str, int]:
 
 
 def test_no_module_docstring_runs_over_fifteen_lines() -> None:
-    too_long = {name: count for name, count in docstring_lines().items()
-                if count > MAX_LINES and name not in EXCEPTIONS}
+    too_long = {name: count for name, count in docstring_lines().items() if count > MAX_LINES}
     assert not too_long, (f"module docstrings over {MAX_LINES} lines (say what the module computes and point to "
                           f"docs/design.md §N or a benchmark report for the rest): {too_long}")
-
-
-@pytest.mark.parametrize("name", sorted(EXCEPTIONS))
-def test_each_exception_is_still_needed(name: str) -> None:
-    lengths = docstring_lines()
-    assert name in lengths, f"{name} no longer exists: drop it from EXCEPTIONS"
-    assert lengths[name] > MAX_LINES, f"{name}'s docstring fits in {MAX_LINES} lines now: drop it from EXCEPTIONS"

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from hf_dpmerge.analysis.runs_layout import task_runs
+from hf_dpmerge.analysis.task_run import task_runs
 from hf_dpmerge.records.record import PrivacyRecordError
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, run_adapters
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, run_adapters
 
 
 def _adapter(runs, name, record=True):

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from hf_dpmerge.analysis.evaluation import predict_logits
-from hf_dpmerge.analysis.runs_layout import find_tokenizer, load_split, task_runs
 from hf_dpmerge.analysis.task_models import load_merged_with_head
+from hf_dpmerge.analysis.task_run import find_tokenizer, load_split, task_runs
 from hf_dpmerge.cli.main import main
 from hf_dpmerge.data.load import load_task
 from hf_dpmerge.data.metrics import compute_metrics, predictions_from_logits

@@ -44,7 +44,7 @@ from hf_dpmerge.noise.floor import lora_noise_edge
 from hf_dpmerge.records.card import CARD_NAME, merged_adapter_card
 from hf_dpmerge.records.fingerprint import base_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, ENCODER_ADAPTER_DIR
 from hf_dpmerge.utils.adapter_files import ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME, without_peft_prefix
 from hf_dpmerge.utils.io import staged_directory
 

@@ -33,7 +33,7 @@ from hf_dpmerge.merging.inputs import (
     is_private,
 )
 from hf_dpmerge.records.record import PrivacyRecord, find_privacy_record
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_peft_adapter
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, ENCODER_ADAPTER_DIR, is_peft_adapter
 
 BLOCK_ELEMENTS = 1 << 22
 """Largest block of ΔW entries (rows × d_in) materialised at once for the sign-conflict count."""

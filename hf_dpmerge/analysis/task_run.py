@@ -1,4 +1,4 @@
-"""How one task's run in the runs layout (:mod:`hf_dpmerge.records.runs_layout`) is resolved for evaluation:
+"""How one task's run in the runs layout (:mod:`hf_dpmerge.records.run_folders`) is resolved for evaluation:
 its record, dataset, split seed and length, and the runs a merged model merged.
 
 A run folder's dataset is the own dataset its ``dataset.json`` names (:class:`~hf_dpmerge.data.dataset_source.
@@ -18,7 +18,7 @@ from pathlib import Path
 from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
-from hf_dpmerge.records.runs_layout import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
+from hf_dpmerge.records.run_folders import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
 
 DEFAULT_MAX_LENGTH = 128
 SPLITS = ("train", "validation", "test")
@@ -47,7 +47,7 @@ class TaskRun:
 
 
 def discover_tasks(runs_dir: str | os.PathLike) -> list[str]:
-    """The names of the runs under ``runs_dir`` (:func:`~hf_dpmerge.records.runs_layout.run_adapters`), sorted."""
+    """The names of the runs under ``runs_dir`` (:func:`~hf_dpmerge.records.run_folders.run_adapters`), sorted."""
     return list(run_adapters(runs_dir))
 
 
