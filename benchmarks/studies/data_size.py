@@ -90,7 +90,8 @@ class DataSize(harness.Study, name="data_size", schema=1):
         runs_dir = work_dir / unit.name
         batch = min(1024, int(2 / 3 * s["n"])) if s["n"] else 1024
         fitted_steps = max(MIN_FITTED_STEPS, math.ceil(75 * batch / 1024))
-        argv = [*(flag.format(fitted_steps=fitted_steps) for flag in ARMS[s["arm"]]), "--task", s["task"], "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
+        argv = [*(flag.format(fitted_steps=fitted_steps) for flag in ARMS[s["arm"]]), "--task", s["task"],
+                "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
                 "--overwrite", "true", "--disable_tqdm", "true", "--prefix_cache_dir", str(work_dir / "prefix_cache")]
         argv += ["--max_train_samples", str(s["n"])] if s["n"] else []
         argv += ["--target_epsilon", f"{s['epsilon']:g}"] if s["epsilon"] is not None else []
