@@ -5,7 +5,7 @@ highest mean is chosen. ``report`` (planned once the select units are stored): t
 the chosen one on the report tasks (never used to choose) at ε ∈ {1, 4, 8} and non-private, 3 seeds at ε = 4 and 8,
 scored on test; one-sided paired t over seeds, Holm. Every unit states :data:`BASE_FLAGS` in full, so a later
 change of the defaults does not change what a stored unit means. Report ``benchmarks/reports/recipe/RECIPES.md``;
-exports its level table into the README; docs/design.md §15.5.
+exports its level table into docs/benchmarks.md; docs/design.md §15.5.
 
     python -m benchmarks.studies.recipe            # the select stage, then again for the report stage
 """
@@ -40,10 +40,10 @@ FLOOR, PACKAGED = "floor", "packaged"
 TARGET_GAP = {8.0: 2.0, 4.0: 1.0}  # points the default recipe must beat the floor by, task-averaged
 TARGET_RATIO = 0.95  # of the non-private LoRA adapters' task-averaged accuracy, at ε = 8
 TARGET_SECONDS = 300.0  # one default adapter on the 2-core machine
-README = "README.md"
+README = "docs/benchmarks.md"  # where the level table is exported (once the README)
 README_TABLE_MARKERS = ("<!-- recipe-table: copied from benchmarks/reports/recipe/RECIPES.md by its report; a test "
                         "keeps them equal -->", "<!-- /recipe-table -->")
-"""The README's "task model and DP defaults" table lies between these lines: :func:`level_table`, exported."""
+"""docs/benchmarks.md's "task model and DP defaults" table lies between these lines: :func:`level_table`, exported."""
 BASE_FLAGS: tuple[str, ...] = (
     "--per_device_train_batch_size", "256", "--physical_batch_size", "64", "--max_steps", "40",
     "--learning_rate", "2e-3", "--head_learning_rate", "2e-2", "--lr_scheduler_type", "constant",
@@ -221,7 +221,7 @@ def with_readme_table(readme: str, results: Results) -> str:
     """``readme`` with the lines between :data:`README_TABLE_MARKERS` replaced by :func:`level_table`."""
     start, end = README_TABLE_MARKERS
     if readme.count(start) != 1 or readme.count(end) != 1:
-        raise ValueError(f"the README needs exactly one {start!r} … {end!r} block for the recipe table")
+        raise ValueError(f"the document needs exactly one {start!r} … {end!r} block for the recipe table")
     head, rest = readme.split(start)
     return head + start + "\n" + "\n".join(level_table(results)) + "\n" + end + rest.split(end, 1)[1]
 

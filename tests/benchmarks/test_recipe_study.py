@@ -1,5 +1,5 @@
 """The recipe benchmark's protocol and report, on stored results made up for the test (no training here), and the
-README table it exports."""
+docs/benchmarks.md table it exports."""
 
 from __future__ import annotations
 
@@ -103,8 +103,8 @@ def test_the_selection_table_puts_each_proxy_tasks_score_under_its_name() -> Non
 
 
 def test_the_readme_shows_the_level_table_of_the_stored_units() -> None:
-    """The README's defaults section is the study's export (rerun --report-only after adding units); the block is
-    replaced in place, the text around it kept."""
+    """docs/benchmarks.md's defaults section is the study's export (rerun --report-only after adding units); the
+    block is replaced in place, the text around it kept."""
     study = recipe.RecipeStudy()
     for path, text in study.exports(harness.stored(study.name, study.schema)).items():
         assert (harness.REPO / path).read_text() == text, path
