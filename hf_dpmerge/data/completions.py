@@ -11,7 +11,7 @@ from __future__ import annotations
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from hf_dpmerge.data.instructions import IGNORE_INDEX, _answer_end, _ids, render_prompt
+from hf_dpmerge.data.instructions import answer_end_ids, render_prompt, token_ids, training_rows
 from hf_dpmerge.data.tasks import TaskSpec
 from hf_dpmerge.data.tokenize import dropped_columns
 
@@ -23,18 +23,18 @@ class CompletionEncoder:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int, answer_end: bool = True):
         self.tokenizer, self.max_length = tokenizer, max_length
-        self.before, self.after = (_ids(tokenizer, part) for part in render_prompt(tokenizer, _TEXT_SLOT).split(
+        self.before, self.after = (token_ids(tokenizer, part) for part in render_prompt(tokenizer, _TEXT_SLOT).split(
             _TEXT_SLOT))
-        self.end = _answer_end(tokenizer) if answer_end else []
+        self.end = answer_end_ids(tokenizer) if answer_end else []
         if max_length // 2 + len(self.before) + len(self.after) + len(self.end) >= max_length:
             raise ValueError(f"--max_length {max_length} leaves no room for a prompt after the chat template "
                              f"({len(self.before) + len(self.after)} tokens): raise --max_length")
 
     def row(self, prompt: str, completion: str) -> tuple[list[int], list[int]]:
         """(prompt ids, response ids: the completion cut to ``max_length // 2`` tokens, then the end)."""
-        response = _ids(self.tokenizer, completion)[:self.max_length // 2] + self.end
+        response = token_ids(self.tokenizer, completion)[:self.max_length // 2] + self.end
         budget = self.max_length - len(self.before) - len(self.after) - len(response)
-        return self.before + _ids(self.tokenizer, prompt)[:budget] + self.after, response
+        return self.before + token_ids(self.tokenizer, prompt)[:budget] + self.after, response
 
 
 def tokenize_completions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int = 128,
@@ -46,14 +46,7 @@ def tokenize_completions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase
     untrained_end = not train_answer_end and tokenizer.eos_token_id is not None
 
     def encode(batch: dict) -> dict:
-        rows = {"input_ids": [], "attention_mask": [], "labels": []}
-        for prompt_text, completion in zip(batch["prompt"], batch["completion"]):
-            prompt, response = encoder.row(prompt_text, completion)
-            rows["input_ids"].append(prompt + response)
-            rows["attention_mask"].append([1] * (len(prompt) + len(response)))
-            labels = response[:-1] + [IGNORE_INDEX] if untrained_end else response
-            rows["labels"].append([IGNORE_INDEX] * len(prompt) + labels)
-        return rows
+        return training_rows(map(encoder.row, batch["prompt"], batch["completion"]), untrained_end)
 
     return dsd.map(encode, batched=True, remove_columns=dropped_columns(dsd, spec, keep_columns),
                    desc=f"completions for {spec.name}")

@@ -102,18 +102,18 @@ def _prompt_parts(tokenizer: PreTrainedTokenizerBase, fmt: InstructionFormat) ->
     return render_prompt(tokenizer, _content(fmt, [_TEXT_SLOT] * len(fmt.fields))).split(_TEXT_SLOT)
 
 
-def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+def token_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _answer_end(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def answer_end_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The tokens that end an answer: the end-of-sequence token, when the tokenizer has one."""
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
 
 def response_ids(tokenizer: PreTrainedTokenizerBase, verbaliser: str) -> list[int]:
     """The response's tokens: the verbaliser, then the end-of-sequence token (when the tokenizer has one)."""
-    return _ids(tokenizer, verbaliser) + _answer_end(tokenizer)
+    return token_ids(tokenizer, verbaliser) + answer_end_ids(tokenizer)
 
 
 def check_distinct_without_end(verbalisers: Sequence[str], responses: Sequence[Sequence[int]]) -> None:
@@ -132,9 +132,9 @@ class InstructionEncoder:
 
     def __init__(self, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int):
         self.spec, self.format = spec, instruction_format(spec)
-        self.parts = [_ids(tokenizer, part) for part in _prompt_parts(tokenizer, self.format)]
-        self.verbaliser_tokens = [_ids(tokenizer, word) for word in self.format.verbalisers]
-        self.responses = [tokens + _answer_end(tokenizer) for tokens in self.verbaliser_tokens]  # as response_ids
+        self.parts = [token_ids(tokenizer, part) for part in _prompt_parts(tokenizer, self.format)]
+        self.verbaliser_tokens = [token_ids(tokenizer, word) for word in self.format.verbalisers]
+        self.responses = [tokens + answer_end_ids(tokenizer) for tokens in self.verbaliser_tokens]  # as response_ids
         self.tokenizer = tokenizer
         self.text_budget = max_length - sum(map(len, self.parts)) - max(map(len, self.responses))
         if self.text_budget < len(self.format.fields):
@@ -146,7 +146,7 @@ class InstructionEncoder:
         share = self.text_budget // len(texts)
         ids = list(self.parts[0])
         for text, part in zip(texts, self.parts[1:]):
-            ids += _ids(self.tokenizer, text)[:share] + part
+            ids += token_ids(self.tokenizer, text)[:share] + part
         return ids
 
 
@@ -163,18 +163,23 @@ def tokenize_instructions(dsd, spec: TaskSpec, tokenizer: PreTrainedTokenizerBas
     untrained_end = not train_answer_end and tokenizer.eos_token_id is not None
 
     def encode(batch: dict) -> dict:
-        rows = {"input_ids": [], "attention_mask": [], "labels": []}
-        for i, label in enumerate(batch["label"]):
-            prompt = encoder.prompt([batch[column][i] for column in spec.text_columns])
-            response = encoder.responses[label]
-            rows["input_ids"].append(prompt + response)
-            rows["attention_mask"].append([1] * (len(prompt) + len(response)))
-            labels = response[:-1] + [IGNORE_INDEX] if untrained_end else response
-            rows["labels"].append([IGNORE_INDEX] * len(prompt) + labels)
-        return rows
+        return training_rows(((encoder.prompt([batch[column][i] for column in spec.text_columns]),
+                               encoder.responses[label]) for i, label in enumerate(batch["label"])), untrained_end)
 
     return dsd.map(encode, batched=True, remove_columns=dropped_columns(dsd, spec, keep_columns),
                    desc=f"instructions for {spec.name}")
+
+
+def training_rows(pairs, untrained_end: bool) -> dict[str, list[list[int]]]:
+    """Causal-LM training columns of (prompt ids, response ids) pairs: the two joined, ``labels`` -100 on the prompt
+    (and on the response's final end-of-sequence token when ``untrained_end``)."""
+    rows = {"input_ids": [], "attention_mask": [], "labels": []}
+    for prompt, response in pairs:
+        rows["input_ids"].append(prompt + response)
+        rows["attention_mask"].append([1] * (len(prompt) + len(response)))
+        labels = response[:-1] + [IGNORE_INDEX] if untrained_end else response
+        rows["labels"].append([IGNORE_INDEX] * len(prompt) + labels)
+    return rows
 
 
 def verbaliser_choices(dataset: datasets.Dataset, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase,

@@ -58,7 +58,8 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
         if encoder and "max_steps" not in given:  # encoder steps: compute ∝ T·B
             steps = min(steps, max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size)))
         rates = {name: getattr(config, name) * config.max_steps / steps
-                 for name in ("learning_rate", "head_learning_rate") if name not in given}
+                 for name in ("learning_rate", "head_learning_rate")
+                 if name not in given and getattr(config, name) is not None}
         config = dataclasses.replace(config, per_device_train_batch_size=batch, max_steps=steps,
                                      physical_batch_size=min(config.physical_batch_size, batch), **rates)
     if "head_phase_batch_size" in shrink:

@@ -43,13 +43,15 @@ def lpft_default_paragraph() -> str:
 @pytest.mark.parametrize("document", DOCS, ids=lambda path: path.name)
 def test_no_heading_is_a_date_or_a_session(document: Path) -> None:
     dated = [h for h in headings(document.read_text(encoding="utf-8")) if NOTEBOOK_HEADING.search(h)]
-    assert not dated, f"{document.name}: headings titled by a date or a session (name what the section documents): {dated}"
+    assert not dated, (f"{document.name}: headings titled by a date or a session (name what the section "
+                       f"documents): {dated}")
 
 
 @pytest.mark.parametrize("name", sorted(MAX_LINES))
 def test_the_long_documents_stay_within_their_bound(name: str) -> None:
     lines = len((REPO / "docs" / name).read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES[name], f"docs/{name} has {lines} lines (at most {MAX_LINES[name]}): move history to a report"
+    assert lines <= MAX_LINES[name], (f"docs/{name} has {lines} lines (at most {MAX_LINES[name]}): move history to "
+                                      "a report")
 
 
 def test_the_stated_lpft_flags_are_the_recipe() -> None:
@@ -76,6 +78,7 @@ def test_the_stated_lpft_prose_is_the_recipe() -> None:
 def test_the_parsers_read_what_the_documents_write() -> None:
     assert number("10⁻²") == pytest.approx(1e-2) and number("3·10⁻³") == pytest.approx(3e-3)
     assert number("1e-2") == pytest.approx(1e-2) and number("1024") == 1024
-    assert headings("# Title\n```bash\n# not a heading\n```\n## A 2026-12-05 run\n") == ["# Title", "## A 2026-12-05 run"]
+    text = "# Title\n```bash\n# not a heading\n```\n## A 2026-12-05 run\n"
+    assert headings(text) == ["# Title", "## A 2026-12-05 run"]
     assert NOTEBOOK_HEADING.search("## Ending the answer (2026-12-05, eighth session)")
     assert not NOTEBOOK_HEADING.search("## Ending the answer")
