@@ -13,6 +13,7 @@ import difflib
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from mergekit.common import ModelReference
@@ -125,6 +126,20 @@ def _record_base(reference: ModelReference, base: ModelReference | None) -> str 
         return None
     require_model_source(target.model.path, "base model")
     return target.local_path()
+
+
+def check_local_paths(config: MergeConfiguration) -> None:
+    """Every input named as a local path (``./…``, ``../…``, ``/…``, ``~…``: never a Hub id) exists, so a missing run
+    is named instead of being taken for a malformed Hub id."""
+    references = [reference for reference, _, _ in input_settings(config)] + [config.base_model]
+    for reference in references:
+        if not isinstance(reference, ModelReference):
+            continue
+        for part in (reference.model, reference.lora):
+            path = getattr(part, "path", None)
+            if path and path.startswith((".", "/", "~")) and not Path(path).expanduser().exists():
+                raise FileNotFoundError(f"{path}: no such folder (a merge input named by the config); train the runs "
+                                        "first (docs/workflow.md) or fix the path")
 
 
 def check_recorded_bases(config: MergeConfiguration) -> None:

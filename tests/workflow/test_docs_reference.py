@@ -82,3 +82,12 @@ def test_the_parsers_read_what_the_documents_write() -> None:
     assert headings(text) == ["# Title", "## A 2026-12-05 run"]
     assert NOTEBOOK_HEADING.search("## Ending the answer (2026-12-05, eighth session)")
     assert not NOTEBOOK_HEADING.search("## Ending the answer")
+
+
+def test_the_data_size_table_of_the_workflow_is_the_reports() -> None:
+    """docs/workflow.md "How much data" quotes the data-size study's table as its report has it (regenerated from the
+    stored units by ``python -m benchmarks.studies.data_size --report-only``)."""
+    workflow = (REPO / "docs" / "workflow.md").read_text(encoding="utf-8")
+    quoted = workflow.split("<!-- data-size table -->\n", 1)[1].split("<!-- end data-size table -->", 1)[0]
+    report = (REPO / "benchmarks" / "reports" / "data_size" / "REPORT.md").read_text(encoding="utf-8")
+    assert quoted.strip() and quoted.strip() == report.split("\n\n")[2].strip()

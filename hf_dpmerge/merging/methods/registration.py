@@ -70,9 +70,15 @@ def check_config(merge_config: Any, lora_merge_cache: str | None) -> None:
     from hf_dpmerge.merging.inputs import input_settings, require_private
     from hf_dpmerge.merging.methods.mergekit_methods import ALLOW_NON_PRIVATE, METHODS
     from hf_dpmerge.merging.methods.safe_merge import check_safe_merge_config, safe_merge
-    from hf_dpmerge.merging.validation import check_inputs, check_parameter_keys, check_recorded_bases
+    from hf_dpmerge.merging.validation import (
+        check_inputs,
+        check_local_paths,
+        check_parameter_keys,
+        check_recorded_bases,
+    )
 
     check_method_name(merge_config.merge_method)
+    check_local_paths(merge_config)
     check_parameter_values(merge_config)
     method = next((m for m in METHODS if m.spec.name == merge_config.merge_method), None)
     if method is None:  # mergekit's own methods and safe_merge: every recorded base, mergekit checks the rest
