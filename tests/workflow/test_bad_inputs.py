@@ -287,7 +287,8 @@ def _merge(workdir: Path, config: str | None, *flags: str, out: str = "out") -> 
         (lora_config_yaml("task_arithmetic", "./runs/base", ADAPTERS, "parameters:\n  lambda: abc\n"),
          "task_arithmetic: parameters.lambda = 'abc': Input should be a valid number"),
     ],
-    ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "stock_method_missing_run", "newer_schema", "foreign_record",
+    ids=["missing_config", "empty_yaml", "unknown_method", "missing_base", "stock_method_missing_run", "newer_schema",
+         "foreign_record",
          "invalid_override", "guarantee_override", "mixed_bases", "stock_method_other_base", "dora", "truncated",
          "top_level_typo", "model_level_typo", "no_scale", "bad_value"],
 )
