@@ -54,3 +54,15 @@ def test_a_head_only_run_keeps_its_steps(tmp_path: Path) -> None:
 def test_a_dataset_of_thousands_keeps_the_packaged_recipe(tmp_path: Path) -> None:
     _, script, config = plan(tmp_path, 2400)  # 1680 training rows: 2/3 of them exceed 1024
     assert (config.per_device_train_batch_size, config.max_steps, script.head_phase_batch_size) == (1024, 75, 1024)
+
+
+def test_with_a_privacy_unit_column_the_units_set_the_batch(tmp_path: Path) -> None:
+    rows = 600
+    pd.DataFrame({"text": [f"visit {i}" for i in range(rows)], "label": ["neg", "pos"] * (rows // 2),
+                  "patient": [f"p{i // 4}" for i in range(rows)]}).to_csv(tmp_path / "visits.csv", index=False)
+    run = plan_runs(["--train_file", str(tmp_path / "visits.csv"), "--label_names", "neg,pos", "--privacy_unit_column",
+                     "patient", "--runs_dir", str(tmp_path / "runs")])["visits"]
+    train = run.data.splits["train"]
+    units = len(set(train["patient"]))
+    assert units < train.num_rows  # several visits per patient
+    assert run.config.per_device_train_batch_size == int(2 / 3 * units)  # the expected number of patients per draw
