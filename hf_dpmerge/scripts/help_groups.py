@@ -38,7 +38,7 @@ def group_flags(parser: argparse.ArgumentParser, script_fields: type) -> None:
               "LoRA and LP-FT": (lora | {n for n in script if n.startswith(("head_phase", "lora", "cache_prefix"))})
               - set(PRIVACY), "training": set(TRAINING),
               "outputs": script - data - lora - set(PRIVACY) - set(TRAINING)}
-    titled["outputs"] -= {n for n in titled["LoRA and LP-FT"]}
+    titled["outputs"] -= titled["LoRA and LP-FT"]
     default = parser._action_groups[1]  # argparse's "options"
     groups = []
     for title, names in titled.items():
