@@ -13,7 +13,6 @@ import difflib
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from mergekit.common import ModelReference
@@ -32,7 +31,7 @@ from hf_dpmerge.merging.inputs import (
 )
 from hf_dpmerge.records.fingerprint import directory_fingerprint
 from hf_dpmerge.records.record import PRIVACY_RECORD_NAME, PrivacyRecord, PrivacyRecordError
-from hf_dpmerge.utils.io import require_model_source
+from hf_dpmerge.utils.io import is_hub_repo_id, require_model_source
 
 
 def _shared_settings(config: MergeConfiguration) -> Iterator[dict[str, Any]]:
@@ -129,17 +128,15 @@ def _record_base(reference: ModelReference, base: ModelReference | None) -> str 
 
 
 def check_local_paths(config: MergeConfiguration) -> None:
-    """Every input named as a local path (``./…``, ``../…``, ``/…``, ``~…``: never a Hub id) exists, so a missing run
-    is named instead of being taken for a malformed Hub id."""
-    references = [reference for reference, _, _ in input_settings(config)] + [config.base_model]
-    for reference in references:
+    """Every input path that cannot be a Hub id is a folder (:func:`~hf_dpmerge.utils.io.require_model_source`), so a
+    missing run is named, whatever the method, instead of being reported as a malformed Hub id."""
+    for reference in [config.base_model, *(reference for reference, _, _ in input_settings(config))]:
         if not isinstance(reference, ModelReference):
             continue
-        for part in (reference.model, reference.lora):
-            path = getattr(part, "path", None)
-            if path and path.startswith((".", "/", "~")) and not Path(path).expanduser().exists():
-                raise FileNotFoundError(f"{path}: no such folder (a merge input named by the config); train the runs "
-                                        "first (docs/workflow.md) or fix the path")
+        what = "base model" if reference == config.base_model else "merge input"
+        for path in (reference.model.path, reference.lora.path if reference.lora else None):
+            if path is not None and not is_hub_repo_id(path):
+                require_model_source(path, what)
 
 
 def check_recorded_bases(config: MergeConfiguration) -> None:

@@ -143,7 +143,7 @@ def _broken_adapter(workdir: Path, name: str) -> str:
 @pytest.mark.parametrize(
     ("broken", "message"),
     [
-        ("missing", "no such folder"),
+        ("missing", "does not exist"),
         ("other_base", "trained on another base model"),
         ("shape", "LoRA delta of shape"),
         ("nan", "NaN or infinite"),
