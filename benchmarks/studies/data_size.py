@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import shutil
 import statistics
 import sys
@@ -33,7 +32,8 @@ from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
 from benchmarks.significance import ALPHA, holm
-from hf_dpmerge.scripts.data_size import MIN_FITTED_STEPS, RULE
+from hf_dpmerge.scripts.data_size import MAX_SAMPLE_RATE, RULE, fitted_steps
+from hf_dpmerge.training.recipe import LPFT_RECIPE, recipe_value
 
 ARMS = {"private_head": ["--train_lora", "false"], "nonprivate_head": ["--train_lora", "false", "--dp", "false"],
         "adapter": [], "adapter_recipe_steps": ["--max_steps", "75", "--head_phase_steps", "1000"],
@@ -44,6 +44,8 @@ DEFAULT_ARMS = ("private_head", "nonprivate_head", "adapter")
 ABLATIONS = {"adapter_recipe_steps": "75 steps, recipe lr", "adapter_fitted_steps": "fitted steps, recipe lr"}
 LPFT_DEFAULT = {"adapter": "k2_b1024_t75_lr1e-2_head6_dpsgd", "private_head": "private_head"}
 """The lpft study's candidates that are the packaged default recipe (its whole-split units)."""
+RECIPE_BATCH, RECIPE_STEPS = (int(recipe_value(LPFT_RECIPE, flag)) for flag in ("--per_device_train_batch_size",
+                                                                                  "--max_steps"))
 FULL = 0
 """N = 0 stands for the whole training split."""
 
@@ -88,9 +90,9 @@ class DataSize(harness.Study, name="data_size", schema=1):
 
         s = unit.settings
         runs_dir = work_dir / unit.name
-        batch = min(1024, int(2 / 3 * s["n"])) if s["n"] else 1024
-        fitted_steps = max(MIN_FITTED_STEPS, math.ceil(75 * batch / 1024))
-        argv = [*(flag.format(fitted_steps=fitted_steps) for flag in ARMS[s["arm"]]), "--task", s["task"],
+        batch = min(RECIPE_BATCH, int(MAX_SAMPLE_RATE * s["n"])) if s["n"] else RECIPE_BATCH
+        steps = fitted_steps(RECIPE_STEPS, batch, RECIPE_BATCH)
+        argv = [*(flag.format(fitted_steps=steps) for flag in ARMS[s["arm"]]), "--task", s["task"],
                 "--seed", str(s["seed"]), "--runs_dir", str(runs_dir),
                 "--overwrite", "true", "--disable_tqdm", "true", "--prefix_cache_dir", str(work_dir / "prefix_cache")]
         argv += ["--max_train_samples", str(s["n"])] if s["n"] else []

@@ -34,6 +34,11 @@ def training_units(train, unit_column: str | None) -> int:
     return len(train) if unit_column is None else len(set(train[unit_column]))
 
 
+def fitted_steps(recipe_steps: int, batch: int, recipe_batch: int) -> int:
+    """The encoder's steps at a batch shrunk from ``recipe_batch`` to ``batch``: max(10, ⌈T₀·B/B₀⌉), at most T₀."""
+    return min(recipe_steps, max(MIN_FITTED_STEPS, math.ceil(recipe_steps * batch / recipe_batch)))
+
+
 def fit_to_data(task: str, script, config, train, given: set[str], head_phase: bool, encoder: bool = True,
                 max_sample_rate: float = MAX_SAMPLE_RATE):
     """``(script, config)`` with the expected batches the user left to the recipe (``head_phase``: LP-FT's too), and
@@ -56,7 +61,7 @@ def fit_to_data(task: str, script, config, train, given: set[str], head_phase: b
         batch = max(cap // world, 1)
         steps = config.max_steps
         if encoder and "max_steps" not in given:  # encoder steps: compute ∝ T·B
-            steps = min(steps, max(MIN_FITTED_STEPS, math.ceil(steps * batch / config.per_device_train_batch_size)))
+            steps = fitted_steps(steps, batch, config.per_device_train_batch_size)
         rates = {name: getattr(config, name) * config.max_steps / steps
                  for name in ("learning_rate", "head_learning_rate")
                  if name not in given and getattr(config, name) is not None}

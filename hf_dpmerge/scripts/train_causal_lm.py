@@ -251,11 +251,13 @@ def train_causal_task(task: str, task_data: TaskData, script: CausalScriptArgume
 
 
 class CausalPlan(NamedTuple):
-    """The parsed flags and every task's checked data (its spec with the answer words it trains)."""
+    """The parsed flags, every task's checked data (its spec with the answer words it trains) and the flags it trains
+    with (``configs``: ``config`` with the expected batch and steps fitted to its size)."""
 
     script: CausalScriptArguments
     config: DPSAMConfig
     data: dict[str, TaskData]
+    configs: dict[str, DPSAMConfig]
 
 
 def plan_causal_runs(argv: list[str]) -> CausalPlan:
@@ -278,26 +280,23 @@ def plan_causal_runs(argv: list[str]) -> CausalPlan:
         spec = spec if words is None else dataclasses.replace(spec, verbalisers=words)
         if not spec.is_generative:
             instruction_format(spec)  # an own task's answer words against its labels
-        _, fitted = fit_to_data(task, script, config, splits["train"], given, head_phase=False, max_sample_rate=1.0)
-        configs[task] = fitted
+        configs[task] = fit_to_data(task, script, config, splits["train"], given, head_phase=False,
+                                    max_sample_rate=1.0)[1]
         data[task] = TaskData(splits, spec)
-    if len({(c.per_device_train_batch_size, c.max_steps) for c in configs.values()}) > 1:
-        raise ValueError(f"the tasks {', '.join(configs)} fit different batches to their sizes; train them one "
-                         "by one, or set --per_device_train_batch_size and --max_steps")
-    return CausalPlan(script, next(iter(configs.values()), config), data)
+    return CausalPlan(script, config, data, configs)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Train every task of ``argv`` (default: the command line) from one shared causal-LM base, once every task's
     data is checked (:func:`plan_causal_runs`)."""
-    script, config, data = plan_causal_runs(list(sys.argv[1:] if argv is None else argv))
+    script, config, data, configs = plan_causal_runs(list(sys.argv[1:] if argv is None else argv))
     prompts = script.public_prompts(config.anchor_lambda)  # refused before any training
     resume = resume_point(config, list(data))
     with config.main_process_first(local=not config.save_on_each_node, desc="shared base"):
         base_dir = shared_causal_base(script)
     anchor = None if prompts is None else base_anchor_rows(script, base_dir, prompts)
     for task, task_data in data.items():
-        train_causal_task(task, task_data, script, config, base_dir, resume, prompts, anchor)
+        train_causal_task(task, task_data, script, configs[task], base_dir, resume, prompts, anchor)
     config.distributed_state.wait_for_everyone()
     config.distributed_state.destroy_process_group()
 

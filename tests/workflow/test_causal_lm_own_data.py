@@ -61,8 +61,9 @@ def test_prompt_completion_data_plans_without_labels_with_the_recipe_fitted_to_i
     splits, spec = plan.data["qa"]
     assert spec.is_generative and spec.metric == "token_accuracy" and spec.label_names == ()
     assert splits["train"].column_names == ["prompt", "completion"] and splits["train"].num_rows == 108
-    assert plan.config.per_device_train_batch_size == 108 and plan.config.max_steps == 10  # q ≤ 1, steps ≥ 10
-    assert plan.config.learning_rate == pytest.approx(1e-2 * 12 / 10)  # as far as the recipe's 12 steps
+    config = plan.configs["qa"]
+    assert config.per_device_train_batch_size == 108 and config.max_steps == 10  # q ≤ 1, steps ≥ 10
+    assert config.learning_rate == pytest.approx(1e-2 * 12 / 10)  # as far as the recipe's 12 steps
     assert sorted(p.name for p in own_csv.iterdir()) == ["qa.jsonl", "reviews.csv"]
 
 
