@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_dpmerge.utils.io import write_text_atomic
+from hf_dpmerge.utils.io import write_bytes_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "benchmarks" / "reports"
@@ -100,8 +100,8 @@ class Study(abc.ABC):
         """One unit's result (JSON)."""
 
     @abc.abstractmethod
-    def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
-        """File name under ``benchmarks/reports/<name>/`` → markdown, from every stored unit."""
+    def report(self, stored: list[dict[str, Any]]) -> dict[str, str | bytes]:
+        """File name under ``benchmarks/reports/<name>/`` → markdown (or a plot's bytes), from every stored unit."""
 
     def exports(self, stored: list[dict[str, Any]]) -> dict[str, str]:
         """Path in the repository → text of each file the package reads from this study (none by default)."""
@@ -145,7 +145,7 @@ def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None]
     results = store.results()
     reports = {REPORTS.relative_to(REPO) / study.name / name: text for name, text in study.report(results).items()}
     for path, text in {**reports, **study.exports(results)}.items():
-        write_text_atomic(args.out / path, text)
+        write_bytes_atomic(args.out / path, text.encode() if isinstance(text, str) else text)
         log(f"wrote {args.out / path}")
     return 0
 

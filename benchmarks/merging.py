@@ -1,5 +1,5 @@
-"""Merging in the studies: a packaged merge config with a study's inputs, ``hf-dpmerge merge``, staged run folders,
-and the paper's question as a report: DP-SGD vs DP-Merging adapters of the same seeds, merged by each method.
+"""Merging in the studies: a packaged merge config with a study's inputs, ``hf-dpmerge merge``, staged or user's run
+folders, and the paper's question as a report: DP-SGD vs DP-Merging adapters of the same seeds, merged by each method.
 
 The report is shared by the encoder (``benchmarks/studies/lpft_merge.py``) and the causal-LM
 (``benchmarks/studies/causal_merge.py``) comparisons. A merge unit is ``{"trainer", "seed", "method", "tasks",
@@ -14,6 +14,7 @@ paired t over seeds (the seed is the unit: each retrains both trainers' adapters
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 from collections.abc import Mapping
@@ -83,6 +84,27 @@ def stage_runs(runs: Path, base: Path, kept_runs: Mapping[str, Path]) -> Path:
             shutil.copytree(kept_run, staged / task, ignore=shutil.ignore_patterns("checkpoints*"))
         staged.rename(runs)
     return runs
+
+
+def run_fingerprints(runs: Path, tasks: list[str] | None = None) -> dict[str, str]:
+    """Each task run's adapter fingerprint under ``runs`` (every run by default), in order: what a unit on a user's
+    runs folder stores, so that another folder reruns it; a missing or broken run is a usage error (ValueError)."""
+    from hf_dpmerge.analysis.task_run import task_runs
+    from hf_dpmerge.records.fingerprint import adapter_fingerprint
+
+    try:
+        return {run.name: adapter_fingerprint(run.adapter_dir) for run in task_runs(runs, tasks)}
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+
+
+def sweeps(stored: list[dict[str, Any]], *varying: str) -> list[list[dict[str, Any]]]:
+    """The stored units grouped by their settings other than ``varying``: one group per sweep, in stored order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for unit in stored:
+        key = json.dumps({k: v for k, v in unit["settings"].items() if k not in varying}, sort_keys=True)
+        groups.setdefault(key, []).append(unit)
+    return list(groups.values())
 
 
 def task_average(unit: dict, score: str) -> float:

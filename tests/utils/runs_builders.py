@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForSequenceClassification
 
 from hf_dpmerge.records.record import PrivacyRecord
+from hf_dpmerge.training.encoder_adapter import export_encoder_adapter
 from tests.utils.records import privacy_record
 from tests.utils.tiny_models import save_tiny_bert
 
@@ -40,6 +41,17 @@ def save_fake_adapter(base: Path, out: Path, num_labels: int, seed: int) -> torc
                 param.normal_(0, 0.5)
     peft_model.save_pretrained(out)
     return peft_model
+
+
+def save_scored_runs(runs: Path, tasks: dict[str, int]) -> Path:
+    """``runs/base`` and, for the i-th task (from 1, that many labels), an adapter seeded i, its record (max_length
+    within the tiny BERT's positions) and its encoder export: runs whose merges can be scored on their splits."""
+    base = save_tiny_bert(runs / "base", num_labels=2, seed=0)
+    for seed, (task, labels) in enumerate(tasks.items(), start=1):
+        save_fake_adapter(base, runs / task / "adapter", labels, seed)
+        runs_record(task, max_length=MAX_LENGTH).save(runs / task / "adapter")
+        export_encoder_adapter(runs / task / "adapter", runs / task / "encoder_adapter")
+    return runs
 
 
 def fake_merge_config(weights: dict[str, float]) -> str:
