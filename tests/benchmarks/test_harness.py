@@ -90,3 +90,21 @@ def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: P
     assert cells[4:7] == ["80.2 ± 0.2", "78.0 ± 0.1", "85.2 ± 0.2"]
     assert cells[7] == "+2.20"  # 2.0, 2.2, 2.4 points over seeds 0, 1, 2
     assert float(cells[8]) < 0.05 and cells[9] != "–"
+
+
+def test_the_epsilon_each_n_needs_is_read_off_the_tables_differences_and_holm() -> None:
+    """On an ε grid the adapter trails at ε = 8, leads by a noisy margin at 16 and clearly at 32: ahead from 16,
+    significantly (Holm over the table's rows) from 32."""
+    study = DataSize()
+    parser = argparse.ArgumentParser()
+    study.add_arguments(parser)
+    plan = study.plan(parser.parse_args(["--tasks", "rotten_tomatoes", "--sizes", "300", "--seeds", "0,1,2",
+                                         "--epsilons", "8,16,32", "--arms", "adapter,private_head"]))
+    lead = {8.0: (-0.010, -0.011, -0.012), 16.0: (0.020, -0.015, 0.010), 32.0: (0.030, 0.031, 0.032)}
+    stored = [{"name": u.name, "settings": u.settings,
+               "result": {"test": 0.70 + (lead[u.settings["epsilon"]][u.settings["seed"]]
+                                          if u.settings["arm"] == "adapter" else 0.0),
+                          "rows": 300, "train_seconds": 60.0}} for u in plan]
+    text = study.report(stored)["REPORT.md"]
+    assert ("- rotten_tomatoes, N = 300: adapter − head -1.10 at ε = 8, +0.50 at ε = 16, +3.10 at ε = 32 points; "
+            "the mean is ahead from ε = 16, significantly (Holm) from ε = 32") in text
