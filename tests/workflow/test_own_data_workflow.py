@@ -139,3 +139,20 @@ def test_the_python_api_trains_a_dataset_in_memory_into_the_runs_layout(tmp_path
         train_adapter(rows, "other", label_names=["neg"], runs_dir="runs")
     assert not Path("runs/other").exists()
     assert Path("runs/clinic/dataset.json").is_file() and datasets.load_from_disk("runs/clinic/data")["train"].num_rows
+
+    tiny = {"model_name_or_path": str(tmp_path / "tiny"), "max_steps": 2, "max_length": 16}
+    visits = datasets.Dataset.from_pandas(notes(200, ("low", "high")))
+    train_adapter(visits, "visits", label_names=["low", "high"], runs_dir="runs", **tiny)
+    for task, data, labels in (("clinic", rows, ["neg", "pos"]), ("visits", visits, ["low", "high"])):
+        floor = train_adapter(data, task, label_names=labels, runs_dir="runs_floor", train_lora=False, **tiny)
+        assert floor.record.extra["train_lora"] is False and floor.record.epsilon <= 8  # the private head
+    Path("merge.yaml").write_text(
+        "merge_method: task_arithmetic\nbase_model: ./runs/base\nmodels:\n"
+        + "".join(f"  - model: ./runs/base+./runs/{task}/encoder_adapter\n" for task in ("clinic", "visits"))
+        + "dtype: float32\nparameters:\n  weight: 1.0\n  lambda: 0.5\n")
+    run_offline(["hf-dpmerge", "merge", "merge.yaml", "merged", "--lora-merge-cache", "runs/cache"], cwd=tmp_path)
+    run_offline(["hf-dpmerge", "evaluate", "--runs", "runs", "--merged", "merged", "--floor_runs", "runs_floor"],
+                cwd=tmp_path)
+    results = json.loads(Path("runs/eval/results.json").read_text())
+    assert set(results["tasks"]) == {"clinic", "visits"}
+    assert all(results["tasks"][task]["floor"] is not None for task in ("clinic", "visits"))
