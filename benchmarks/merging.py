@@ -127,13 +127,17 @@ def paired_p(first: Sequence[float], second: Sequence[float]) -> float | None:
     return float(stats.ttest_rel(first, second).pvalue) if len(diffs) > 1 and len(set(diffs)) > 1 else None
 
 
-def holm_cells(p_values: Sequence[float | None]) -> list[list[str]]:
-    """Per comparison, the cells ``p`` and ``Holm-adjusted p`` (``*`` below :data:`ALPHA`), Holm over the tested
-    ones; ``—`` for an untested one."""
+def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values over the tested comparisons (None: untested, left out of the family)."""
     tested = [i for i, p in enumerate(p_values) if p is not None]
     adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
-    return [["—", "—"] if i not in adjusted else
-            [f"{p:.3g}", f"{adjusted[i]:.3g}" + (" *" if adjusted[i] < ALPHA else "")] for i, p in enumerate(p_values)]
+    return [adjusted.get(i) for i in range(len(p_values))]
+
+
+def p_cells(p: float | None, adjusted: float | None) -> list[str]:
+    """The cells ``p`` and ``Holm-adjusted p`` (``*`` below :data:`ALPHA`); ``—`` for an untested comparison."""
+    return ["—", "—"] if p is None or adjusted is None else [
+        f"{p:.3g}", f"{adjusted:.3g}" + (" *" if adjusted < ALPHA else "")]
 
 
 def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, title: str, preamble: list[str],
@@ -163,8 +167,8 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
             comparisons.append([method, ",".join(map(str, paired)), " ".join(f"{d:+.2f}" for d in diffs),
                                 f"{statistics.mean(diffs):+.2f}"])
             p_values.append(paired_p(ours, theirs))
-    for row, cells in zip(comparisons, holm_cells(p_values)):
-        row += cells
+    for row, p, adjusted in zip(comparisons, p_values, holm_adjusted(p_values)):
+        row += p_cells(p, adjusted)
     text = [f"# {title}", "", *preamble, "",
             "## Per method and trainer", "",
             table(["method", "trainer", "seeds", floor_label, "individual", "merged",
