@@ -32,10 +32,13 @@ REPORTS = REPO / "benchmarks" / "reports"
 
 @dataclass(frozen=True)
 class Unit:
-    """One resumable piece of work: ``name`` (its file name) and every setting its result depends on."""
+    """One resumable piece of work: ``name`` (its file name) and every setting its result depends on; ``rerun``: run
+    it even when stored (the plan found that its stored result is not all it is needed for, e.g. a folder it kept
+    is gone)."""
 
     name: str
     settings: dict[str, Any] = field(hash=False)
+    rerun: bool = False
 
 
 class Store:
@@ -131,12 +134,15 @@ def main(study: Study, argv: list[str] | None = None, log: Callable[[str], None]
         plan = [] if args.report_only else list(study.plan(args))
     except ValueError as error:
         parser.error(str(error))
+    def done(unit: Unit) -> bool:
+        return not unit.rerun and store.load(unit) is not None
+
     if args.plan:
         for unit in plan:
-            print(f"{'done' if store.load(unit) is not None else 'todo'}  {unit.name}")
+            print(f"{'done' if done(unit) else 'todo'}  {unit.name}")
         return 0
     for unit in plan:
-        if store.load(unit) is not None:
+        if done(unit):
             continue
         log(f"[{study.name}] {unit.name}")
         start, work_dir = time.perf_counter(), args.work_dir.resolve()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,19 @@ TRAINERS = ("dp_sgd", "dp_merging")
 METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
-"""Each encoder merge method's packaged config under ``merge_configs/``."""
+"""Each encoder merge method of the comparisons and the quality grids → its packaged config under ``merge_configs/``."""
+SPECTRAL_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi")}
+"""The spectral methods' packaged configs (merged by the merge_gain study, not by the quality grids)."""
 
 
 def packaged_parameters(merge: str) -> dict[str, Any] | None:
-    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`)."""
+    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`, :data:`SPECTRAL_CONFIGS`)."""
     import yaml
 
-    template = yaml.safe_load((REPO / "merge_configs" / MERGE_CONFIGS[merge]).read_text())
+    name = {**MERGE_CONFIGS, **SPECTRAL_CONFIGS}[merge]
+    template = yaml.safe_load((REPO / "merge_configs" / name).read_text())
     if template["merge_method"] != merge:
-        raise ValueError(f"merge_configs/{MERGE_CONFIGS[merge]} merges with {template['merge_method']}, not {merge}")
+        raise ValueError(f"merge_configs/{name} merges with {template['merge_method']}, not {merge}")
     return template.get("parameters")
 
 
@@ -69,6 +73,22 @@ def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -
                        "--lora-merge-cache", str(lora_cache), *(["--cuda"] if torch.cuda.is_available() else [])])
     if code != 0:
         raise RuntimeError(f"hf-dpmerge merge {config_path} failed with exit status {code}")
+
+
+def timed_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -> float:
+    """:func:`run_merge`'s wall seconds, mergekit's LoRA cache built first (each base+adapter input folded into
+    the base, stale entries dropped, as the merge itself would): the merge alone, comparable between methods on the
+    same inputs."""
+    from hf_dpmerge.merging.lora_cache import drop_stale_lora_merges
+    from hf_dpmerge.merging.run import parse_config
+
+    parsed, _ = parse_config(config)
+    drop_stale_lora_merges(parsed, str(lora_cache))
+    for reference in parsed.referenced_models():
+        reference.merged(cache_dir=str(lora_cache))
+    start = time.perf_counter()
+    run_merge(config, config_path, merged, lora_cache)
+    return time.perf_counter() - start
 
 
 def stage_runs(runs: Path, base: Path, kept_runs: Mapping[str, Path]) -> Path:
@@ -112,12 +132,42 @@ def task_average(unit: dict, score: str) -> float:
     return 100 * statistics.mean(unit["evaluation"]["tasks"][t][score] for t in unit["tasks"])
 
 
+def floor_average(unit: dict, floors: Mapping[tuple[str, int], float]) -> float:
+    """The floors (in %, per (task, seed)) of a merge unit's tasks at its seed, averaged; NaN when one is missing."""
+    return statistics.mean(floors.get((t, unit["seed"]), float("nan")) for t in unit["tasks"])
+
+
+def gain_retained(floor: float, individual: float, merged: float) -> float:
+    """(merged − floor) / (individual − floor): the share of the adapters' gain over the floor the merge keeps
+    (normalized accuracy improvement); NaN when the adapters do not beat the floor."""
+    return (merged - floor) / (individual - floor) if individual > floor else float("nan")
+
+
+def paired_p(first: Sequence[float], second: Sequence[float]) -> float | None:
+    """Two-sided paired t-test over seeds; None with fewer than 2 pairs or one difference throughout."""
+    diffs = [a - b for a, b in zip(first, second)]
+    return float(stats.ttest_rel(first, second).pvalue) if len(diffs) > 1 and len(set(diffs)) > 1 else None
+
+
+def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values over the tested comparisons (None: untested, left out of the family)."""
+    tested = [i for i, p in enumerate(p_values) if p is not None]
+    adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
+    return [adjusted.get(i) for i in range(len(p_values))]
+
+
+def p_cells(p: float | None, adjusted: float | None) -> list[str]:
+    """The cells ``p`` and ``Holm-adjusted p`` (``*`` below :data:`ALPHA`); ``—`` for an untested comparison."""
+    return ["—", "—"] if p is None or adjusted is None else [
+        f"{p:.3g}", f"{adjusted:.3g}" + (" *" if adjusted < ALPHA else "")]
+
+
 def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, title: str, preamble: list[str],
                floor_label: str, footer: str) -> str:
     """The report (markdown) from the stored merge units and each (task, seed)'s floor in %."""
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
     seeds = sorted({s for (_, s, _) in by})
-    rows, comparisons = [], []
+    rows, comparisons, p_values = [], [], []
     for method in METHODS:
         for trainer in TRAINERS:
             cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
@@ -125,26 +175,22 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
                 continue
             individual = [task_average(c, "individual") for c in cells]
             merged = [task_average(c, "merged") for c in cells]
-            floor = [statistics.mean(floors.get((t, c["seed"]), float("nan")) for t in c["tasks"]) for c in cells]
+            floor = [floor_average(c, floors) for c in cells]
             ind, mer, fl = statistics.mean(individual), statistics.mean(merged), statistics.mean(floor)
-            gain = (mer - fl) / (ind - fl) if ind > fl else float("nan")
+            gain = gain_retained(fl, ind, mer)
             rows.append([method, trainer, ",".join(str(c["seed"]) for c in cells), f"{fl:.1f}", f"{ind:.1f}",
                          f"{mer:.1f}", f"{ind - mer:+.2f}", f"{100 * mer / ind:.1f}",
                          f"below {floor_label}" if gain != gain else f"{100 * gain:.0f} %"])
         paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
         if paired:
             score = {(tr, s): task_average(by[(tr, s, method)], "merged") for tr in TRAINERS for s in paired}
-            diffs = [score[("dp_merging", s)] - score[("dp_sgd", s)] for s in paired]
-            p = (float(stats.ttest_rel([score[("dp_merging", s)] for s in paired],
-                                       [score[("dp_sgd", s)] for s in paired]).pvalue)
-                 if len(paired) > 1 and len(set(diffs)) > 1 else None)
+            ours, theirs = ([score[(tr, s)] for s in paired] for tr in ("dp_merging", "dp_sgd"))
+            diffs = [a - b for a, b in zip(ours, theirs)]
             comparisons.append([method, ",".join(map(str, paired)), " ".join(f"{d:+.2f}" for d in diffs),
-                                f"{statistics.mean(diffs):+.2f}", p])
-    tested = [i for i, c in enumerate(comparisons) if c[-1] is not None]
-    adjusted = dict(zip(tested, holm([comparisons[i][-1] for i in tested])))
-    for i, c in enumerate(comparisons):
-        c[-1:] = (["—", "—"] if i not in adjusted else
-                  [f"{c[-1]:.3g}", f"{adjusted[i]:.3g}" + (" *" if adjusted[i] < ALPHA else "")])
+                                f"{statistics.mean(diffs):+.2f}"])
+            p_values.append(paired_p(ours, theirs))
+    for row, p, adjusted in zip(comparisons, p_values, holm_adjusted(p_values)):
+        row += p_cells(p, adjusted)
     text = [f"# {title}", "", *preamble, "",
             "## Per method and trainer", "",
             table(["method", "trainer", "seeds", floor_label, "individual", "merged",

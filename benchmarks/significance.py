@@ -13,6 +13,7 @@ examples, so the examples behind a comparison are the distinct ones, never examp
 - Test: with ≥ 2 seeds, the paired t-test on the seed-level accuracies (``scipy.stats.ttest_rel``); with one
   seed, exact McNemar on its examples (McNemar 1947; ``scipy.stats.binomtest`` of b first-only among b + c
   discordant pairs, p = ½).
+- A mean over seeds: its t confidence interval (:func:`t_interval`), the seed being the unit.
 - Multiplicity: Holm's step-down correction (Holm 1979) over a report's family of comparisons; a difference is
   **significant** when its Holm-adjusted p < :data:`ALPHA`.
 """
@@ -47,6 +48,16 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (len(p_values) - rank) * float(p_values[index])))
         adjusted[index] = running
     return adjusted
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The two-sided ``level`` t confidence interval of the mean of ``values`` (one per seed, the unit):
+    mean ± t_{(1 + level)/2, n − 1}·s/√n; None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    mean, half = float(np.mean(values)), float(stats.t.ppf((1 + level) / 2, len(values) - 1)
+                                                * np.std(values, ddof=1) / np.sqrt(len(values)))
+    return mean - half, mean + half
 
 
 def _by_seed(first: Mapping[Key, np.ndarray], second: Mapping[Key, np.ndarray]

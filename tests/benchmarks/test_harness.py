@@ -70,6 +70,28 @@ def test_main_runs_what_is_missing_and_reports_every_stored_unit(tmp_path: Path,
         harness.main(study, [*paths, "--xs", "0"])
 
 
+
+class Reruns(Squares, name="reruns", schema=1):
+    """Squares whose plan asks every unit of ``--rerun`` to run again, stored or not."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--rerun", default="")
+
+    def plan(self, args: argparse.Namespace) -> list[Unit]:
+        return [Unit(u.name, u.settings, rerun=u.name in args.rerun.split(",")) for u in super().plan(args)]
+
+
+def test_a_unit_the_plan_marks_rerun_runs_again_though_stored(tmp_path: Path, capsys) -> None:
+    paths = ["--units-dir", str(tmp_path / "units"), "--out", str(tmp_path), "--work-dir", str(tmp_path / "work")]
+    study = Reruns()
+    harness.main(study, [*paths, "--xs", "1,2"], log=lambda _: None)
+    capsys.readouterr()
+    harness.main(study, [*paths, "--xs", "1,2", "--rerun", "x2", "--plan"])
+    assert capsys.readouterr().out.split("\n")[:2] == ["done  x1", "todo  x2"]
+    harness.main(study, [*paths, "--xs", "1,2", "--rerun", "x2"], log=lambda _: None)
+    assert study.ran == ["x1", "x2", "x2"]
+
 def test_the_data_size_report_pairs_seeds_and_corrects_over_its_rows(tmp_path: Path) -> None:
     study = DataSize()
     parser = argparse.ArgumentParser()

@@ -1,0 +1,398 @@
+"""What merges keep of what private adapters add: NAI = (merged − floor) / (individual − floor), per task and averaged.
+
+Per seed: for each arm (train_glue.py flags on its defaults, the private LP-FT recipe) and ε, one kept training unit
+per task and its floor (the head alone; the lpft and headroom studies' stored heads where their flags match), then
+one unit per merge method: the seed's adapters merged by ``merge_configs/<method>.yaml``, timed, and scored
+individually and merged on the whole test splits. Report: ``benchmarks/reports/merge_gain/MERGE_GAIN.md``, one
+section per arm and ε, judged against the targets; docs/benchmarks.md "Merge gain".
+
+    python -m benchmarks.studies.merge_gain --plan --seeds 0 --arms private,non_private
+    python -m benchmarks.studies.merge_gain --epsilons 8,4 --methods task_arithmetic,tsv,iso_cts
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness, merging
+from benchmarks.harness import Unit
+from benchmarks.markdown import table
+from benchmarks.merging import (
+    SPECTRAL_CONFIGS,
+    floor_average,
+    gain_retained,
+    holm_adjusted,
+    merge_config,
+    p_cells,
+    packaged_parameters,
+    paired_p,
+    stage_runs,
+    task_average,
+    timed_merge,
+)
+from benchmarks.significance import ALPHA, t_interval
+from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
+from hf_dpmerge.data.tasks import PACKAGED_TASKS
+
+REPORT = "MERGE_GAIN.md"
+METHODS = (*merging.METHODS, *SPECTRAL_CONFIGS)
+BASELINE = "task_arithmetic"
+REUSED_STUDIES = (("lpft", 1), ("headroom", 1))
+"""(study, schema) whose stored MiniLM units a floor reuses when task, seed and flags are the floor's own."""
+HEAD_FLAGS = ("--train_lora", "false")
+TARGET_SEEDS, TARGET_NAI, TARGET_NAI_GAP, TARGET_OVER_FLOOR, TARGET_TIME_RATIO = 3, 0.60, 0.20, 0.5, 3.0
+"""The targets (MiniLM's six tasks at ε = 8, three seeds): the best method other than task arithmetic keeps NAI ≥
+60 % and ≥ task arithmetic's + 20 points (its merged accuracy above task arithmetic's, Holm over the methods
+compared); its merged model ≥ the floor + 0.5 points on average; every method's merge time ≤ 3× task arithmetic's."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A training arm: train_glue.py ``flags`` on top of its defaults (the private LP-FT recipe, ``LPFT_RECIPE``),
+    at ``--target_epsilon ε`` when ``private``, else with ``NON_PRIVATE_FLAGS`` (one unit for every ε). ``floor``:
+    the arm its gain is measured over; None makes the arm a floor, scored but neither kept nor merged."""
+
+    flags: tuple[str, ...] = ()
+    private: bool = True
+    floor: str | None = None
+
+
+ARMS: dict[str, Arm] = {
+    "private": Arm(floor="private_head"),  # LPFT_RECIPE: the lpft study's k2_b1024_t75_lr1e-2_head6_dpsgd
+    "non_private": Arm(private=False, floor="non_private_head"),  # its twin: the same recipe without DP
+    "private_head": Arm(HEAD_FLAGS),  # the lpft study's private_head
+    "non_private_head": Arm(HEAD_FLAGS, private=False),  # the headroom study's head
+}
+MERGED_ARMS = tuple(name for name, arm in ARMS.items() if arm.floor)
+
+
+def flags(arm: str, epsilon: float | None) -> list[str]:
+    """The arm's train_glue.py flags (task and seed aside)."""
+    spec = ARMS[arm]
+    return [*spec.flags, *(("--target_epsilon", f"{epsilon:g}") if spec.private else NON_PRIVATE_FLAGS)]
+
+
+def twin(arm: str) -> str | None:
+    """A private arm's non-private twin: the merged arm of the same flags without DP (None if there is none)."""
+    return next((name for name in MERGED_ARMS if ARMS[arm].private and not ARMS[name].private
+                 and ARMS[name].flags == ARMS[arm].flags), None)
+
+
+def cell(arm: str, epsilon: float | None) -> str:
+    """An (arm, ε) pair's name: ``<arm>-eps<ε>`` for a private arm, ``<arm>`` for a non-private one."""
+    return f"{arm}-eps{epsilon:g}" if ARMS[arm].private else arm
+
+
+def training_unit(task: str, arm: str, seed: int, epsilon: float | None) -> Unit:
+    epsilon = epsilon if ARMS[arm].private else None
+    return Unit(f"{task}-{cell(arm, epsilon)}-seed{seed}",
+                {"task": task, "arm": arm, "seed": seed, "target_epsilon": epsilon, "flags": flags(arm, epsilon)})
+
+
+def merge_unit(arm: str, seed: int, epsilon: float | None, method: str, tasks: list[str]) -> Unit:
+    """One merge of the seed's adapters of ``arm``; the tasks join the name unless they are the packaged six."""
+    epsilon = epsilon if ARMS[arm].private else None
+    suffix = "" if tuple(tasks) == PACKAGED_TASKS else "-" + "+".join(tasks)
+    return Unit(f"merge-{cell(arm, epsilon)}-seed{seed}-{method}{suffix}",
+                {"arm": arm, "seed": seed, "target_epsilon": epsilon, "flags": flags(arm, epsilon),
+                 "method": method, "tasks": tasks, "merge_parameters": packaged_parameters(method)})
+
+
+def kept_run(work_dir: Path, unit: Unit) -> Path:
+    """Where ``train_unit(..., keep=True)`` keeps a training unit's released folders."""
+    return work_dir / "kept" / unit.name / unit.settings["task"]
+
+
+def reused_floors() -> dict[tuple[str, int, tuple[str, ...]], float]:
+    """(task, seed, flags) → test accuracy % of every MiniLM unit the :data:`REUSED_STUDIES` stored."""
+    found = {}
+    for study, schema in REUSED_STUDIES:
+        for unit in harness.stored(study, schema):
+            s = unit["settings"]
+            if s.get("base", "minilm") == "minilm" and "flags" in s:
+                found[(s["task"], s["seed"], tuple(s["flags"]))] = 100 * unit["result"]["test"]["accuracy"]
+    return found
+
+
+def listed(text: str, known: tuple[str, ...], option: str) -> list[str]:
+    """A comma-separated option's values, each one of ``known``."""
+    values = text.split(",")
+    if unknown := sorted(set(values) - set(known)):
+        raise ValueError(f"{option}: unknown {unknown}; choose among {list(known)}")
+    return values
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One method's merges of one (arm, ε), per seed (sorted): task-averaged floor, individual, merged (%) and NAI,
+    the per-task floor, individual (%) and NAI, and the merge's wall seconds."""
+
+    seeds: list[int]
+    floor: list[float]
+    individual: list[float]
+    merged: list[float]
+    nai: list[float]
+    task_floor: dict[str, list[float]]
+    task_individual: dict[str, list[float]]
+    task_nai: dict[str, list[float]]
+    seconds: list[float]
+
+    def at(self, seeds: list[int], values: str) -> list[float]:
+        return [getattr(self, values)[self.seeds.index(s)] for s in seeds]
+
+    def common(self, other: Scores) -> list[int]:
+        return sorted(set(self.seeds) & set(other.seeds))
+
+
+def scores(units: list[dict], floors: dict[tuple[str, int], float]) -> Scores:
+    """One method's merge units (settings | result, one per seed) on the seeds whose floors are all stored."""
+    units = sorted((u for u in units if not math.isnan(floor_average(u, floors))), key=lambda u: u["seed"])
+    floor = [floor_average(u, floors) for u in units]
+    individual, merged = ([task_average(u, score) for u in units] for score in ("individual", "merged"))
+    tasks = units[0]["tasks"] if units else []
+    task_floor = {t: [floors[(t, u["seed"])] for u in units] for t in tasks}
+    task_score = {score: {t: [100 * u["evaluation"]["tasks"][t][score] for u in units] for t in tasks}
+                  for score in ("individual", "merged")}
+    return Scores([u["seed"] for u in units], floor, individual, merged,
+                  [gain_retained(*s) for s in zip(floor, individual, merged)], task_floor, task_score["individual"],
+                  {t: [gain_retained(*s) for s in zip(task_floor[t], task_score["individual"][t],
+                                                      task_score["merged"][t])] for t in tasks},
+                  [u["merge_seconds"] for u in units])
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A method against task arithmetic on the seeds both merged: merged − task arithmetic per seed (points), the
+    paired t p-value and its Holm adjustment over the methods compared, NAI − task arithmetic's per seed, and the
+    mean ratio of merge times."""
+
+    seeds: list[int]
+    diffs: list[float]
+    p: float | None
+    adjusted: float | None
+    nai_gaps: list[float]
+    time_ratio: float
+
+
+def against_baseline(found: dict[str, Scores]) -> dict[str, Versus]:
+    baseline = found.get(BASELINE)
+    if baseline is None:
+        return {}
+    seeds = {m: s.common(baseline) for m, s in found.items() if m != BASELINE and s.common(baseline)}
+    merged = {m: (found[m].at(seeds[m], "merged"), baseline.at(seeds[m], "merged")) for m in seeds}
+    p_values = [paired_p(*merged[m]) for m in seeds]
+    return {m: Versus(seeds[m], [a - b for a, b in zip(*merged[m])], p, adjusted,
+                      [a - b for a, b in zip(found[m].at(seeds[m], "nai"), baseline.at(seeds[m], "nai"))],
+                      statistics.mean(a / b for a, b in zip(found[m].at(seeds[m], "seconds"),
+                                                            baseline.at(seeds[m], "seconds"))))
+            for m, p, adjusted in zip(seeds, p_values, holm_adjusted(p_values))}
+
+
+def share_cell(values: list[float], unit: str = "%") -> str:
+    """A mean over seeds of shares (NAI or its differences) in percent, with its 95 % t interval: ``57 % [41, 73]``;
+    undefined when a seed's adapters do not beat the floor (NaN)."""
+    if not values:
+        return "—"
+    if any(math.isnan(v) for v in values):
+        return "— (individual ≤ floor)"
+    interval = t_interval(values)
+    return f"{100 * statistics.mean(values):.0f} {unit}" + (
+        " (1 seed, no CI)" if interval is None else f" [{100 * interval[0]:.0f}, {100 * interval[1]:.0f}]")
+
+
+def seeds_cell(seeds: list[int]) -> str:
+    return ",".join(map(str, seeds))
+
+
+def defined_mean(values: list[float]) -> float | None:
+    return None if not values or any(math.isnan(v) for v in values) else statistics.mean(values)
+
+
+def verdict(met: bool | None) -> str:
+    return {True: "holds", False: "does not hold", None: "not yet measured"}[met]
+
+
+def targets(found: dict[str, Scores], versus: dict[str, Versus]) -> list[str]:
+    """The targets block of a private section: the best method other than task arithmetic by mean NAI, and every
+    method's merge time."""
+    nai = {m: defined_mean(s.nai) for m, s in found.items()}
+    best = max((m for m in versus if nai[m] is not None), key=nai.get, default=None)
+    nai_target, floor_target = "NAI ≥ 60 % and ≥ task arithmetic + 20 points", "merged ≥ floor + 0.5 points"
+    if best is None or defined_mean(versus[best].nai_gaps) is None:
+        rows = [[nai_target, "—", verdict(None)], [floor_target, "—", verdict(None)]]
+    else:
+        against, gap = versus[best], defined_mean(versus[best].nai_gaps)
+        numbers = nai[best] >= TARGET_NAI and gap >= TARGET_NAI_GAP
+        met = False if not numbers else None if against.adjusted is None else against.adjusted < ALPHA
+        over = statistics.mean(m - f for m, f in zip(found[best].merged, found[best].floor))
+        rows = [[nai_target, f"`{best}` {100 * nai[best]:.0f} %, {100 * gap:+.0f} points over task arithmetic on "
+                 f"seeds {seeds_cell(against.seeds)} (Holm-adjusted p of merged accuracy: "
+                 + ("no test)" if against.adjusted is None else f"{against.adjusted:.3g})"), verdict(met)],
+                [floor_target, f"`{best}` {over:+.2f} points", verdict(over >= TARGET_OVER_FLOOR)]]
+    ratios = {m: v.time_ratio for m, v in versus.items()}
+    slow = [m for m, ratio in ratios.items() if ratio > TARGET_TIME_RATIO]
+    slowest = max(ratios, key=ratios.get, default=None)
+    rows.append(["each method's merge time ≤ 3× task arithmetic's",
+                 "—" if slowest is None else "above: " + ", ".join(f"`{m}` {ratios[m]:.1f}×" for m in slow) if slow
+                 else f"at most {ratios[slowest]:.1f}× (`{slowest}`)", verdict(None if slowest is None else not slow)])
+    return ["### Targets", "",
+            f"On {max(len(s.seeds) for s in found.values())} seed(s) and {len(next(iter(found.values())).task_nai)} "
+            f"task(s) (the targets ask {TARGET_SEEDS} seeds and MiniLM's six tasks at ε = 8). The best method: the "
+            "highest mean NAI other than task arithmetic's; the NAI target also asks its task-averaged merged accuracy "
+            f"to beat task arithmetic's, Holm-adjusted p < {ALPHA} (not yet measured while there is no test).", "",
+            table(["target", "value", "verdict"], rows), ""]
+
+
+def section(arm: str, epsilon: float | None, tasks: tuple[str, ...], found: dict[str, Scores],
+            twin_found: dict[str, Scores] | None) -> list[str]:
+    """One (arm, ε, tasks) section: per method the task averages and NAI, NAI per task, each method against task
+    arithmetic and, for a private arm, the drop against its non-private twin (``twin_found``) and the targets."""
+    floor = ARMS[arm].floor
+    text = [f"## `{arm}` " + ("(no DP)" if epsilon is None else f"at ε = {epsilon:g}")
+            + ("" if tasks == PACKAGED_TASKS else f" on {', '.join(tasks)}"), ""]
+    found = {m: s for m, s in found.items() if s.seeds}
+    if not found:
+        return [*text, f"No merge whose floors (`{floor}`) are all stored.", ""]
+    rows = [[m, seeds_cell(s.seeds), *(f"{statistics.mean(v):.1f}" for v in (s.floor, s.individual, s.merged)),
+             f"{statistics.mean(a - b for a, b in zip(s.merged, s.floor)):+.2f}", share_cell(s.nai)]
+            for m, s in found.items()]
+    first = next(iter(found))
+    task_rows = [[t, f"{statistics.mean(found[first].task_floor[t]):.1f}",
+                  f"{statistics.mean(found[first].task_individual[t]):.1f}",
+                  *(share_cell(s.task_nai[t]) for s in found.values())] for t in found[first].task_nai]
+    text += [f"Floor: `{floor}`, the same seed" + ("" if epsilon is None else " and ε") + ". Test accuracy % "
+             "averaged over the tasks, means over seeds; NAI from each seed's task-averaged scores.", "",
+             table(["method", "seeds", "floor", "individual", "merged", "merged − floor (points)", "NAI [95 % CI]"],
+                   rows), "",
+             "### NAI per task", "",
+             f"Floor and individual: means over `{first}`'s seeds (every method merges the same adapters).", "",
+             table(["task", "floor", "individual", *found], task_rows), ""]
+    versus = against_baseline(found)
+    if versus:
+        text += ["### Against task arithmetic", "",
+                 "Task-averaged merged accuracy, paired over seeds (points), Holm over the methods compared; merge "
+                 "time (`hf-dpmerge merge`, LoRA cache built first) as a multiple of task arithmetic's on the same "
+                 "adapters, mean over seeds.", "",
+                 table(["method", "seeds", "merged − task arithmetic per seed", "mean", "p (paired t, seeds)",
+                        f"Holm-adjusted p (* < {ALPHA})", "NAI − task arithmetic's", "merge time × task arithmetic"],
+                       [[m, seeds_cell(v.seeds), " ".join(f"{d:+.2f}" for d in v.diffs),
+                         f"{statistics.mean(v.diffs):+.2f}", *p_cells(v.p, v.adjusted),
+                         share_cell(v.nai_gaps, "points"), f"{v.time_ratio:.1f}×"] for m, v in versus.items()]), ""]
+    if epsilon is None:
+        return text
+    drops = [[m, seeds_cell(seeds), share_cell(s.at(seeds, "nai")), share_cell(twin_found[m].at(seeds, "nai")),
+              share_cell([a - b for a, b in zip(twin_found[m].at(seeds, "nai"), s.at(seeds, "nai"))], "points")]
+             for m, s in found.items() if twin_found and m in twin_found
+             for seeds in [s.common(twin_found[m])] if seeds]
+    text += ["### DP-induced mergeability drop", "",
+             *([f"NAI of the non-private twin `{twin(arm)}` − this arm's, paired over seeds.", "",
+                table(["method", "seeds", "NAI", "twin's NAI", "drop [95 % CI]"], drops)] if drops else
+               [f"Not yet measured: the non-private twin (`{twin(arm)}`) has no stored merge of these methods and "
+                "seeds."]), ""]
+    return text + targets(found, versus)
+
+
+class MergeGain(harness.Study, name="merge_gain", schema=1):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS))
+        parser.add_argument("--seeds", default="0,1,2")
+        parser.add_argument("--epsilons", default="8", help="the private arms' target ε, comma-separated")
+        parser.add_argument("--arms", default="private,non_private",
+                            help=f"the merged arms (each brings its floor): {','.join(MERGED_ARMS)}")
+        parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the merge methods")
+
+    def plan(self, args: argparse.Namespace) -> list[Unit]:
+        """Per seed, its training units (floors other studies stored left out; a stored adapter whose kept folder is
+        gone marked to rerun while a merge of it is still missing), then its merges."""
+        tasks = listed(args.tasks, PACKAGED_TASKS, "--tasks")
+        arms, methods = listed(args.arms, MERGED_ARMS, "--arms"), listed(args.methods, METHODS, "--methods")
+        epsilons = [float(e) for e in args.epsilons.split(",")]
+        store, work_dir, reused = harness.Store(args.units_dir, self.schema), args.work_dir.resolve(), reused_floors()
+        units: list[Unit] = []
+        for seed in map(int, args.seeds.split(",")):
+            training: dict[str, Unit] = {}
+            merges: dict[str, Unit] = {}
+            for arm in arms:
+                for epsilon in epsilons if ARMS[arm].private else [None]:
+                    cell_merges = [merge_unit(arm, seed, epsilon, m, tasks) for m in methods]
+                    pending = any(store.load(u) is None for u in cell_merges)
+                    for task in tasks:
+                        unit = training_unit(task, arm, seed, epsilon)
+                        kept = (kept_run(work_dir, unit) / "encoder_adapter").is_dir()
+                        training[unit.name] = Unit(unit.name, unit.settings,
+                                                   rerun=pending and not kept and store.load(unit) is not None)
+                    for task in tasks:
+                        floor = training_unit(task, ARMS[arm].floor, seed, epsilon)
+                        if (task, seed, tuple(floor.settings["flags"])) not in reused:
+                            training.setdefault(floor.name, floor)
+                    merges |= {u.name: u for u in cell_merges}
+            units += [*training.values(), *merges.values()]
+        return units
+
+    def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
+        """A training unit (kept unless a floor), or a merge: the kept adapters staged afresh, merged (timed) and
+        scored."""
+        from hf_dpmerge.analysis.evaluation import evaluate_runs
+
+        s = unit.settings
+        if "method" not in s:
+            return train_unit(s["task"], s["flags"], s["seed"], work_dir, unit.name, keep=bool(ARMS[s["arm"]].floor))
+        tasks = s["tasks"]
+        folder = work_dir / "merges" / f"{cell(s['arm'], s['target_epsilon'])}-seed{s['seed']}"
+        shutil.rmtree(folder / "runs", ignore_errors=True)  # never a copy of an adapter retrained since
+        runs = stage_runs(folder / "runs", work_dir / "base", {
+            t: kept_run(work_dir, training_unit(t, s["arm"], s["seed"], s["target_epsilon"])) for t in tasks})
+        config = merge_config(s["method"], runs / "base", [runs / t / "encoder_adapter" for t in tasks],
+                              non_private=s["target_epsilon"] is None, parameters=s["merge_parameters"])
+        merged = folder / "merged" / s["method"]
+        seconds = timed_merge(config, folder / f"{s['method']}.yaml", merged, folder / "lora_cache")
+        evaluation = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", progress=False).to_dict()
+        shutil.rmtree(merged, ignore_errors=True)
+        return {"evaluation": evaluation, "merge_seconds": seconds}
+
+    def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        """One section per (arm, ε, tasks) of the stored merges, private arms first, against the floors (this
+        study's, else the reused ones)."""
+        floors = reused_floors() | {(u["settings"]["task"], u["settings"]["seed"], tuple(u["settings"]["flags"])):
+                                    100 * u["result"]["test"]["accuracy"] for u in stored
+                                    if "method" not in u["settings"]}
+        groups: dict[tuple[str, float | None, tuple[str, ...]], list[dict]] = {}
+        for unit in stored:
+            s = unit["settings"]
+            if "method" in s and s["arm"] in ARMS:
+                groups.setdefault((s["arm"], s["target_epsilon"], tuple(s["tasks"])), []).append(s | unit["result"])
+
+        def arm_scores(arm: str, epsilon: float | None, tasks: tuple[str, ...]) -> dict[str, Scores]:
+            wanted = tuple(flags(ARMS[arm].floor, epsilon))
+            arm_floors = {(task, seed): score for (task, seed, f), score in floors.items() if f == wanted}
+            units = groups.get((arm, epsilon, tasks), [])
+            return {m: scores([u for u in units if u["method"] == m], arm_floors) for m in METHODS}
+
+        order = sorted(groups, key=lambda g: (not ARMS[g[0]].private, list(ARMS).index(g[0]), -(g[1] or 0),
+                                              g[2] != PACKAGED_TASKS, g[2]))
+        sections = [line for arm, epsilon, tasks in order for line in section(
+            arm, epsilon, tasks, arm_scores(arm, epsilon, tasks),
+            arm_scores(twin(arm), None, tasks) if twin(arm) and epsilon is not None else None)]
+        text = ["# What merges keep of what private adapters add", "",
+                f"Generated by `python -m benchmarks.studies.merge_gain --report-only` from {len(stored)} stored "
+                "units. Test accuracy %, whole test splits. NAI = (merged − floor) / (individual − floor): the "
+                "share of the adapters' gain over the floor that the merge keeps. The seed is the unit (each "
+                "retrains every adapter): means over seeds, 95 % t intervals over seeds.", "",
+                *(sections or ["No merge unit is stored yet.", ""]),
+                "## Arms", "",
+                "train_glue.py flags on top of its defaults (`LPFT_RECIPE`, the lpft study's "
+                "`k2_b1024_t75_lr1e-2_head6_dpsgd`), shown at ε = 8; merge parameters: `merge_configs/<method>.yaml`"
+                " as stored, `dp_aware` with `allow_non_private: true` on non-private adapters.", "",
+                *(f"- `{name}`: `{' '.join(flags(name, 8.0))}`" for name in ARMS), ""]
+        return {REPORT: "\n".join(text)}
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(MergeGain()))
