@@ -67,6 +67,7 @@ class Arm:
 ARMS: dict[str, Arm] = {
     "private": Arm(floor="private_head"),  # LPFT_RECIPE: the lpft study's k2_b1024_t75_lr1e-2_head6_dpsgd
     "non_private": Arm(private=False, floor="non_private_head"),  # its twin: the same recipe without DP
+    "private_average25": Arm(("--average_last_steps", "25"), floor="private_head"),  # the mean of the last 25
     "private_head": Arm(HEAD_FLAGS),  # the lpft study's private_head
     "non_private_head": Arm(HEAD_FLAGS, private=False),  # the headroom study's head
 }

@@ -266,7 +266,8 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
         noise_multiplier=None, epsilon_budget=None, max_steps=script.head_phase_steps,
         per_device_train_batch_size=script.head_phase_batch_size, physical_batch_size=script.head_phase_batch_size,
         learning_rate=script.head_phase_learning_rate, head_learning_rate=script.head_phase_learning_rate,
-        sam_mode="none", align_lambda=0.0, head_warmup_steps=0, eval_strategy="no", eval_on_start=False,
+        sam_mode="none", align_lambda=0.0, head_warmup_steps=0, average_last_steps=0, eval_strategy="no",
+        eval_on_start=False,
     )
     trainer = dp_trainer(head_model, head_config, train_dataset=train, data_collator=collator,
                          **script.trainer_options())

@@ -89,6 +89,11 @@ class DPSAMConfig(TrainingArguments):
                   "An integer K ≥ 1, or a float in [0, 1): that fraction of max_steps, rounded down "
                   "(docs/design.md §15.3)."},
     )
+    average_last_steps: int = field(
+        default=0,
+        metadata={"help": "Release the mean of the last K iterates instead of the last one: post-processing of the "
+                  "accounted steps, no privacy cost (docs/design.md §15.7; 0 disables)."},
+    )
     physical_batch_size: int = field(default=64, metadata={"help": "Micro-batch size inside one Poisson draw."})
     dp_seed: int | None = field(
         default=None,
@@ -136,6 +141,8 @@ class DPSAMConfig(TrainingArguments):
                 and (self.head_warmup_steps < 1 or float(self.head_warmup_steps).is_integer())):
             problems.append("head_warmup_steps must be an integer ≥ 1 (steps) or a fraction in [0, 1) of max_steps, "
                             f"got {self.head_warmup_steps}")
+        if self.average_last_steps < 0:
+            problems.append(f"average_last_steps must be ≥ 0 (0: the last iterate), got {self.average_last_steps}")
         if self.physical_batch_size < 1:
             problems.append(f"physical_batch_size must be ≥ 1, got {self.physical_batch_size}")
         if self.dp:

@@ -64,6 +64,7 @@ from hf_dpmerge.training.dp.state import (
     seeded_generator,
 )
 from hf_dpmerge.training.dpsam_config import DPSAMConfig
+from hf_dpmerge.training.iterate_average import IterateAverageCallback
 from hf_dpmerge.training.public_anchor import anchor_divergence
 from hf_dpmerge.training.release import ReleaseMixin
 from hf_dpmerge.training.sam import per_example_sam_grads, queries_per_step
@@ -200,6 +201,10 @@ class DPSAMTrainer(ReleaseMixin, Trainer):
         if args.dp:
             self._setup_privacy()
         self.add_callback(DPStateCallback(self.dp_state, self._load_rng_state, self.log))
+        self.iterate_average = (IterateAverageCallback(self._params, args.average_last_steps, self.planned_steps)
+                                if args.average_last_steps > 0 else None)
+        if self.iterate_average is not None:
+            self.add_callback(self.iterate_average)
 
     # ------------------------------------------------------------------ DP state, read-only
     @property

@@ -112,6 +112,9 @@ class ReleaseMixin:
             extra["public_anchor"] = {"lambda": self.anchor_lambda, "rows": len(self.anchor_rows),
                                       "privacy": "public prompts and the weights only: its gradient is added after "
                                                  "the noise (no privacy cost)"}
+        if self.iterate_average is not None:
+            extra["iterate_average"] = {"last_steps": self.args.average_last_steps,
+                                        "iterates": self.iterate_average.count}
         if self.earlier_phases and self.dp_state.accountant is not None:
             extra["phases"] = [*self.earlier_phases, self.privacy_phase("lora")]
         return extra
