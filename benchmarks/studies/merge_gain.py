@@ -17,6 +17,7 @@ import math
 import shutil
 import statistics
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,20 +65,30 @@ class Arm:
     floor: str | None = None
 
 
+TASK_A_SEED = "{task_a_seed}"
+"""An arm flag standing for each task's own public A seed (:func:`task_a_seed`)."""
 ARMS: dict[str, Arm] = {
     "private": Arm(floor="private_head"),  # LPFT_RECIPE: the lpft study's k2_b1024_t75_lr1e-2_head6_dpsgd
     "non_private": Arm(private=False, floor="non_private_head"),  # its twin: the same recipe without DP
     "private_average25": Arm(("--average_last_steps", "25"), floor="private_head"),  # the mean of the last 25
+    "private_own_a": Arm(("--lora_a_seed", TASK_A_SEED), floor="private_head"),  # a public A per task: rank T·r
     "private_head": Arm(HEAD_FLAGS),  # the lpft study's private_head
     "non_private_head": Arm(HEAD_FLAGS, private=False),  # the headroom study's head
 }
 MERGED_ARMS = tuple(name for name, arm in ARMS.items() if arm.floor)
 
 
-def flags(arm: str, epsilon: float | None) -> list[str]:
-    """The arm's train_glue.py flags (task and seed aside)."""
+def flags(arm: str, epsilon: float | None, task: str | None = None) -> list[str]:
+    """The arm's train_glue.py flags (task and seed aside); for a ``task``, :data:`TASK_A_SEED` becomes its
+    :func:`task_a_seed`."""
     spec = ARMS[arm]
-    return [*spec.flags, *(("--target_epsilon", f"{epsilon:g}") if spec.private else NON_PRIVATE_FLAGS)]
+    own = [task_a_seed(task) if flag == TASK_A_SEED and task else flag for flag in spec.flags]
+    return [*own, *(("--target_epsilon", f"{epsilon:g}") if spec.private else NON_PRIVATE_FLAGS)]
+
+
+def task_a_seed(task: str) -> str:
+    """A task's own public ``--lora_a_seed``: CRC-32 of its name (public, stable across runs and machines)."""
+    return str(zlib.crc32(task.encode()) % 2**31)
 
 
 def twin(arm: str) -> str | None:
@@ -94,7 +105,8 @@ def cell(arm: str, epsilon: float | None) -> str:
 def training_unit(task: str, arm: str, seed: int, epsilon: float | None) -> Unit:
     epsilon = epsilon if ARMS[arm].private else None
     return Unit(f"{task}-{cell(arm, epsilon)}-seed{seed}",
-                {"task": task, "arm": arm, "seed": seed, "target_epsilon": epsilon, "flags": flags(arm, epsilon)})
+                {"task": task, "arm": arm, "seed": seed, "target_epsilon": epsilon,
+                 "flags": flags(arm, epsilon, task)})
 
 
 def merge_unit(arm: str, seed: int, epsilon: float | None, method: str, tasks: list[str]) -> Unit:

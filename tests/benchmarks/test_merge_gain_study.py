@@ -5,6 +5,7 @@ values."""
 
 import argparse
 import dataclasses
+import zlib
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,20 @@ def test_the_lpft_head_unit_is_the_private_head_and_the_private_arm_trains_the_l
         for mine, other in zip(ours, theirs):
             differing = {f.name for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(other, f.name)}
             assert differing <= {"head_phase_epsilon", "cache_prefix"}  # ε₁ stated vs its share; auto caches
+
+
+def test_the_own_a_arm_gives_each_task_its_own_public_a_seed_and_the_averaging_arm_its_window():
+    """private_own_a: each task's training parses to FFA-LoRA with its own frozen A seed (CRC-32 of its name), every
+    other flag the private arm's; private_average25 releases the mean of the last 25 iterates."""
+    parsed = {task: train_script.parse_arguments([*training_unit(task, "private_own_a", 0, 8.0).settings["flags"],
+                                                  "--task", task]) for task in (A, B)}
+    seeds = {task: script.lora_a_seed for task, (script, _) in parsed.items()}
+    assert seeds == {task: zlib.crc32(task.encode()) % 2**31 for task in (A, B)} and seeds[A] != seeds[B]
+    private = train_script.parse_arguments([*merge_gain.flags("private", 8.0), "--task", A])
+    assert parsed[A][0].lora_freeze_a and private[0].lora_freeze_a
+    assert dataclasses.replace(parsed[A][0], lora_a_seed=private[0].lora_a_seed) == private[0]
+    averaged = train_script.parse_arguments([*merge_gain.flags("private_average25", 8.0), "--task", A])[1]
+    assert averaged.average_last_steps == 25 and private[1].average_last_steps == 0
 
 
 def test_a_stored_adapter_whose_kept_folder_is_gone_is_retrained_while_a_merge_needs_it(tmp_path, monkeypatch,
