@@ -32,9 +32,9 @@ TRAINERS = ("dp_sgd", "dp_merging")
 METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
-"""Each encoder merge method of the comparisons and the quality grids → its packaged config under ``merge_configs/``."""
+"""Each encoder merge method of the comparisons → its packaged config under ``merge_configs/``."""
 SPECTRAL_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi")}
-"""The spectral methods' packaged configs (merged by the merge_gain study, not by the quality grids)."""
+"""The spectral methods' packaged configs (merged by the merge_gain study, not by the comparisons)."""
 
 
 def packaged_parameters(merge: str) -> dict[str, Any] | None:

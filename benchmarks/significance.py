@@ -1,4 +1,4 @@
-"""Paired significance of one model against another, respecting the stress grid's design (seeds × examples).
+"""Paired significance of one model against another over a design of seeds × examples.
 
 Both models are scored per seed on that seed's test examples, per task: 0/1 per example, keyed (seed, task).
 The compared quantity is the mean over seeds of the seed's task-averaged accuracy difference, as the headline

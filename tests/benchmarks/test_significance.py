@@ -1,14 +1,12 @@
-"""The stress grid's statistics: exact McNemar, Holm, the seed-level test, the cluster bootstrap, gain retained,
-tuning on validation."""
+"""benchmarks/significance.py: exact McNemar, Holm, the seed-level paired test, the cluster bootstrap and the
+count of distinct test examples."""
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from benchmarks.quality.tuning import tune
 from benchmarks.significance import (
     adjust,
     cluster_bootstrap_ci,
@@ -17,7 +15,6 @@ from benchmarks.significance import (
     holm,
     mcnemar_p_value,
 )
-from hf_dpmerge.data.metrics import gain_retained
 
 
 def test_mcnemar_is_the_exact_binomial_test_at_every_count():
@@ -113,40 +110,3 @@ def test_holm_over_a_family_can_take_significance_away_and_distinct_examples_cou
     ids = {(0, "a"): [0, 1, 2], (1, "a"): [2, 3, 4], (0, "b"): [7, 8], (1, "b"): [7, 8]}
     assert distinct_examples(list(lengths), lengths, ids) == 5 + 2
     assert distinct_examples(list(lengths), lengths, None) == 3 + 2  # a shared subset counts once
-
-
-def test_gain_retained_arithmetic():
-    assert gain_retained(0.8, 0.9, 0.5) == pytest.approx(0.75)
-    assert gain_retained(0.5, 0.9, 0.5) == 0.0
-    assert gain_retained(0.95, 0.9, 0.5) == pytest.approx(1.125)
-    assert gain_retained(0.7, 0.5, 0.5) is None  # the adapter does not beat the floor
-    assert gain_retained(0.7, 0.4, 0.5) is None
-
-
-def test_tuning_selects_on_validation_and_reads_test_once_for_the_choice():
-    # validation prefers point 1, test would prefer point 2: a selection that read test would pick 2
-    validation = {0: 0.5, 1: 0.8, 2: 0.6}
-    test = {0: 0.1, 1: 0.2, 2: 0.9}
-    calls, discarded = [], []
-
-    def merge(index, point):
-        return Path(f"merged-{index}")
-
-    def score(directory, split):
-        index = int(directory.name.split("-")[1])
-        calls.append((split, index))
-        value = (validation if split == "validation" else test)[index]
-        return {"task": np.array([1] * int(100 * value) + [0] * (100 - int(100 * value)))}
-
-    result = tune([{"lambda": 0.5}, {"lambda": 1.0}, {"lambda": 2.0}], merge, score, discarded.append)
-    assert result["selected"] == 1 and result["point"] == {"lambda": 1.0}
-    assert calls == [("validation", 0), ("validation", 1), ("validation", 2), ("test", 1)]
-    assert float(result["test"]["task"].mean()) == pytest.approx(0.2)
-    assert [t["mean"] for t in result["trials"]] == pytest.approx([0.5, 0.8, 0.6])
-    assert sorted(discarded) == [Path("merged-0"), Path("merged-1"), Path("merged-2")]
-
-
-def test_tuning_keeps_the_first_point_on_ties():
-    result = tune([{"x": 1}, {"x": 2}], lambda i, p: Path(str(i)), lambda d, s: {"t": np.array([1, 0])},
-                  lambda d: None)
-    assert result["selected"] == 0
