@@ -50,6 +50,25 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
+def paired_p(first: Sequence[float], second: Sequence[float], alternative: str = "two-sided") -> float | None:
+    """Paired t-test over seeds (``ttest_rel``); None with fewer than 2 pairs or one difference throughout."""
+    diffs = [a - b for a, b in zip(first, second)]
+    return float(stats.ttest_rel(first, second, alternative=alternative).pvalue) if len(set(diffs)) > 1 else None
+
+
+def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values over the tested comparisons (None: untested, left out of the family)."""
+    tested = [i for i, p in enumerate(p_values) if p is not None]
+    adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
+    return [adjusted.get(i) for i in range(len(p_values))]
+
+
+def p_cells(p: float | None, adjusted: float | None) -> list[str]:
+    """The cells ``p`` and ``Holm-adjusted p`` (``*`` below :data:`ALPHA`); ``—`` for an untested comparison."""
+    return ["—", "—"] if p is None or adjusted is None else [
+        f"{p:.3g}", f"{adjusted:.3g}" + (" *" if adjusted < ALPHA else "")]
+
+
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
     """The two-sided ``level`` t confidence interval of the mean of ``values`` (one per seed, the unit):
     mean ± t_{(1 + level)/2, n − 1}·s/√n; None for fewer than two values."""

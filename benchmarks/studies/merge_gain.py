@@ -28,16 +28,13 @@ from benchmarks.merging import (
     SPECTRAL_CONFIGS,
     floor_average,
     gain_retained,
-    holm_adjusted,
     merge_config,
-    p_cells,
     packaged_parameters,
-    paired_p,
     stage_runs,
     task_average,
     timed_merge,
 )
-from benchmarks.significance import ALPHA, t_interval
+from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p, t_interval
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 

@@ -1,5 +1,5 @@
-"""benchmarks/significance.py: exact McNemar, Holm, the seed-level paired test, the cluster bootstrap and the
-count of distinct test examples."""
+"""benchmarks/significance.py: exact McNemar, Holm, the seed-level paired tests, the cluster bootstrap, the count
+of distinct test examples and the reports' p-value cells."""
 
 import itertools
 
@@ -13,7 +13,10 @@ from benchmarks.significance import (
     compare,
     distinct_examples,
     holm,
+    holm_adjusted,
     mcnemar_p_value,
+    p_cells,
+    paired_p,
 )
 
 
@@ -110,3 +113,14 @@ def test_holm_over_a_family_can_take_significance_away_and_distinct_examples_cou
     ids = {(0, "a"): [0, 1, 2], (1, "a"): [2, 3, 4], (0, "b"): [7, 8], (1, "b"): [7, 8]}
     assert distinct_examples(list(lengths), lengths, ids) == 5 + 2
     assert distinct_examples(list(lengths), lengths, None) == 3 + 2  # a shared subset counts once
+
+
+def test_paired_p_is_scipys_paired_t_and_holm_leaves_the_untested_out():
+    first, second = [0.8, 0.7, 0.9], [0.6, 0.65, 0.7]
+    assert paired_p(first, second) == pytest.approx(stats.ttest_rel(first, second).pvalue)
+    assert paired_p(first, second, "greater") == pytest.approx(
+        stats.ttest_rel(first, second, alternative="greater").pvalue)
+    assert paired_p([0.9], [0.5]) is None and paired_p([0.9, 0.8], [0.5, 0.4]) is None  # one seed; one difference
+    adjusted = holm_adjusted([0.01, None, 0.04])
+    assert adjusted[1] is None and adjusted[::2] == pytest.approx(holm([0.01, 0.04]))
+    assert p_cells(None, None) == ["—", "—"] and p_cells(0.01, 0.02) == ["0.01", "0.02 *"]
