@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness, merging
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import (
     SPECTRAL_CONFIGS,
@@ -116,14 +116,6 @@ def reused_floors() -> dict[tuple[str, int, tuple[str, ...]], float]:
             if s.get("base", "minilm") == "minilm" and "flags" in s:
                 found[(s["task"], s["seed"], tuple(s["flags"]))] = 100 * unit["result"]["test"]["accuracy"]
     return found
-
-
-def listed(text: str, known: tuple[str, ...], option: str) -> list[str]:
-    """A comma-separated option's values, each one of ``known``."""
-    values = text.split(",")
-    if unknown := sorted(set(values) - set(known)):
-        raise ValueError(f"{option}: unknown {unknown}; choose among {list(known)}")
-    return values
 
 
 @dataclass(frozen=True)
