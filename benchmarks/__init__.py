@@ -1,2 +1,2 @@
-"""The project's benchmarks, run from the repository root: ``python -m benchmarks.quality``,
-``python benchmarks/merge.py``, ``python benchmarks/train_step.py``."""
+"""The project's benchmarks, run from the repository root: the studies, ``python -m benchmarks.studies.<name>``
+(:mod:`benchmarks.harness`), and the timing scripts, ``python -m benchmarks.speed.<name>``."""

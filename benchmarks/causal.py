@@ -104,6 +104,21 @@ def generation_scores(model, tokenizer, task: str, max_length: int, samples: int
             "examples": [{"answer": a, "gold": verbalisers[y]} for a, y in list(zip(answers, test["label"]))[:5]]}
 
 
+def merged_generation(merged: Path, runs: Path, tasks: list[str]) -> dict:
+    """Per task, :func:`generation_scores` of the merged LM ``merged`` (each task's run in ``runs`` gives its
+    ``max_length`` and whether its answer's end was trained)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_dpmerge.records.record import PrivacyRecord
+
+    model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    records = {task: PrivacyRecord.load(runs / task / "adapter") for task in tasks}
+    return {task: generation_scores(model, tokenizer, task, int(record.extra["max_length"]), GENERATION_SAMPLES,
+                                    record.answer_end_trained) for task, record in records.items()}
+
+
 def score_kept_generation(work_dir: Path, kept: Path) -> dict:
     """:func:`generation_scores` of the kept adapter ``kept/<task>/adapter``, merged into
     the base by stock peft."""

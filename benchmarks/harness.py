@@ -74,6 +74,14 @@ class Store:
         return found
 
 
+def listed(text: str, known: Sequence[str], option: str) -> list[str]:
+    """A comma-separated option's values, each one of ``known`` (else a ValueError, a usage error in a plan)."""
+    values = text.split(",")
+    if unknown := sorted(set(values) - set(known)):
+        raise ValueError(f"{option}: unknown {unknown}; choose among {list(known)}")
+    return values
+
+
 def stored(study: str, schema: int) -> list[dict[str, Any]]:
     """Another study's stored units (:meth:`Store.results` of ``benchmarks/reports/<study>/units``)."""
     return Store(REPORTS / study / "units", schema).results()

@@ -18,23 +18,21 @@ import json
 import shutil
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from .markdown import table
-from .significance import ALPHA, holm
+from .significance import ALPHA, holm_adjusted, p_cells, paired_p
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINERS = ("dp_sgd", "dp_merging")
 METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
-"""Each encoder merge method of the comparisons and the quality grids → its packaged config under ``merge_configs/``."""
+"""Each encoder merge method of the comparisons → its packaged config under ``merge_configs/``."""
 SPECTRAL_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi")}
-"""The spectral methods' packaged configs (merged by the merge_gain study, not by the quality grids)."""
+"""The spectral methods' packaged configs (merged by the merge_gain study, not by the comparisons)."""
 
 
 def packaged_parameters(merge: str) -> dict[str, Any] | None:
@@ -141,25 +139,6 @@ def gain_retained(floor: float, individual: float, merged: float) -> float:
     """(merged − floor) / (individual − floor): the share of the adapters' gain over the floor the merge keeps
     (normalized accuracy improvement); NaN when the adapters do not beat the floor."""
     return (merged - floor) / (individual - floor) if individual > floor else float("nan")
-
-
-def paired_p(first: Sequence[float], second: Sequence[float]) -> float | None:
-    """Two-sided paired t-test over seeds; None with fewer than 2 pairs or one difference throughout."""
-    diffs = [a - b for a, b in zip(first, second)]
-    return float(stats.ttest_rel(first, second).pvalue) if len(diffs) > 1 and len(set(diffs)) > 1 else None
-
-
-def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm-adjusted p-values over the tested comparisons (None: untested, left out of the family)."""
-    tested = [i for i, p in enumerate(p_values) if p is not None]
-    adjusted = dict(zip(tested, holm([p_values[i] for i in tested])))
-    return [adjusted.get(i) for i in range(len(p_values))]
-
-
-def p_cells(p: float | None, adjusted: float | None) -> list[str]:
-    """The cells ``p`` and ``Holm-adjusted p`` (``*`` below :data:`ALPHA`); ``—`` for an untested comparison."""
-    return ["—", "—"] if p is None or adjusted is None else [
-        f"{p:.3g}", f"{adjusted:.3g}" + (" *" if adjusted < ALPHA else "")]
 
 
 def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, title: str, preamble: list[str],

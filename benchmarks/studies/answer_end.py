@@ -16,7 +16,6 @@ scores these adapters, and stock ``pipeline("text-generation")`` answers. Report
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import sys
@@ -28,13 +27,13 @@ from benchmarks.causal import (
     GENERATION_SAMPLES,
     add_kept_arguments,
     causal_parameters,
-    generation_scores,
     kept_runs,
     merged_by,
+    merged_generation,
     score_kept_generation,
     scores,
 )
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import METHODS, stage_runs
 
@@ -49,20 +48,8 @@ against a zero-shot floor of its own; a variant that learnt it has the learnt pa
 ZERO_SHOT, INDIVIDUAL, NON_PRIVATE = "zero_shot", "individual", "non_private"
 LEARNT_GENERATION = {"task_arithmetic": "generation_task_arithmetic.json", "ties": "generation_ties.json",
                      "dp_aware": "generation_dp.json", "cauchy_poe": "generation_cauchy_poe.json"}
-"""Each seed-0 DP-SGD merge's stock generation (``benchmarks.studies.causal_full.merged_generation``), in
+"""Each seed-0 DP-SGD merge's stock generation (:func:`benchmarks.causal.merged_generation`), in
 ``benchmarks/reports/causal_recipe/``."""
-
-
-def generation(model, runs: Path, tasks: list[str]) -> dict:
-    """:func:`generation_scores` of the merged ``model`` on each task (the tokenizer and ``max_length`` of its
-    run)."""
-    from transformers import AutoTokenizer
-
-    from hf_dpmerge.analysis.task_run import task_runs
-
-    tokenizer = AutoTokenizer.from_pretrained(runs / "base")
-    return {run.task: generation_scores(model, tokenizer, run.task, run.max_length, GENERATION_SAMPLES,
-                                        run.record.answer_end_trained) for run in task_runs(runs, tasks)}
 
 
 def _learnt(what: str, seed: int) -> tuple[dict | None, dict | None]:
@@ -174,9 +161,7 @@ class AnswerEnd(harness.Study, name="answer_end", schema=1):
     def plan(self, args: argparse.Namespace) -> list[Unit]:
         """Per seed: the zero-shot base (a variant that leaves the end out), each adapter alone, each merge and the
         non-private twins kept; the kept runs read from the causal_recipe study's stored units."""
-        tasks, methods = args.tasks.split(","), args.methods.split(",")
-        if unknown := sorted(set(methods) - set(METHODS)):
-            raise ValueError(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
+        tasks, methods = args.tasks.split(","), listed(args.methods, METHODS, "--methods")
         candidate = f"{CANDIDATE}+{args.variant}"
         self.base = args.base.resolve()
         self.kept = {(t, e, s): run for (t, c, e, s), run in kept_runs(args.kept.resolve()).items() if c == candidate}
@@ -197,9 +182,6 @@ class AnswerEnd(harness.Study, name="answer_end", schema=1):
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
         """Score one unit by verbaliser likelihood and, for ``individual`` and the merges, stock generation."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
         from hf_dpmerge.analysis.task_run import task_runs
 
         s = unit.settings
@@ -218,10 +200,7 @@ class AnswerEnd(harness.Study, name="answer_end", schema=1):
         else:
             with merged_by(s["what"], runs, tasks, cell, s["merge_parameters"]) as merged:
                 result["scores"] = scores(runs, tasks, samples, merged)
-                model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
-                result["generation"] = generation(model, runs, tasks)
-                del model
-                gc.collect()
+                result["generation"] = merged_generation(merged, runs, tasks)
         return result
 
     def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.causal import CONFIGS, GENERATION_SAMPLES, NON_PRIVATE, causal_parameters, merged_by, run, scores
-from benchmarks.harness import REPO, Unit
+from benchmarks.causal import CONFIGS, NON_PRIVATE, causal_parameters, merged_by, merged_generation, run, scores
+from benchmarks.harness import REPO, Unit, listed
 from benchmarks.markdown import table
 
 # Fixed before the full run from the 2000-example pilot (docs/causal-lm.md), not tuned on a validation split:
@@ -41,21 +41,6 @@ RECIPE = ["--lora_layers", "top_4", "--per_device_train_batch_size", "64", "--ph
           "--max_steps", "200", "--learning_rate", "3e-3", "--cache_prefix", "true",
           "--sam_mode", "dp_sat", "--sam_rho", "0.05", "--align_lambda", "0.05", "--logging_steps", "5",
           "--prefix_cache_dir", "prefix_cache"]  # under the work folder: a task's DP and non-private runs share it
-
-
-def merged_generation(merged: Path, runs: Path, tasks: list[str]) -> dict[str, Any]:
-    """Per task, :func:`~benchmarks.causal.generation_scores` of the merged LM ``merged``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from benchmarks.causal import generation_scores
-    from hf_dpmerge.records.record import PrivacyRecord
-
-    model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(merged)
-    records = {task: PrivacyRecord.load(runs / task / "adapter") for task in tasks}
-    return {task: generation_scores(model, tokenizer, task, int(record.extra["max_length"]), GENERATION_SAMPLES,
-                                    record.answer_end_trained) for task, record in records.items()}
 
 
 class CausalFull(harness.Study, name="causal_full", schema=1):
@@ -72,9 +57,7 @@ class CausalFull(harness.Study, name="causal_full", schema=1):
         parser.add_argument("--max_eval_samples", help="score a seeded stratified subset of the test split")
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
-        tasks, merges = args.tasks.split(","), args.merges.split(",")
-        if unknown := sorted(set(merges) - set(CONFIGS)):
-            raise ValueError(f"--merges: unknown {unknown}; choose from {list(CONFIGS)}")
+        tasks, merges = args.tasks.split(","), listed(args.merges, list(CONFIGS), "--merges")
         sizes = [part for name in ("max_train_samples", "max_eval_samples") if getattr(args, name)
                  for part in (f"--{name}", getattr(args, name))]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.causal import add_kept_arguments, causal_parameters, kept_runs, merged_by, scores
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.merging import METHODS, comparison, stage_runs
 
 CANDIDATE = "b1600_t12_lr1e-2"
@@ -56,9 +56,7 @@ class CausalMerge(harness.Study, name="causal_merge", schema=1):
                             help="each task's stratified test subset (hf-dpmerge evaluate's --max_eval_samples)")
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
-        tasks, methods = args.tasks.split(","), args.methods.split(",")
-        if unknown := sorted(set(methods) - set(METHODS)):
-            raise ValueError(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
+        tasks, methods = args.tasks.split(","), listed(args.methods, METHODS, "--methods")
         self.base = args.base.resolve()
         self.kept = {(t, c, s): run for (t, c, e, s), run in kept_runs(args.kept.resolve()).items() if e == EPSILON}
         seeds = sorted({seed for (_, _, seed) in self.kept

@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.causal import NON_PRIVATE, run, score_kept_generation
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 
 SELECT_TASK = "bbc_news"
@@ -286,9 +286,7 @@ class CausalRecipe(harness.Study, name="causal_recipe", schema=1):
                     if u["settings"]["stage"] == "train" and u["settings"]["split"] == "test"
                     and (args.work_dir.resolve() / "kept" / u["name"]).is_dir()]
         if args.stage == "select":
-            names = args.candidates.split(",") if args.candidates else list(CANDIDATES)
-            if unknown := sorted(set(names) - set(CANDIDATES)):
-                raise ValueError(f"--candidates: unknown {unknown}; the candidates are {sorted(CANDIDATES)}")
+            names = listed(args.candidates, list(CANDIDATES), "--candidates") if args.candidates else list(CANDIDATES)
             return [causal_unit(SELECT_TASK, c, "validation", 8.0, 0) for c in [*names, ZERO_SHOT]]
         chosen, _ = chosen_candidate(trained(stored))
         if chosen is None:

@@ -26,12 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from benchmarks import harness
 from benchmarks.harness import Unit
-from benchmarks.markdown import table
-from benchmarks.significance import ALPHA, holm
+from benchmarks.markdown import mean_sd, table
+from benchmarks.significance import ALPHA, holm_adjusted, paired_p
 from hf_dpmerge.scripts.data_size import MAX_SAMPLE_RATE, RULE, fitted_steps
 from hf_dpmerge.training.recipe import LPFT_RECIPE, recipe_value
 
@@ -168,22 +166,16 @@ def _cells(stored: list[dict[str, Any]]) -> dict[tuple, dict[int, dict]]:
     return cells
 
 
-def _paired(a: dict, b: dict, split: str) -> tuple[list[float], float]:
-    """Per common seed, 100·(a − b) on ``split``, and the paired t-test's p (nan with < 2 seeds or no spread)."""
+def _paired(a: dict, b: dict, split: str) -> tuple[list[float], float | None]:
+    """Per common seed, 100·(a − b) on ``split``, and the paired t-test's p (None with < 2 seeds or no spread)."""
     seeds = sorted(set(a) & set(b))
-    gains = [100 * (a[s][split] - b[s][split]) for s in seeds]
-    p = stats.ttest_rel([a[s][split] for s in seeds], [b[s][split] for s in seeds]).pvalue \
-        if len(seeds) >= 2 and len(set(gains)) > 1 else float("nan")
-    return gains, p
+    return ([100 * (a[s][split] - b[s][split]) for s in seeds],
+            paired_p([a[s][split] for s in seeds], [b[s][split] for s in seeds]))
 
 
-def _insert_holm(rows: list[list[str]], tests: list[float], column: int) -> None:
-    finite = [i for i, p in enumerate(tests) if p == p]
-    adjusted = holm([tests[i] for i in finite]) if finite else []
-    for i, q in zip(finite, adjusted, strict=True):
-        rows[i].insert(column, _p(q) + (" *" if q < ALPHA else ""))
-    for i in set(range(len(rows))) - set(finite):
-        rows[i].insert(column, "–")
+def _insert_holm(rows: list[list[str]], tests: list[float | None], column: int) -> None:
+    for row, q in zip(rows, holm_adjusted(tests)):
+        row.insert(column, "–" if q is None else _p(q) + (" *" if q < ALPHA else ""))
 
 
 def _rows(by_seed: dict) -> str:
@@ -213,17 +205,15 @@ def _needed(rows: list[list[str]]) -> str:
 
 
 def _mean(by_seed: dict, split: str = "test") -> str:
-    values = [100 * r[split] for r in by_seed.values()]
-    return "–" if not values else f"{statistics.fmean(values):.1f}" + (
-        f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
+    return mean_sd([100 * r[split] for r in by_seed.values()])
 
 
 def _mean_points(gains: list[float]) -> str:
     return "–" if not gains else f"{statistics.fmean(gains):+.2f}"
 
 
-def _p(p: float) -> str:
-    return "–" if p != p else f"{p:.3f}"
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3f}"
 
 
 def _minutes(by_seed: dict) -> str:

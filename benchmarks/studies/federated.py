@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 
 VARIANTS: dict[str, list[str]] = {
@@ -42,10 +42,9 @@ class Federated(harness.Study, name="federated", schema=1):
         parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
-        if unknown := [v for v in args.variants.split(",") if v not in VARIANTS]:
-            raise ValueError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
         common = [*COMMON, "--task", args.task, "--model_name_or_path", args.model_name_or_path]
-        return [Unit(v, {"variant": v, "common": common, "flags": VARIANTS[v]}) for v in args.variants.split(",")]
+        return [Unit(v, {"variant": v, "common": common, "flags": VARIANTS[v]})
+                for v in listed(args.variants, list(VARIANTS), "--variants")]
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
         from hf_dpmerge.cli.main import main as hf_dpmerge

@@ -24,12 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table
-from benchmarks.significance import ALPHA, holm
+from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p
 from benchmarks.training import train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 
@@ -176,7 +174,7 @@ def floor_gap(units: list[dict]) -> dict:
         ours = [statistics.mean(test[(t, recipe, s)] for t in tasks) for s in seeds]
         head = [statistics.mean(test[(t, HEAD, s)] for t in tasks) for s in seeds]
         diffs = [a - b for a, b in zip(ours, head)]
-        p = float(stats.ttest_rel(ours, head).pvalue) if len(seeds) > 1 and len(set(diffs)) > 1 else None
+        p = paired_p(ours, head)
         rows.append({"epsilon": epsilon, "tasks": tasks, "adapters": round(statistics.mean(ours), 2),
                      "floor": round(statistics.mean(head), 2), "difference": round(statistics.mean(diffs), 2),
                      "seeds": seeds, "p": p})
@@ -252,8 +250,7 @@ def lpft_report(units: list[dict], base: Base, headroom: dict[str, float] | None
                 head = [100 * by[(task, HEAD, s, epsilon)]["test"]["accuracy"] for s in seeds]
                 lpft = [100 * by[(task, candidate, s, epsilon)]["test"]["accuracy"] for s in seeds]
                 gain = [a - b for a, b in zip(lpft, head)]
-                p_values.append(float(stats.ttest_rel(lpft, head).pvalue) if len(seeds) > 1 and len(set(gain)) > 1
-                                else None)
+                p_values.append(paired_p(lpft, head))
                 cells.append((task, epsilon, statistics.mean(gain)))
                 rows[candidate].append([task + (" (select)" if task in SELECT_TASKS else ""), f"{epsilon:g}",
                                         ",".join(map(str, seeds)), f"{statistics.mean(head):.1f}",
@@ -262,14 +259,13 @@ def lpft_report(units: list[dict], base: Base, headroom: dict[str, float] | None
     flat_rows = [(c, row) for c in reported for row in rows[c]]
     adjusted = {}  # Holm per recipe: each reported candidate's rows are one family of claims
     for candidate in reported:
-        tested = [i for i, (c, _) in enumerate(flat_rows) if c == candidate and p_values[i] is not None]
-        adjusted |= dict(zip(tested, holm([p_values[i] for i in tested])))
+        family = [i for i, (c, _) in enumerate(flat_rows) if c == candidate]
+        adjusted |= {i: q for i, q in zip(family, holm_adjusted([p_values[i] for i in family])) if q is not None}
     targets = {c: [] for c in reported}
     for i, ((candidate, row), (task, epsilon, mean_gain)) in enumerate(zip(flat_rows, cells)):
         targets[candidate].append(row[:3] + target_verdicts(epsilon, mean_gain, adjusted.get(i, 1.0) < ALPHA,
                                                             (headroom or {}).get(task)))
-        row += ["—", "—"] if i not in adjusted else [f"{p_values[i]:.3g}", f"{adjusted[i]:.3g}"
-                                                     + (" *" if adjusted[i] < ALPHA else "")]
+        row += p_cells(p_values[i], adjusted.get(i))
 
     def heading(candidate: str) -> list[str]:  # one table per reported candidate, named when there are two
         if len(reported) < 2:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import (
     METHODS,
@@ -120,9 +120,7 @@ class LpftMerge(harness.Study, name="lpft_merge", schema=1):
     def plan(self, args: argparse.Namespace) -> list[Unit]:
         """Every seed with both trainers' adapters kept on every task at ``--epsilon``, read from the lpft study's
         stored units (their names are the kept folders)."""
-        tasks, methods = args.tasks.split(","), args.methods.split(",")
-        if unknown := sorted(set(methods) - set(METHODS)):
-            raise ValueError(f"--methods: unknown {unknown}; the methods are {list(METHODS)}")
+        tasks, methods = args.tasks.split(","), listed(args.methods, METHODS, "--methods")
         trainers = trainer_candidates(args.recipe)
         self.base, kept = args.base.resolve(), {}
         for unit in harness.stored("lpft", 1):

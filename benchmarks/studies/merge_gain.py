@@ -23,22 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness, merging
-from benchmarks.harness import Unit
+from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import (
     SPECTRAL_CONFIGS,
     floor_average,
     gain_retained,
-    holm_adjusted,
     merge_config,
-    p_cells,
     packaged_parameters,
-    paired_p,
     stage_runs,
     task_average,
     timed_merge,
 )
-from benchmarks.significance import ALPHA, t_interval
+from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p, t_interval
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 
@@ -132,14 +129,6 @@ def reused_floors() -> dict[tuple[str, int, tuple[str, ...]], float]:
             if s.get("base", "minilm") == "minilm" and "flags" in s:
                 found[(s["task"], s["seed"], tuple(s["flags"]))] = 100 * unit["result"]["test"]["accuracy"]
     return found
-
-
-def listed(text: str, known: tuple[str, ...], option: str) -> list[str]:
-    """A comma-separated option's values, each one of ``known``."""
-    values = text.split(",")
-    if unknown := sorted(set(values) - set(known)):
-        raise ValueError(f"{option}: unknown {unknown}; choose among {list(known)}")
-    return values
 
 
 @dataclass(frozen=True)

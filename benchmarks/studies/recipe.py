@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from benchmarks import harness
 from benchmarks.harness import Unit
 from benchmarks.markdown import table_lines
-from benchmarks.significance import holm
+from benchmarks.significance import holm, paired_p
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.training.recipe import HEAD_ONLY_RECIPE
 
@@ -139,11 +138,10 @@ def paired_comparisons(results: Results, chosen: str) -> list[dict[str, Any]]:
             ours, theirs = seed_averages(results, chosen, epsilon), seed_averages(results, other, epsilon)
             seeds = sorted(set(ours) & set(theirs))
             diffs = np.array([ours[s] - theirs[s] for s in seeds])
-            p_value = (float(stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds],
-                                             alternative="greater").pvalue)
-                       if len(seeds) >= 2 and np.std(diffs) > 0 else math.nan)
+            p_value = paired_p([ours[s] for s in seeds], [theirs[s] for s in seeds], alternative="greater")
             rows.append({"epsilon": epsilon, "other": other, "seeds": seeds, "diffs": diffs.tolist(),
-                         "mean": float(diffs.mean()) if len(diffs) else math.nan, "p": p_value})
+                         "mean": float(diffs.mean()) if len(diffs) else math.nan,
+                         "p": math.nan if p_value is None else p_value})
     finite = [i for i, row in enumerate(rows) if math.isfinite(row["p"])]
     for i, adjusted in zip(finite, holm([rows[i]["p"] for i in finite]), strict=True):
         rows[i]["p_holm"] = adjusted

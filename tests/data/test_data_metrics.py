@@ -3,7 +3,7 @@ import pytest
 from transformers import EvalPrediction
 
 from hf_dpmerge.data import compute_metrics, get_task_spec, predictions_from_logits, trainer_compute_metrics
-from hf_dpmerge.data.metrics import load_metric, metric_path
+from hf_dpmerge.data.metrics import gain_retained, load_metric, metric_path
 
 
 def _binary(predictions, references) -> dict[str, float]:
@@ -69,3 +69,11 @@ def test_users_load_the_merge_retention_metric_with_evaluate_by_path():
     assert f1.compute(individual_predictions=[0, 1], merged_predictions=[0, 1], references=[0, 1])["retention"] == 1.0
     with pytest.raises(KeyError, match="no metric module 'bleu'"):
         metric_path("bleu")
+
+
+def test_gain_retained_arithmetic():
+    assert gain_retained(0.8, 0.9, 0.5) == pytest.approx(0.75)
+    assert gain_retained(0.5, 0.9, 0.5) == 0.0
+    assert gain_retained(0.95, 0.9, 0.5) == pytest.approx(1.125)
+    assert gain_retained(0.7, 0.5, 0.5) is None  # the adapter does not beat the floor
+    assert gain_retained(0.7, 0.4, 0.5) is None

@@ -13,9 +13,11 @@ from safetensors.torch import load_file
 from transformers import DataCollatorWithPadding
 
 from hf_dpmerge import DPSAMTrainer
+from hf_dpmerge.data import get_task_spec
 from hf_dpmerge.modeling.pooled_features import task_head
 from hf_dpmerge.scripts import train as train_glue
 from hf_dpmerge.training.dp.accounting import PrivacyAccountant
+from hf_dpmerge.training.lora_classifier import lora_sequence_classifier
 from tests.utils.tiny_models import save_tiny_bert, tiny_tokenizer
 from tests.utils.training_helpers import lora_classifier, text_dataset, trainer_config
 
@@ -122,3 +124,13 @@ def test_a_seeded_later_phase_draws_streams_of_its_own(tmp_path):
     first, later = (t.dp_state for t in trainers)
     for stream, draw in (("sample_generator", torch.rand), ("noise_generator", torch.randn)):
         assert not torch.equal(draw(8, generator=getattr(first, stream)), draw(8, generator=getattr(later, stream)))
+
+
+def test_the_head_phase_model_trains_the_head_alone(tmp_path):
+    """``train_lora=False`` (the head phase, and a head-only release): LoRA is there, frozen at B = 0."""
+    base = save_tiny_bert(tmp_path / "base")
+    model = lora_sequence_classifier(base, get_task_spec("bbc_news"), r=4, alpha=8,
+                                     target_modules=["query", "value", "intermediate.dense"], train_lora=False)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("classifier" in n for n in trainable)
+    assert any(".lora_B." in n for n, _ in model.named_parameters())

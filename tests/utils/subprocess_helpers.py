@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 
@@ -18,11 +17,3 @@ def run_offline(cmd: list[str], cwd: Path, timeout: int = 600, **extra_env: str)
 
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run_quality_benchmark(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks.quality ARGS`` offline, with this checkout importable (benchmarks/ is no package
-    that gets installed)."""
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return run_offline([sys.executable, "-m", "benchmarks.quality", *args], cwd=cwd, timeout=timeout,
-                       PYTHONPATH=pythonpath)
