@@ -157,7 +157,9 @@ class EvaluationReport:
             "metric": "the task's primary metric, the one every score column is in",
             "epsilon": "the recorded ε of the task's adapter (∞: non-private)",
             "floor": FLOOR_KINDS[self.floor_kind],
-            "individual": "the unmodified base encoder with the task's adapter (LoRA + its own head)",
+            "individual": "the unmodified base encoder with the task's adapter (LoRA + its own head): what the "
+                          "multi-adapter release (hf-dpmerge push --multi_adapter) computes, the lossless ceiling of "
+                          "a merge",
             "merged": "the merged encoder with the task's own head",
             "gain_retained": "(merged − floor) / (individual − floor); \"below floor\" (null in results.json) where "
                              "individual ≤ floor; the average is the formula on the averaged scores",

@@ -124,7 +124,7 @@ def push_merged_model(
 
 def release_staged(
     stage: Callable[[Path], None],
-    merged_dir: Path,
+    source: Path,
     repo_id: str,
     *,
     private: bool,
@@ -134,12 +134,12 @@ def release_staged(
     staging_dir: str | os.PathLike | None,
     endpoint: str | None,
 ) -> PushResult:
-    """Fill a folder with ``stage(folder)``; a dry run keeps it at ``staging_dir`` (default ``<merged_dir>-hub``),
-    otherwise it goes up in one ``upload_folder`` call to a repository created private unless ``private`` is
-    False (an existing public repository is refused when ``private``)."""
+    """Fill a folder with ``stage(folder)``; a dry run keeps it at ``staging_dir`` (default ``<source>-hub``, outside
+    ``source``: what the release is made from), otherwise it goes up in one ``upload_folder`` call to a repository
+    created private unless ``private`` is False (an existing public repository is refused when ``private``)."""
     if dry_run:
-        target = Path(staging_dir) if staging_dir is not None else default_staging_dir(merged_dir)
-        prepare_staging_dir(target, merged_dir)
+        target = Path(staging_dir) if staging_dir is not None else default_staging_dir(source)
+        prepare_staging_dir(target, source)
         stage(target)
         (target / STAGING_MARKER).write_text("written by hf-dpmerge push --dry-run; safe to delete\n")
         return PushResult(repo_id, private, True, files=staged_files(target), staging_dir=target)

@@ -118,12 +118,13 @@ def place_file(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def prepare_staging_dir(staging_dir: Path, merged_dir: Path) -> None:
-    """An empty ``staging_dir`` outside ``merged_dir``; a previous staging (it holds the marker) is replaced."""
+def prepare_staging_dir(staging_dir: Path, source: Path) -> None:
+    """An empty ``staging_dir`` outside ``source`` (the merged model directory, or the runs folder of a
+    multi-adapter release); a previous staging (it holds the marker) is replaced."""
     staging = staging_dir.resolve()
-    merged = merged_dir.resolve()
-    if staging == merged or merged in staging.parents or staging in merged.parents:
-        raise PushError(f"staging folder {staging_dir} must lie outside the merged model directory {merged_dir}")
+    origin = source.resolve()
+    if staging == origin or origin in staging.parents or staging in origin.parents:
+        raise PushError(f"staging folder {staging_dir} must lie outside {source}, which the release is made from")
     # a dry run's staging folder is always replaced, if it is one (it holds the marker)
     check_own_output(staging_dir, overwrite=True, marker=STAGING_MARKER, output="hf-dpmerge push staging",
                      flag="--staging_dir")
@@ -166,6 +167,11 @@ def stage_merged_release(
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
             shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)
     (staging_dir / "README.md").write_text(card_text, encoding="utf-8")
+    check_staged_files(staging_dir)
+
+
+def check_staged_files(staging_dir: Path) -> None:
+    """Refuse a staged release holding a file the release allow-list does not name (the marker aside)."""
     if unlisted := [rel for rel in unlisted_files(staging_dir) if rel != STAGING_MARKER]:
         raise PushError(f"the staged release holds files outside the release allow-list: {', '.join(unlisted)}")
 

@@ -156,6 +156,22 @@ def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike
     apply_open_modes(path)  # safetensors writes 0600
 
 
+def write_stock_base(base_dir: str | os.PathLike, directory: str | os.PathLike) -> None:
+    """``base_dir``'s encoder as the stock base of adapters that bring their own heads (``modules_to_save``): its
+    release config (for mean pooling the remote code, copied beside it), its weights without the placeholder head
+    (loaded alone, transformers initialises a fresh one and says so) and the tokenizer."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(base_dir) / "config.json").read_text())
+    labels = _names(config.get("id2label")) or [f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))]
+    config = stock_config(config, labels)
+    write_shared_encoder(base_dir, directory / SHARED_ENCODER_FILE)
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if config.get("model_type") == REMOTE_MODEL_TYPE:
+        shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
+    copy_tokenizer(base_dir, directory)
+
+
 def write_task_head_folder(
     encoder_dir: str | os.PathLike, head: Mapping[str, torch.Tensor], label_names: Sequence[str],
     directory: str | os.PathLike, shared_encoder: str,

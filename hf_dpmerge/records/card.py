@@ -2,7 +2,7 @@
 
 One template per kind: ``adapter.md`` (a released adapter, federated ones included: the README.md of its
 folder and of ``DPSAMTrainer.push_to_hub``), ``merged.md`` (a merged model's Hub card, tuned or not:
-:mod:`hf_dpmerge.hub.model_card`), ``causal_merged.md`` (a merged causal LM's:
+:mod:`hf_dpmerge.hub.model_card`, which writes ``multi_adapter.md``'s too), ``causal_merged.md`` (a merged causal LM's:
 :mod:`hf_dpmerge.hub.causal_release`) and ``merge_section.md`` (the section appended to mergekit's README:
 :mod:`hf_dpmerge.merging.privacy_section`). Each is rendered with one
 :class:`~hf_dpmerge.records.statement.PrivacyStatement`, the only source of the card's privacy sentences.

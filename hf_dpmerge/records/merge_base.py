@@ -34,9 +34,10 @@ def merge_base_dir(merged_dir: str | os.PathLike, default: str | os.PathLike | N
     return Path(default) if default is not None and Path(default).is_dir() else None
 
 
-def check_trained_on(records: Mapping[str, PrivacyRecord], base_dir: str | os.PathLike, fix: str) -> bool:
-    """Refuse (``ValueError``, one line naming the task and ``fix``) a task whose record's base fingerprint is not
-    ``base_dir``'s; True when every record has a fingerprint, so that all were checked."""
+def check_trained_on(records: Mapping[str, PrivacyRecord], base_dir: str | os.PathLike, fix: str,
+                     role: str = "the merge's base") -> bool:
+    """Refuse (``ValueError``, one line naming the task, ``base_dir`` as ``role`` and ``fix``) a task whose record's
+    base fingerprint is not ``base_dir``'s; True when every record has a fingerprint, so that all were checked."""
     checked = True
     for task, record in records.items():
         if not record.base_model_hash or not record.base_model_hash_tensors:
@@ -45,5 +46,5 @@ def check_trained_on(records: Mapping[str, PrivacyRecord], base_dir: str | os.Pa
         actual = directory_fingerprint(base_dir, record.base_model_hash_tensors)
         if actual != record.base_model_hash:
             raise ValueError(f"task {task!r} was trained on another base model: its privacy record's base_model_hash "
-                             f"{record.base_model_hash} does not match the merge's base {base_dir} {actual}; {fix}")
+                             f"{record.base_model_hash} does not match {role} {base_dir} {actual}; {fix}")
     return checked

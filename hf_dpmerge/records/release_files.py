@@ -51,10 +51,12 @@ RELEASE_ALLOW_LIST = (
     # of an adapter folder that is its own stock base, its encoder read from the runs' shared base (HEAD_WEIGHTS_FILE)
     REMOTE_CODE_FILE, "head.safetensors",
     # task models for stock loaders, one folder level down: a merged release's <task>/ (its head alone when the
-    # encoder is staged once at the root, hf_dpmerge.modeling.stock_release.HEAD_WEIGHTS_FILE)
+    # encoder is staged once at the root, hf_dpmerge.modeling.stock_release.HEAD_WEIGHTS_FILE), and a multi-adapter
+    # release's <task>/ adapter (LoRA + head) on the base at the root (hf_dpmerge.hub.multi_adapter)
     *(f"*/{name}" for name in (
         "model.safetensors", "head.safetensors", "config.json", REMOTE_CODE_FILE, "tokenizer.json",
         "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", PRIVACY_RECORD_NAME,
+        ADAPTER_CONFIG_NAME, ADAPTER_SAFETENSORS_NAME,
     )),
 )
 

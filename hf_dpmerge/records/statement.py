@@ -123,7 +123,8 @@ class PrivacyStatement(StatementProse):
     ``missing`` names merge inputs without a record (then there is no guarantee). ``adapters_epsilon`` /
     ``adapters_delta`` are the adapters' composition when it is a component of a larger total (a tuned merge).
     ``client_level`` is a federated run's guarantee for a client's whole data; ``steps_accounted`` says which
-    steps its example-level ε counts.
+    steps its example-level ε counts. ``merged`` False: the inputs are released side by side, unmerged (a
+    multi-adapter release), under the same parallel composition.
     """
 
     epsilon: float
@@ -138,6 +139,7 @@ class PrivacyStatement(StatementProse):
     adapters_delta: float | None = None
     client_level: dict[str, Any] | None = None
     steps_accounted: str | None = None
+    merged: bool = True
 
     # ------------------------------------------------------------------------------------------ construction
 
@@ -154,8 +156,10 @@ class PrivacyStatement(StatementProse):
         )
 
     @classmethod
-    def from_records(cls, records: Mapping[str, PrivacyRecord], missing: tuple[str, ...] = ()) -> PrivacyStatement:
-        """A merge of the adapters whose ``records`` are given: parallel composition, (max_t ε_t, max_t δ_t)."""
+    def from_records(cls, records: Mapping[str, PrivacyRecord], missing: tuple[str, ...] = (),
+                     merged: bool = True) -> PrivacyStatement:
+        """A merge of the adapters whose ``records`` are given (``merged`` False: the adapters side by side):
+        parallel composition, (max_t ε_t, max_t δ_t)."""
         if not records:
             raise ValueError("no privacy records to state a guarantee from")
         inputs = tuple(InputPrivacy.from_record(name, record) for name, record in records.items())
@@ -165,7 +169,7 @@ class PrivacyStatement(StatementProse):
             epsilon=max(item.epsilon for item in inputs) if private else math.inf,
             delta=max(item.delta for item in inputs), relation=ADD_REMOVE_ONE,
             epsilon_replace_one=(max(replace) if None not in replace else None) if private else math.inf,
-            inputs=inputs, composition="parallel", missing=tuple(missing),
+            inputs=inputs, composition="parallel", missing=tuple(missing), merged=merged,
         )
 
     @classmethod

@@ -66,10 +66,13 @@ class StatementProse:
             "(each individual's data lies in one of them), releasing all inputs composes in parallel: "
             "ε = max_t ε_t, δ = max_t δ_t"
         )
+        several = "If one unit contributes to several datasets, the ε of those datasets add up for that unit."
+        if self.selection is None and not self.merged:
+            return (f"Each input was {parallel}: this is the guarantee of the whole release, every adapter in it; "
+                    f"one task's adapter alone has its own row's (ε, δ) above. {several}")
         if self.selection is None:
             return (f"Each input was {parallel}; merging released weights is post-processing, so this is the "
-                    "merged model's guarantee. If one unit contributes to several datasets, the ε of those "
-                    "datasets add up for that unit.")
+                    f"merged model's guarantee. {several}")
         sel = self.selection
         settings = ", ".join(f"`{k}` = {v}" for k, v in sel.chosen.items())
         public = set(sel.validation_size.values())

@@ -149,6 +149,29 @@ def test_the_merge_and_its_figures_come_from_the_stored_results(monkeypatch) -> 
     assert _rules(loud)["merge"] == ["unmeasured_task_arithmetic"]
 
 
+def test_every_recommendation_says_when_to_ship_the_multi_adapter_release_and_when_to_merge() -> None:
+    """Right after the head-only check: ship the adapters unmerged (push --multi_adapter, lossless) when the task is
+    known at inference; merge for one set of weights, an unknown task or a generative model. Where a merge was
+    measured at the adapters' interference, the reason quotes its accuracy beside the individual adapters'."""
+    private, quiet = _measurements(["dp_merging"] * 2, epsilon=6.0), _measurements(["non_private"] * 2,
+                                                                                     max_abs_cosine=0.05)
+    for measurements in (private, quiet):
+        advice = mr.recommend(measurements)
+        topics = [item.topic for item in advice]
+        assert topics.index("release") == (1 if topics[0] == "first" else 0) and topics.count("release") == 1
+        release = advice[topics.index("release")]
+        assert release.rule == "ship_multi_adapter_when_the_task_is_known"
+        assert "task is known at inference" in release.advice and "hf-dpmerge push --multi_adapter" in release.advice
+        assert all(case in release.advice for case in ("one set of weights", "task is unknown", "generative"))
+        assert "individual column, lossless by construction" in release.because
+    stored = mr.measured_merge(quiet)
+    because = next(item.because for item in mr.recommend(quiet) if item.topic == "release")
+    assert (f"the most accurate merge reached {stored['accuracy']:.1f} vs each task's own adapter "
+            f"{stored['individual']:.1f}") in because
+    assert mr.measured_merge(private) is None
+    assert "most accurate merge" not in next(item.because for item in mr.recommend(private) if item.topic == "release")
+
+
 def test_noise_to_signal_follows_the_record(tmp_path: Path) -> None:
     """AdamW record: factor variance s² = Σ η²; Σ Var(ΔW) = scaling²·Σ(s²‖A_j‖² + s²‖B_i‖² − r·s⁴) (the unbiased
     plug-in on the released, noisy factors)."""
@@ -182,6 +205,7 @@ def test_recommend_command_prints_measurements_and_reasons(tmp_path: Path, capsy
     assert main(["recommend", str(runs / "a"), str(runs / "b"), str(runs / "c"), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "[trainer] keep the DP-Merging trainer" in printed
+    assert "[release] when every input's task is known at inference, ship the multi-adapter release" in printed
     assert "why (anti_aligned_pair): min cos -1.000" in printed
     saved = json.loads(out.read_text())
     assert saved["measurements"]["trainers"] == ["dp_merging"] * 3

@@ -65,10 +65,12 @@ def load_without_hf_dpmerge(loader: str, path: str | Path, subfolder: str = "", 
     return json.loads(answers[-1])
 
 
-def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
-    """``root/runs/base`` (a mean-pooling shared base) and a 3-label adapter trained from it in
-    ``root/runs/topics/adapter``, released as train_glue.py releases it (:func:`release_adapter`, then the stock
-    base); ``shared_encoder=False``: the stock base written whole. Returns ``root``."""
+def release_task_adapter(root: str | Path, shared_encoder: bool = True, task: str = "topics",
+                         labels: tuple[str, ...] = SPEC_LABELS, seed: int = 3) -> Path:
+    """``root/runs/base`` (a mean-pooling shared base, built unless there) and a ``len(labels)``-label adapter
+    trained from it in ``root/runs/<task>/adapter`` (``seed``: its weights), released as train_glue.py releases it
+    (:func:`release_adapter`, then the stock base); ``shared_encoder=False``: the stock base written whole.
+    Returns ``root``."""
     import torch
 
     from hf_dpmerge.data.tasks import TaskSpec
@@ -79,18 +81,20 @@ def release_task_adapter(root: str | Path, shared_encoder: bool = True) -> Path:
     from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 
     root = Path(root)
-    spec = TaskSpec("topics", 3, SPEC_LABELS, ("text",), "accuracy", "packaged")
-    tiny_bert().save_pretrained(root / "plain")
-    base = load_sequence_classifier(root / "plain", classifier_pooling="mean")
-    base.save_pretrained(root / SHARED_BASE)
-    tiny_tokenizer().save_pretrained(root / SHARED_BASE)
+    spec = TaskSpec(task, len(labels), labels, ("text",), "accuracy", "packaged")
+    if not (root / SHARED_BASE / "config.json").is_file():
+        tiny_bert().save_pretrained(root / "plain")
+        base = load_sequence_classifier(root / "plain", classifier_pooling="mean")
+        base.save_pretrained(root / SHARED_BASE)
+        tiny_tokenizer().save_pretrained(root / SHARED_BASE)
     model = lora_sequence_classifier(root / SHARED_BASE, spec, r=4, alpha=8, target_modules=["query", "value"])
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.normal_(0, 0.5)
-    release_adapter(root / ADAPTER, lambda directory: model.save_pretrained(directory))
+    adapter = root / "runs" / task / "adapter"
+    release_adapter(adapter, lambda directory: model.save_pretrained(directory))
     pointer = "../../base/model.safetensors" if shared_encoder else None  # as train_glue.py names the runs' base
-    make_adapter_stock_loadable(root / ADAPTER, root / SHARED_BASE, spec.label_names, pointer)
+    make_adapter_stock_loadable(adapter, root / SHARED_BASE, spec.label_names, pointer)
     return root

@@ -1,6 +1,7 @@
 """Every Python block of README.md and docs/*.md runs as written, in a fresh interpreter, in a folder holding
-what the block says it comes after (a block after the README's main command finds a ``merged-hub/`` there, built
-from tiny models: the block's code, not the models, is under test)."""
+what the block says it comes after (a block after the README's main command finds a ``merged-hub/`` there, and one
+after ``push --multi_adapter`` a ``multi-adapter-hub/``, built from tiny models: the block's code, not the models,
+is under test)."""
 
 from __future__ import annotations
 
@@ -59,12 +60,29 @@ def build_merged_hub(root: Path) -> None:
                       staging_dir=root / "merged-hub")
 
 
+def build_multi_adapter_hub(root: Path) -> None:
+    """``runs/`` with a shared base and tiny rotten_tomatoes and election_tweets adapters (2 labels each) and
+    ``multi-adapter-hub/`` as ``hf-dpmerge push --multi_adapter --dry-run`` stages it."""
+    from hf_dpmerge.hub.multi_adapter import push_multi_adapter
+    from tests.utils.stock_loading import release_task_adapter
+
+    tasks = ("rotten_tomatoes", "election_tweets")
+    for seed, task in enumerate(tasks, start=1):
+        labels = get_task_spec(task).label_names
+        release_task_adapter(root, task=task, labels=labels, seed=seed)
+        privacy_record(task, extra={"label_names": list(labels)}).save(root / "runs" / task / "adapter")
+    push_multi_adapter(root / "runs", "alice/adapters", dry_run=True, staging_dir=root / "multi-adapter-hub",
+                       adapters={task: root / "runs" / task / "adapter" for task in tasks})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "code"), python_blocks(), ids=[where for where, _ in python_blocks()])
 def test_documented_python_runs_as_written(where: str, code: str, tmp_path: Path) -> None:
     if "merged-hub" in code or "runs/rotten_tomatoes/adapter" in code:
         torch.manual_seed(0)
         build_merged_hub(tmp_path)
+    if "multi-adapter-hub" in code:
+        build_multi_adapter_hub(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -136,7 +136,7 @@ def measure(vectors: Sequence[TaskVector], report: SimilarityReport) -> Measurem
 class Rule:
     """One row of the table: when ``applies``, advise ``advice`` ``because`` (formatted with the measurements)."""
 
-    topic: str  # "first" | "trainer" | "merge": the first rule that applies wins; "caution": every one that applies
+    topic: str  # "first" | "release" | "trainer" | "merge": the first rule that applies wins; "caution": every one
     name: str
     applies: Callable[[Measurements], bool]
     advice: str | Callable[[Measurements], str]
@@ -223,6 +223,18 @@ def _merge_because(m: Measurements) -> str:
             f"each task's own adapter {row['individual']:.1f}")
 
 
+def _release_because(m: Measurements) -> str:
+    text = ("the multi-adapter release applies each task's own adapter (LoRA + head) to the shared base: it computes "
+            "hf-dpmerge evaluate's individual column, lossless by construction, at the cost of one adapter per task "
+            "(a forward per task, or peft's mixed batches across tasks with as many labels); a merge is one set of "
+            "weights and keeps part of each adapter's gain over the floor (evaluate's gain retained)")
+    row = measured_merge(m)
+    if row is not None and row["individual"] is not None:
+        text += (f"; in {row['report']} ({row['configuration']}) the most accurate merge reached "
+                 f"{row['accuracy']:.1f} vs each task's own adapter {row['individual']:.1f}")
+    return text
+
+
 QUALITY = EVIDENCE["quality"]
 
 
@@ -254,6 +266,13 @@ RULES: tuple[Rule, ...] = (
          "validation data: at this ε the benchmarks' private head was not beaten; both trained on the same private "
          "data compose their ε",
          lambda m: f"adapters' ε up to {m.max_epsilon:g}; {_floor_because(m)}"),
+    Rule("release", "ship_multi_adapter_when_the_task_is_known",
+         lambda m: True,
+         "when every input's task is known at inference, ship the multi-adapter release instead of a merge "
+         "(hf-dpmerge push --multi_adapter: the base once and each task's adapter, lossless); merge (advice below) "
+         "when you need one set of weights, the task is unknown at inference, or the model is generative (one LM "
+         "answering any prompt)",
+         _release_because),
     Rule("trainer", "retrain_dp_sgd_with_dp_merging",
          lambda m: "dp_sgd" in m.trainers,
          "retrain the DP-SGD adapters with the DP-Merging trainer (sam_mode dp_sat, align_lambda 0.05)",
@@ -336,8 +355,8 @@ class Recommendation:
 
 
 def recommend(measurements: Measurements, rules: Sequence[Rule] = RULES) -> list[Recommendation]:
-    """The first rule that applies of each topic ("first": what to check before anything, then "trainer",
-    "merge"), then every caution that applies."""
+    """The first rule that applies of each topic ("first": what to check before anything, then "release": ship
+    the adapters or merge them, "trainer", "merge"), then every caution that applies."""
     chosen, decided = [], set()
     for rule in rules:
         if (rule.topic in decided and rule.topic != "caution") or not rule.applies(measurements):
