@@ -1,18 +1,11 @@
 """The causal-LM chain at full size: private and non-private SmolLM2 adapters trained on the whole training split on
 the cached prefix, their merges and the evaluation (docs/causal-lm.md, "The full run").
 
-Units, in this order (the training runs, merged models and the prefix cache stay under ``--work-dir``):
-
-1. per task, ``train-runs_causal-<task>``: ``examples/train_causal_lm.py`` at ε = ``--epsilon`` with :data:`RECIPE`
-   (its ``eval_metrics.json``: the whole test split);
-2. ``merge-<m>`` of the first merge method: ``merge_configs/causal_<m>.yaml``'s parameters over the tasks' DP
-   adapters, ``hf-dpmerge evaluate`` (zero-shot floor, individual, merged) and stock ``pipeline("text-generation")``
-   of the merged LM (how often its greedy answer is the verbaliser scoring ranks first, and the gold one);
-3. per task of ``--nonprivate_tasks``, ``train-runs_nonprivate-<task>``: the same recipe without DP, sharing the DP
-   run's cached prefix;
-4. ``merge-<m>`` of the other methods: the merged LM alone, scored the same way;
-5. ``train-runs_eps<e>-<task>``: one more DP adapter at ε = ``--second_epsilon`` for ``--second_epsilon_task``.
-
+Units, in order (training runs, merged models and the prefix cache stay under ``--work-dir``): per task
+``train-runs_causal-<task>`` (``examples/train_causal_lm.py`` at ε = ``--epsilon`` with :data:`RECIPE`);
+``merge-<m>`` of the first method (evaluate's floor / individual / merged, and stock ``pipeline("text-generation")``
+of the merged LM); per task of ``--nonprivate_tasks`` ``train-runs_nonprivate-<task>`` (no DP, the DP run's
+cached prefix); ``merge-<m>`` of the other methods; ``train-runs_eps<e>-<task>`` at ``--second_epsilon``.
 Report ``benchmarks/reports/causal_full/CAUSAL_FULL.md``.
 
     python -m benchmarks.studies.causal_full --nonprivate_tasks election_tweets,bbc_news --merge_eval_samples 500

@@ -1,15 +1,11 @@
 """How much data does DP need to pay off? The default recipe on subsamples of N training rows (docs/workflow.md
 "How much data").
 
-Per task, N and seed: the private LoRA adapter (train_glue.py's default: private LP-FT, batch and steps fitted to N
-by ``hf_dpmerge/scripts/data_size.py``), the same with the recipe's 75 encoder steps kept (``adapter_recipe_steps``,
-the rule before the steps were fitted), the private head at the same ε (``--train_lora false``) and the non-private
-head (``--train_lora false --dp false``), on the first N rows of the seeded stratified subsample
-(``--max_train_samples``; the same rows for every seed and arm), scored on the task's whole test split; an N at or
-above the training split is the whole split, whose adapter and private head are the lpft study's default-recipe
-units. The seed is the unit of the paired t-tests; Holm over each table's rows. Nothing is tuned on the test split:
-the recipe is the packaged default, chosen on the full select tasks' validation splits, and the step rule is
-compared on validation accuracy.
+Per task, N and seed: the private adapter (train_glue.py's default, batch and steps fitted to N by
+``hf_dpmerge/scripts/data_size.py``), the same with the recipe's 75 encoder steps kept (``adapter_recipe_steps``),
+the private head at the same ε and the non-private head, on the first N rows of the seeded stratified subsample,
+scored on the whole test split; N at or above the split is the whole split (the lpft study's units). Seeds are the
+unit of the paired t-tests, Holm over each table's rows; nothing is tuned on the test split.
 
     python -m benchmarks.studies.data_size --tasks rotten_tomatoes,bbc_news --sizes 100,300,1000,3000 --seeds 0,1,2
     python -m benchmarks.studies.data_size --epsilons 4,16 --sizes 300,1000   # the ε each N needs

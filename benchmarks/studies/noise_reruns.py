@@ -1,15 +1,11 @@
 """The dp_aware noise model against re-runs of the packaged recipe that differ only in their DP noise.
 
-Each re-run trains one task with ``examples/train_glue.py``'s one-phase recipe (``--lora_recipe one_phase``, the
-default when this was measured; under LP-FT each re-run's head phase would start phase 2 elsewhere, which the
-shipped noise statistics do not describe) and ``--dp_seed 0`` (so the same Poisson batches in every re-run) and a
-different seed of the Gaussian-noise stream only (re-run k adds k to the noise stream's seed). The variance across
-re-runs of each released tensor is the noise variance dp_aware should predict; the prediction is the merge's own
-(``merging/inputs.py``: the noise statistics shipped with each release, capped by its weights), computed per re-run
-and averaged. One unit is the whole set of re-runs (kept under ``<work-dir>/rerun-<k>``, so a killed unit resumes):
-predicted / measured variance, summed over the coordinates of each kind (LoRA B, ΔW = s·B·A, head weight, head
-bias), and the fraction of the released B's energy that is noise. Report
-``benchmarks/reports/noise_reruns/NOISE_RERUNS.md``.
+Each re-run trains one task with ``examples/train_glue.py --lora_recipe one_phase --dp_seed 0`` (the same Poisson
+batches every time) and its own seed of the Gaussian-noise stream. The variance across re-runs of each released
+tensor is what dp_aware should predict from the shipped noise statistics (``merging/inputs.py``), computed per
+re-run and averaged. One unit is the whole set of re-runs (kept under ``<work-dir>/rerun-<k>``, so a killed unit
+resumes): predicted / measured variance per kind (LoRA B, ΔW = s·B·A, head weight, head bias) and the share of
+the released B's energy that is noise. Report ``benchmarks/reports/noise_reruns/NOISE_RERUNS.md``.
 
     python -m benchmarks.studies.noise_reruns --task rotten_tomatoes --reruns 8
     python -m benchmarks.studies.noise_reruns --report-only

@@ -66,7 +66,8 @@ def _assert_merged(workdir: Path, out: str, expect_changed: str, privacy_card: b
 
 @pytest.mark.parametrize("method", ["dp_aware", "cauchy_poe", "tsv", "iso_c", "iso_cts", "wudi"])
 def test_mergekit_yaml_merges_lora_adapters(workdir: Path, method: str) -> None:
-    config = lora_config_yaml(method, "./runs/base", ADAPTERS, "parameters:\n  lambda: 0.5\n")
+    steps = "  steps: 20\n" if method == "wudi" else ""  # the mergekit path; 300 steps: test_merging_spectral.py
+    config = lora_config_yaml(method, "./runs/base", ADAPTERS, f"parameters:\n  lambda: 0.5\n{steps}")
     result = _mergekit_yaml(workdir, config, f"out_lora_{method}")
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_merged(workdir, f"out_lora_{method}", expect_changed=".attention.self.")  # query/value only

@@ -1,20 +1,15 @@
-"""Helpers of the hub tests: a loopback stand-in for the Hugging Face Hub: just the endpoints ``create_repo``,
-``repo_info`` and ``upload_folder`` call in huggingface_hub 2.4, recording everything it is sent.
+"""Helpers of the hub tests: a loopback stand-in for the Hugging Face Hub (the endpoints ``create_repo``,
+``repo_info`` and ``upload_folder`` call in huggingface_hub 2.4), recording everything it is sent.
 
-``upload_folder`` first validates README.md's metadata (``POST /api/validate-yaml``), then (hf_xet
-installed or not) asks ``POST /api/models/<repo>/preupload/<rev>`` how to send each file, then commits
-with ``POST /api/models/<repo>/commit/<rev>`` (ndjson: a header line, then one line per file). This server answers
-``uploadMode: regular`` for every file, so contents travel base64-inline in the commit and no LFS/xet storage is
-needed (keep test files small). ``lfsFile`` lines are refused.
-
-The server binds 127.0.0.1 only, caps request bodies and request count, and shuts itself down after
-``lifetime_s`` even if a test forgets to. Any other route is answered 404 (naming it) and listed in ``unhandled``.
+``upload_folder`` validates README.md's metadata (``POST /api/validate-yaml``), asks ``preupload`` how to send each
+file, then commits (ndjson: a header line, one line per file). This server answers ``uploadMode: regular``, so
+contents travel base64-inline and no LFS/xet storage is needed (keep test files small); ``lfsFile`` lines are
+refused. It binds 127.0.0.1 only, caps body size and request count, shuts down after ``lifetime_s``, and answers
+any other route 404, listing it in ``unhandled``.
 
 :func:`serving_loopback_hub` makes it the Hub of everything a test runs: huggingface_hub's ``ENDPOINT``,
-transformers' shared ``HfApi``, ``HF_ENDPOINT`` for code and subprocesses that read it, a dummy ``HF_TOKEN``,
-offline mode lifted, and huggingface_hub's telemetry off: with telemetry on, building the user agent fetches
-the agent-harness registry (``GET {ENDPOINT}/api/agent-harnesses``) once per process, a request no code under
-test makes.
+transformers' shared ``HfApi``, ``HF_ENDPOINT`` for subprocesses, a dummy ``HF_TOKEN``, offline mode lifted, and
+telemetry off (with it on, building the user agent fetches ``GET {ENDPOINT}/api/agent-harnesses`` once per process).
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The documents name only what the repository holds, and cite nothing outside it.
 
-**Paths.** In README.md and docs/*.md, every markdown link target and every path-like word of an inline code
-span or a ```bash block is a claim about the repository, checked by this rule:
+**Paths.** In README.md and docs/*.md every link target and every path-like word of an inline code span or a
+```bash block is checked. Link targets are relative to the document and must exist (URLs, ``#…`` skipped). A word
+is path-like when it holds a ``/`` or ends in .py, .sh, .md, .yaml, .yml or .json; URLs, absolute or home paths,
+placeholders (``<``, ``$``, ``{``) and options are skipped, and plain prose counts for ``/``-words ending in .py,
+.sh or .md. A .py/.sh/.md name must be the tail of a tracked file (``training/recipe.py``, ``recipe.py``) unless
+its first component names no folder of the repository (``merged/tuned/README.md``: a card a command writes). Any
+other ``/``-word whose first component is a top-level entry (``merge_configs/dp.yaml``, a glob that must match) must
+exist; other first components are command outputs (``runs/…``) or Hub ids (``owner/name``): not checked. Bare
+names (``dp_privacy.json``) are files a command writes: not checked.
 
-- A link target (``[text](docs/merging.md)``, ``![plot](benchmarks/plots/x.png)``) is relative to the
-  document's folder and must exist. URLs and in-page anchors (``#…``) are skipped.
-- A word is path-like when it holds a ``/`` or ends in .py, .sh, .md, .yaml, .yml or .json. Skipped: URLs,
-  absolute or home paths (``/tmp/…``, ``~/…``), placeholders and variables (a word with ``<``, ``$`` or ``{``),
-  and command-line options (``--runs_dir``). Plain prose counts too, for words holding a ``/`` and ending in
-  .py, .sh or .md (``(tests/noise/test_noise_variance.py)``).
-- A ``.py``, ``.sh`` or ``.md`` name is source or documentation: it must be the tail (whole path components) of
-  a tracked file, e.g. ``hf_dpmerge/training/recipe.py``, ``training/recipe.py`` (docs/design.md names modules
-  relative to the package) or ``recipe.py`` — unless its first component names no folder of the repository at
-  any depth (``merged/tuned/README.md``: a card a command writes). A bare ``README.md`` (a card) matches the
-  repository's own.
-- Any other word holding a ``/`` is a repository path when its first component is a top-level entry of the
-  repository (``merge_configs/dp.yaml``, ``benchmarks/reports/``; a glob such as ``merge_configs/*.yaml`` must
-  match a file): then it must exist. A first component the repository does not have marks a command's output
-  (``runs/…``, ``merged/…``, ``merged-hub/``, ``similarity/…``) or a Hub id (``owner/name``, e.g.
-  ``sentence-transformers/all-MiniLM-L6-v2``): not checked.
-- Any other bare name (``dp_privacy.json``, ``mergekit_config.yml``) is a file a command writes: not checked.
-
-**Citations.** README.md, docs/*.md and the .py files under hf_dpmerge/, benchmarks/, examples/ and tests/
-cite nothing outside the repository: no shared folder beside it, no notes or book chapters that do not ship with it,
-no issue tracker numbers. Cite docs/design.md §N, or a paper by its authors and venue.
+**Citations.** README.md, docs/*.md and the .py files under hf_dpmerge/, benchmarks/, examples/ and tests/ cite
+nothing outside the repository: no shared folder beside it, no notes that do not ship with it, no issue tracker
+numbers. Cite docs/design.md §N, or a paper by its authors and venue.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Code states the spec, docs hold the evidence: no module docstring of hf_dpmerge/ runs over 15 lines.
+"""Code states the spec, docs hold the evidence: no module docstring of the repository's Python runs over 15 lines.
 
 A module docstring says what the module computes, its formula, the paper it implements and where the rest is
 (``docs/design.md §N``, ``docs/<file>.md``, ``benchmarks/reports/<study>/<REPORT>.md``); measurements, dates and
@@ -10,16 +10,17 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "hf_dpmerge"
+REPOSITORY = Path(__file__).resolve().parents[2]
+FOLDERS = ("hf_dpmerge", "benchmarks", "examples", "tests", "mergekit_hook")
 MAX_LINES = 15
 
 
 def docstring_lines() -> dict[str, int]:
-    """``{module path relative to hf_dpmerge/: number of lines of its module docstring}`` (0 without one)."""
+    """``{module path relative to the repository: number of lines of its module docstring}`` (0 without one)."""
     lengths = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(path for folder in FOLDERS for path in (REPOSITORY / folder).rglob("*.py")):
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-        lengths[path.relative_to(PACKAGE).as_posix()] = len(docstring.splitlines()) if docstring else 0
+        lengths[path.relative_to(REPOSITORY).as_posix()] = len(docstring.splitlines()) if docstring else 0
     return lengths
 
 

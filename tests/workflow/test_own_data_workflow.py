@@ -1,5 +1,5 @@
-"""Your own data end to end, as a user runs it: the own-data mistakes of docs/bad-inputs.md (each a subprocess: exit
-2, one line, nothing written), and two own datasets plus a packaged task trained from one base, merged, evaluated and
+"""Your own data end to end, as a user runs it: the own-data mistakes of docs/bad-inputs.md (exit 2, one line,
+nothing written), and two own datasets plus a packaged task trained from one base, merged, evaluated and
 staged; the same from the Python API."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import datasets
@@ -67,23 +66,34 @@ def write_mistakes(root: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_each_own_data_mistake_ends_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+SUBPROCESS_CASES = ("missing.csv", "someone/private-notes")  # the script itself, and the Hub offline
+
+
+def test_each_own_data_mistake_ends_in_one_line_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each mistake through train_glue.py's own entry (``run_script(main)``): in this process, and two of them as a
+    user runs the script, in a subprocess."""
+    from hf_dpmerge.scripts.train import main as train_main
+    from hf_dpmerge.utils.user_errors import run_script
+
     cases = write_mistakes(tmp_path)
     assert len(cases) >= 12
-
-    def run(case: tuple[list[str], str]) -> tuple[list[str], str, subprocess.CompletedProcess[str]]:
-        flags, expected = case
-        cmd = [sys.executable, str(REPO / "examples" / "train_glue.py"), *flags, "--runs_dir", "runs"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        return flags, expected, done
-
-    with ThreadPoolExecutor(2) as pool:
-        for flags, expected, done in pool.map(run, cases):
-            lines = done.stderr.strip().splitlines()
-            assert done.returncode == 2 and len(lines) == 1, (flags, done.stderr[-2000:])
-            assert lines[0].startswith("train_glue.py: error: ") and expected in lines[0], (flags, lines[0])
-            assert "RARE-DIAGNOSIS" not in lines[0] and "café" not in lines[0]
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for flags, expected in cases:
+        argv = [*flags, "--runs_dir", "runs"]
+        if any(name in flags for name in SUBPROCESS_CASES):
+            done = subprocess.run([sys.executable, str(REPO / "examples" / "train_glue.py"), *argv], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=300)
+            status, stderr = done.returncode, done.stderr
+        else:
+            monkeypatch.setattr(sys, "argv", ["train_glue.py", *argv])
+            with pytest.raises(SystemExit) as exited:
+                run_script(train_main)
+            status, stderr = exited.value.code, capsys.readouterr().err
+        lines = stderr.strip().splitlines()
+        assert status == 2 and len(lines) == 1, (flags, stderr[-2000:])
+        assert lines[0].startswith("train_glue.py: error: ") and expected in lines[0], (flags, lines[0])
+        assert "RARE-DIAGNOSIS" not in lines[0] and "café" not in lines[0]
     assert not (tmp_path / "runs").exists()
 
 
