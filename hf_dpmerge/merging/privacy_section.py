@@ -29,6 +29,7 @@ from hf_dpmerge.records.fingerprint import adapter_fingerprint
 from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.selection_record import SelectionRecord
 from hf_dpmerge.records.statement import PrivacyStatement
+from hf_dpmerge.utils.quiet import hub_errors_only
 
 HEADING = "## Differential privacy"
 
@@ -84,8 +85,9 @@ def privacy_section(config: MergeConfiguration, selection: SelectionRecord | Non
     else:
         statement = PrivacyStatement.from_records(records, tuple(missing))
     parameters = ", ".join(f"`{key}`={value!r}" for key, value in _shared_parameters(config).items()) or "defaults"
-    card = render_card("merge_section", ModelCardData(), statement, method=config.merge_method,
-                       parameters=parameters, settings_lines=settings_lines)
+    with hub_errors_only():  # a section, not a card: it has no metadata block
+        card = render_card("merge_section", ModelCardData(), statement, method=config.merge_method,
+                           parameters=parameters, settings_lines=settings_lines)
     return card.text.strip() + "\n"
 
 

@@ -29,6 +29,7 @@ from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequen
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 from hf_dpmerge.utils.io import apply_open_modes
+from hf_dpmerge.utils.quiet import transformers_errors_only
 
 REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allow-lists it by this name
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
@@ -122,10 +123,11 @@ def task_model(
     encoder_dir: str | os.PathLike, adapter_dir: str | os.PathLike, label_names: Sequence[str]
 ) -> PreTrainedModel:
     """``encoder_dir``'s weights with the head saved in ``adapter_dir`` (its ``modules_to_save``)."""
-    model = load_sequence_classifier(
-        encoder_dir, num_labels=len(label_names), ignore_mismatched_sizes=True,
-        id2label=dict(enumerate(label_names)), label2id={n: i for i, n in enumerate(label_names)},
-    )
+    with transformers_errors_only():  # its load report of the re-created head, replaced right below
+        model = load_sequence_classifier(
+            encoder_dir, num_labels=len(label_names), ignore_mismatched_sizes=True,
+            id2label=dict(enumerate(label_names)), label2id={n: i for i, n in enumerate(label_names)},
+        )
     attach_head(model, task_head_state(adapter_dir), source=str(adapter_dir))
     return model.eval()
 

@@ -38,3 +38,17 @@ def transformers_errors_only() -> Iterator[None]:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
+
+
+@contextmanager
+def hub_errors_only() -> Iterator[None]:
+    """huggingface_hub's logging at error level inside the block (restored after): a card section we render has no
+    metadata block by design, which it would report."""
+    from huggingface_hub.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
