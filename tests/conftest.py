@@ -22,6 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # pytest -n N: the cores split among the workers (and the subprocesses they start), not oversubscribed
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
