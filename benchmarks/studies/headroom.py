@@ -27,7 +27,8 @@ LORA_STEPS = 600
 HEADROOM_POINTS = 2.0
 _LORA = ("--cache_prefix", "auto", "--lora_freeze_a", "false", "--head_warmup_steps", "0",
          "--per_device_train_batch_size", "64", "--physical_batch_size", "64", "--max_steps", str(LORA_STEPS),
-         "--learning_rate", "1e-3", "--head_learning_rate", "3e-3", "--logging_steps", "100")
+         "--learning_rate", "1e-3", "--head_learning_rate", "3e-3", "--logging_steps", "100",
+         "--head_phase_share", "0")  # one phase: LoRA and the head together
 ARMS: dict[str, tuple[str, ...]] = {
     "head": ("--train_lora", "false"),
     "lora_top2": ("--lora_layers", "top_2", *_LORA),

@@ -169,8 +169,8 @@ class TrainArguments:
         "choices": ("lp_ft", "one_phase")})
     head_phase_share: float = field(default=0.0, metadata={
         "help": "Private LP-FT with ε₁ = this share of --target_epsilon (0 < share < 1; 0: no head phase), under DP "
-                "for LoRA adapters; --head_phase_epsilon, when given, sets ε₁ instead. Ignored with --no_dp and "
-                "--train_lora false, where there is no head phase."})
+                "for LoRA adapters; --head_phase_epsilon, when given, sets ε₁ instead. With --no_dp, a share > 0 "
+                "runs the same head phase unnoised (the recipe's non-private twin); --train_lora false has none."})
     head_phase_steps: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--max_steps")), metadata={
         "help": "Steps of the LP-FT head phase (capped by the command line's --max_steps, when given)."})
     head_phase_batch_size: int = field(default=int(recipe_value(HEAD_ONLY_RECIPE, "--per_device_train_batch_size")),
@@ -235,6 +235,15 @@ def head_phase_epsilon(script: ScriptArguments, config: DPSAMConfig) -> float | 
     return script.head_phase_share * config.target_epsilon
 
 
+def trains_head_phase(script: ScriptArguments, config: DPSAMConfig) -> bool:
+    """Whether a run is LP-FT, a head phase before LoRA: for LoRA adapters, under DP when it has an ε₁
+    (:func:`head_phase_epsilon`), without DP when ``--head_phase_share`` > 0 (the recipe's non-private twin: the
+    same phases, unnoised)."""
+    if not script.train_lora:
+        return False
+    return head_phase_epsilon(script, config) is not None if config.dp else script.head_phase_share > 0
+
+
 def checkpoint_head_phase(script: ScriptArguments, config: DPSAMConfig, resume: str | bool) -> list[dict]:
     """The earlier phases that the LP-FT checkpoint ``resume`` (True: the last complete one) recorded: its
     ``dp_privacy.json``'s ``extra["phases"]`` but the last, its own. Refused when they are not a head phase of
@@ -251,15 +260,16 @@ def checkpoint_head_phase(script: ScriptArguments, config: DPSAMConfig, resume: 
 
 def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spec, model, train, collator,
                out: Path, resume: str | bool | None = None) -> list[dict]:
-    """Private LP-FT's first phase (:func:`head_phase_epsilon`): the head alone on cached pooled features at ε₁,
-    copied into ``model``'s head; returns the phase for the accountant of the second ([] without LP-FT). When
+    """LP-FT's first phase (:func:`trains_head_phase`): the head alone on cached pooled features at ε₁ (unnoised
+    without DP), copied into ``model``'s head; returns the phase for the accountant of the second ([] without DP or
+    LP-FT). When
     resuming the second phase, the checkpoint holds the head phase's model and record: it is not trained again
     (:func:`checkpoint_head_phase`)."""
-    epsilon = head_phase_epsilon(script, config)
-    if epsilon is None:
+    if not trains_head_phase(script, config):
         return []
-    if resume:
-        return checkpoint_head_phase(script, config, resume)
+    if resume:  # without DP the checkpoint holds the head phase's head, and there is no phase to account
+        return checkpoint_head_phase(script, config, resume) if config.dp else []
+    epsilon = head_phase_epsilon(script, config)  # None without DP
     head_model = lora_sequence_classifier(base_dir.resolve(), spec, train_lora=False, **script.lora_options())
     head_config = dataclasses.replace(
         config, output_dir=str(out / "checkpoints-head"), target_epsilon=epsilon,
@@ -273,7 +283,7 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
                          **script.trainer_options())
     trainer.train()
     task_head(model).load_state_dict(task_head(head_model).state_dict())
-    return [trainer.privacy_phase("head")]
+    return [trainer.privacy_phase("head")] if config.dp else []
 
 
 def task_sources(script: DataArguments, given: set[str]) -> dict[str, DatasetSource | None]:
@@ -452,7 +462,7 @@ def plan_runs(argv: list[str], defaults: list[str] = DP_DEFAULTS) -> dict[str, P
     data = {task: load_training_data(task, source, config, max_train_samples=script.max_train_samples,
                                      max_eval_samples=script.max_eval_samples, path=script.dataset_path)
             for task, source in sources.items()}
-    lp_ft = head_phase_epsilon(script, config) is not None
+    lp_ft = trains_head_phase(script, config)
     return {task: PlannedRun(data[task], *fit_to_data(task, script, config, data[task].splits["train"], given, lp_ft,
                                                       encoder=script.train_lora))
             for task in sources}

@@ -264,7 +264,8 @@ def test_the_study_merges_non_private_adapters_end_to_end(tmp_path, monkeypatch)
     base_model, runs, work = save_tiny_bert(tmp_path / "tiny"), tmp_path / "runs", tmp_path / "work"
     train_script.main(["--model_name_or_path", str(base_model), "--runs_dir", str(runs), "--tasks", ",".join(TWO),
                        "--max_train_samples", "64", "--per_device_train_batch_size", "16", "--physical_batch_size",
-                       "16", "--max_steps", "2", "--max_length", "16", "--lora_layers", "top_1", *NON_PRIVATE_FLAGS])
+                       "16", "--max_steps", "2", "--max_length", "16", "--lora_layers", "top_1",
+                       "--head_phase_batch_size", "16", *NON_PRIVATE_FLAGS])
     store = harness.Store(tmp_path / "units", MergeGain.schema)
     for task in TWO:
         unit = training_unit(task, "non_private", 0, None)

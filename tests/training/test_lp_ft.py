@@ -134,3 +134,39 @@ def test_the_head_phase_model_trains_the_head_alone(tmp_path):
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("classifier" in n for n in trainable)
     assert any(".lora_B." in n for n, _ in model.named_parameters())
+
+
+@pytest.mark.slow
+def test_a_non_private_run_is_the_recipes_twin_with_the_same_head_phase_unnoised(tmp_path, monkeypatch):
+    """``--dp false`` keeps LP-FT's phases (the non-private twin of the recipe): the head phase trains the head, and
+    a second phase at learning rate 0 releases that head; ``--head_phase_share 0`` runs no head phase."""
+    heads, configs = [], []
+    real_head_phase, real_dp_trainer = train_glue.head_phase, train_glue.dp_trainer
+
+    def recording_head_phase(script, config, base_dir, spec, model, *args):
+        before = {k: v.clone() for k, v in task_head(model).state_dict().items() if "modules_to_save" in k}
+        phases = real_head_phase(script, config, base_dir, spec, model, *args)
+        heads.append((before, {k: v.clone() for k, v in task_head(model).state_dict().items() if k in before},
+                      phases))
+        return phases
+
+    def recording_dp_trainer(model, config, **kwargs):
+        configs.append((Path(config.output_dir).name, config.dp))
+        return real_dp_trainer(model, config, **kwargs)
+
+    monkeypatch.setattr(train_glue, "head_phase", recording_head_phase)
+    monkeypatch.setattr(train_glue, "dp_trainer", recording_dp_trainer)
+    base = str(save_tiny_bert(tmp_path / "tiny"))
+    flags = ["--max_train_samples", "64", "--max_eval_samples", "16", "--per_device_train_batch_size", "16",
+             "--max_length", "16", "--max_steps", "3", "--head_phase_steps", "4", "--head_phase_batch_size", "32",
+             "--learning_rate", "0", "--head_learning_rate", "1e-30", "--dp", "false", "--seed", "0"]
+    for share, runs in (("0.75", "runs"), ("0", "runs_one_phase")):
+        train_glue.main(["--model_name_or_path", base, "--runs_dir", str(tmp_path / runs), "--task", "bbc_news",
+                         *flags, "--head_phase_share", share])
+    assert configs == [("checkpoints-head", False), ("checkpoints", False), ("checkpoints", False)]
+    (before, after, phases), _ = heads
+    assert phases == [] and not any(torch.equal(before[k], after[k]) for k in before)  # trained, nothing accounted
+    weights = load_file(str(tmp_path / "runs" / "bbc_news" / "adapter" / "adapter_model.safetensors"))
+    released = {key.rsplit(".", 1)[-1]: tensor for key, tensor in weights.items() if "classifier" in key}
+    for name, tensor in after.items():
+        torch.testing.assert_close(released[name.rsplit(".", 1)[-1]], tensor, rtol=0, atol=0)
