@@ -3,8 +3,9 @@
 Per seed: for each arm (train_glue.py flags on its defaults, the private LP-FT recipe) and ε, one kept training unit
 per task and its floor (the head alone; the lpft and headroom studies' stored heads where their flags match), then
 one unit per merge method: the seed's adapters merged by ``merge_configs/<method>.yaml``, timed, and scored
-individually and merged on the whole test splits. Report: ``benchmarks/reports/merge_gain/MERGE_GAIN.md``, one
-section per arm and ε, judged against the targets; docs/benchmarks.md "Merge gain".
+individually and merged on the whole test and validation splits. Report: ``benchmarks/reports/merge_gain/
+MERGE_GAIN.md``, one section per arm and ε judged against the targets, and the training search judged on the merged
+model's validation accuracy (:func:`search_section`); docs/benchmarks.md "Merge gain".
 
     python -m benchmarks.studies.merge_gain --plan --seeds 0 --arms private,non_private
     python -m benchmarks.studies.merge_gain --epsilons 8,4 --methods task_arithmetic,tsv,iso_cts
@@ -64,11 +65,22 @@ class Arm:
 
 TASK_A_SEED = "{task_a_seed}"
 """An arm flag standing for each task's own public A seed (:func:`task_a_seed`)."""
+SEARCH_AXES: dict[str, tuple[str, ...]] = {  # DP-Merging's remedy and its neighbours, one axis at a time
+    **{f"sam_rho{rho}": ("--sam_mode", "dp_sat", "--sam_rho", rho) for rho in ("0.01", "0.05", "0.1")},
+    **{f"align{lam}": ("--align_lambda", lam) for lam in ("1e-4", "1e-3", "1e-2", "5e-2")},
+    **{f"rank{r}": ("--lora_r", r, "--lora_alpha", str(2 * int(r))) for r in ("4", "16")},  # scaling α/r = 2 kept
+}
+"""The training search judged on the merge: each axis an arm ``private_<axis>`` (floor: the private head) and its
+non-private twin ``non_private_<axis>`` (the same flags without DP), beside ``private_average25`` and
+``private_own_a``."""
 ARMS: dict[str, Arm] = {
     "private": Arm(floor="private_head"),  # LPFT_RECIPE: the lpft study's k2_b1024_t75_lr1e-2_head6_dpsgd
     "non_private": Arm(private=False, floor="non_private_head"),  # its twin: the same recipe without DP
     "private_average25": Arm(("--average_last_steps", "25"), floor="private_head"),  # the mean of the last 25
     "private_own_a": Arm(("--lora_a_seed", TASK_A_SEED), floor="private_head"),  # a public A per task: rank T·r
+    **{f"private_{axis}": Arm(axis_flags, floor="private_head") for axis, axis_flags in SEARCH_AXES.items()},
+    **{f"non_private_{axis}": Arm(axis_flags, private=False, floor="non_private_head")
+       for axis, axis_flags in SEARCH_AXES.items()},
     "private_head": Arm(HEAD_FLAGS),  # the lpft study's private_head
     "non_private_head": Arm(HEAD_FLAGS, private=False),  # the headroom study's head
 }
@@ -76,11 +88,15 @@ MERGED_ARMS = tuple(name for name, arm in ARMS.items() if arm.floor)
 
 
 def flags(arm: str, epsilon: float | None, task: str | None = None) -> list[str]:
-    """The arm's train_glue.py flags (task and seed aside); for a ``task``, :data:`TASK_A_SEED` becomes its
-    :func:`task_a_seed`."""
+    """The arm's train_glue.py flags (task and seed aside): its own, then ``--target_epsilon ε``, or
+    ``NON_PRIVATE_FLAGS`` but those it sets itself (a twin keeps its SAM or alignment); for a ``task``,
+    :data:`TASK_A_SEED` becomes its :func:`task_a_seed`."""
     spec = ARMS[arm]
     own = [task_a_seed(task) if flag == TASK_A_SEED and task else flag for flag in spec.flags]
-    return [*own, *(("--target_epsilon", f"{epsilon:g}") if spec.private else NON_PRIVATE_FLAGS)]
+    if spec.private:
+        return [*own, "--target_epsilon", f"{epsilon:g}"]
+    pairs = zip(NON_PRIVATE_FLAGS[::2], NON_PRIVATE_FLAGS[1::2])
+    return [*own, *(item for name, value in pairs if name not in own for item in (name, value))]
 
 
 def task_a_seed(task: str) -> str:
@@ -301,6 +317,86 @@ def section(arm: str, epsilon: float | None, tasks: tuple[str, ...], found: dict
     return text + targets(found, versus)
 
 
+DP_MERGING_AXES = ("private_sam_rho", "private_align")
+"""The arms of DP-Merging's remedy (arXiv 2608.26655: DP-SAM, the alignment penalty), tested against ``private``."""
+TARGET_MERGED_GAIN, TARGET_INDIVIDUAL_COST = 1.0, 0.3
+"""A setting becomes a default when its merge beats DP-SGD's by ≥ 1 point (Holm) at ≤ 0.3 points of individual
+accuracy (test, task-averaged, paired over seeds)."""
+
+
+def split_average(unit: dict, split: str, score: str) -> float:
+    """A merge unit's task-averaged ``score`` (``individual`` or ``merged``) on ``split``, in %."""
+    scored = unit["evaluation" if split == "test" else "validation"]["tasks"]
+    return statistics.mean(100 * scored[t][score] for t in unit["tasks"])
+
+
+def search_section(groups: dict[tuple, list[dict]], epsilon: float | None, tasks: tuple[str, ...]) -> list[str]:
+    """The training search at ``epsilon`` (None: the non-private twins): per arm, task arithmetic's and the best
+    other method's merged validation accuracy, the chosen arm (task arithmetic's merged validation accuracy, over
+    the arms of the most seeds), then the best DP-Merging arm against DP-SGD's (``private``/``non_private``) on the
+    test splits, per method paired over seeds with Holm over the methods."""
+    arms = [a for a in MERGED_ARMS if ARMS[a].private == (epsilon is not None)]
+    merges = {a: {(u["method"], u["seed"]): u for u in groups.get((a, epsilon, tasks), []) if "validation" in u}
+              for a in arms}
+    merges = {a: found for a, found in merges.items() if found}
+    if len(merges) < 2:
+        return []
+
+    def mean_over_seeds(arm: str, method: str, split: str, score: str) -> tuple[list[int], float | None]:
+        seeds = sorted(seed for m, seed in merges[arm] if m == method)
+        values = [split_average(merges[arm][(method, seed)], split, score) for seed in seeds]
+        return seeds, statistics.mean(values) if values else None
+
+    rows, chosen_by = [], {}
+    for arm in merges:
+        seeds, individual = mean_over_seeds(arm, BASELINE, "validation", "individual")
+        _, baseline = mean_over_seeds(arm, BASELINE, "validation", "merged")
+        others = {m: mean_over_seeds(arm, m, "validation", "merged")[1] for m in METHODS if m != BASELINE}
+        best = max((m for m in others if others[m] is not None), key=others.get, default=None)
+        chosen_by[arm] = (len(seeds), baseline)
+        rows.append([arm, seeds_cell(seeds), *("—" if v is None else f"{v:.2f}" for v in (individual, baseline)),
+                     "—" if best is None else f"`{best}` {others[best]:.2f}"])
+    most = max(n for n, _ in chosen_by.values())
+    chosen = max((a for a, (n, v) in chosen_by.items() if n == most and v is not None),
+                 key=lambda a: chosen_by[a][1], default=None)
+    reference = "private" if epsilon is not None else "non_private"
+    title = f"at ε = {epsilon:g}" if epsilon is not None else "without DP (the twins)"
+    text = [f"## Training settings judged on the merge, {title}" + ("" if tasks == PACKAGED_TASKS else
+                                                                     f" on {', '.join(tasks)}"), "",
+            "Validation accuracy %, task-averaged, mean over seeds; the chosen arm has task arithmetic's best merged "
+            f"validation accuracy among the arms of {most} seed(s): **`{chosen}`**.", "",
+            table(["arm", "seeds", "individual (val)", "task arithmetic merged (val)", "best other merge (val)"],
+                  rows), ""]
+    contenders = [a for a in merges if a.removeprefix("non_").startswith(DP_MERGING_AXES)]
+    remedy = max(contenders, key=lambda a: (chosen_by[a][0], chosen_by[a][1] or -math.inf), default=None)
+    if remedy is None or reference not in merges:
+        return text
+    compared = []
+    for method in METHODS:
+        seeds = sorted({seed for m, seed in merges[remedy] if m == method}
+                       & {seed for m, seed in merges[reference] if m == method})
+        if seeds:
+            pairs = [(merges[remedy][(method, s)], merges[reference][(method, s)]) for s in seeds]
+            merged = [[split_average(u, "test", "merged") for u in pair] for pair in pairs]
+            individual = [[split_average(u, "test", "individual") for u in pair] for pair in pairs]
+            compared.append((method, seeds, [a - b for a, b in merged], paired_p(*zip(*merged)),
+                             statistics.mean(a - b for a, b in individual)))
+    adjusted = holm_adjusted([c[3] for c in compared])
+    rows = [[m, seeds_cell(seeds), " ".join(f"{d:+.2f}" for d in diffs), f"{statistics.mean(diffs):+.2f}",
+             *p_cells(p, adj), f"{cost:+.2f}"] for (m, seeds, diffs, p, cost), adj in zip(compared, adjusted)]
+    wins = [m for (m, _, diffs, _, cost), adj in zip(compared, adjusted) if adj is not None and adj < ALPHA
+            and statistics.mean(diffs) >= TARGET_MERGED_GAIN and -cost <= TARGET_INDIVIDUAL_COST]
+    return [*text, f"### DP-Merging's remedy against `{reference}`", "",
+            f"The DP-Merging arm (DP-SAM or alignment) of the most seeds and best merged validation accuracy, "
+            f"`{remedy}`, minus `{reference}`: task-averaged test accuracy of each method's merge, paired over "
+            f"seeds (points), Holm over the methods; and of the individual adapters.", "",
+            table(["method", "seeds", "merged − reference per seed", "mean", "p (paired t, seeds)",
+                   f"Holm-adjusted p (* < {ALPHA})", "individual − reference (points)"], rows), "",
+            f"Default rule (merge ≥ +{TARGET_MERGED_GAIN:g} points, Holm, at ≤ {TARGET_INDIVIDUAL_COST:g} points of "
+            "individual accuracy): " + (f"met by `{remedy}` for {', '.join(f'`{m}`' for m in wins)}." if wins
+                                        else "not met."), ""]
+
+
 class MergeGain(harness.Study, name="merge_gain", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS))
@@ -355,9 +451,10 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
                               non_private=s["target_epsilon"] is None, parameters=s["merge_parameters"])
         merged = folder / "merged" / s["method"]
         seconds = timed_merge(config, folder / f"{s['method']}.yaml", merged, folder / "lora_cache")
-        evaluation = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", progress=False).to_dict()
+        evaluation, validation = (evaluate_runs(runs, merged, tasks, base_dir=runs / "base", split=split,
+                                                progress=False).to_dict() for split in ("test", "validation"))
         shutil.rmtree(merged, ignore_errors=True)
-        return {"evaluation": evaluation, "merge_seconds": seconds}
+        return {"evaluation": evaluation, "validation": validation, "merge_seconds": seconds}
 
     def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
         """One section per (arm, ε, tasks) of the stored merges, private arms first, against the floors (this
@@ -382,6 +479,8 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
         sections = [line for arm, epsilon, tasks in order for line in section(
             arm, epsilon, tasks, arm_scores(arm, epsilon, tasks),
             arm_scores(twin(arm), None, tasks) if twin(arm) and epsilon is not None else None)]
+        sections += [line for epsilon, tasks in dict.fromkeys((g[1], g[2]) for g in order)
+                     for line in search_section(groups, epsilon, tasks)]
         text = ["# What merges keep of what private adapters add", "",
                 f"Generated by `python -m benchmarks.studies.merge_gain --report-only` from {len(stored)} stored "
                 "units. Test accuracy %, whole test splits. NAI = (merged − floor) / (individual − floor): the "

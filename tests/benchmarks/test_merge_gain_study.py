@@ -149,7 +149,8 @@ def test_a_merge_unit_stages_the_kept_adapters_and_tells_dp_aware_when_they_are_
         for task in TWO:
             (merge_gain.kept_run(work, training_unit(task, arm, 0, epsilon)) / "encoder_adapter").mkdir(parents=True)
         unit = merge_unit(arm, 0, epsilon, "dp_aware", TWO)
-        assert MergeGain().run(unit, work) == {"evaluation": {"tasks": {}}, "merge_seconds": 1.5}
+        assert MergeGain().run(unit, work) == {"evaluation": {"tasks": {}}, "validation": {"tasks": {}},
+                                               "merge_seconds": 1.5}
         staged = work / "merges" / f"{merge_gain.cell(arm, epsilon)}-seed0" / "runs"
         assert sorted(p.name for p in staged.iterdir()) == sorted(["base", *TWO])
         assert configs.pop("dp_aware")["parameters"].get("allow_non_private") is (True if epsilon is None else None)
@@ -245,6 +246,40 @@ def test_the_drop_pairs_the_non_private_twin_by_seed_and_one_seed_has_no_interva
     assert MergeGain().report([])[REPORT].count("No merge unit is stored yet.") == 1
 
 
+def searched(arm, seed, method, test, validation, individual=(84, 96)):
+    """A merge unit of ``arm`` at ε = 8 with its test and validation scores, (A, B) merged % each."""
+    unit = merge_stored(arm, seed, 8.0, method, test, individual)
+    unit["result"]["validation"] = {"tasks": {t: {"individual": i / 100, "merged": m / 100}
+                                              for t, i, m in zip(TWO, individual, validation)}}
+    return unit
+
+
+def test_the_search_chooses_by_merged_validation_accuracy_and_tests_the_remedy_with_holm(monkeypatch):
+    with_stored(monkeypatch)
+    remedy, cheaper = "private_align1e-3", (83.5, 96)  # individual 89.75: 0.25 points below private's 90
+    units = [searched("private", s, m, MERGED[m][s], MERGED[m][s])
+             for m in ("task_arithmetic", "tsv") for s in range(3)]
+    units += [searched(remedy, s, "task_arithmetic", test, val, cheaper) for s, test, val in zip(
+        range(3), [(83, 93), (83, 94), (84, 95)], [(83, 93), (84, 94), (85, 95)])]  # test 88, 88.5, 89.5; val 89
+    units += [searched(remedy, s, "tsv", test, (85, 95), cheaper) for s, test in zip(
+        range(3), [(84, 94), (83, 94), (84, 95)])]  # test 89, 88.5, 89.5: tsv's −0.5…+0.5 against private's
+    units += [searched("private_sam_rho0.05", s, "task_arithmetic", (90, 100), (90, 100)) for s in (0, 1)]
+    text = MergeGain().report(units)[REPORT].split("## Training settings judged on the merge, at ε = 8")[1]
+    assert "among the arms of 3 seed(s): **`private_align1e-3`**" in text  # 95 on two seeds is not chosen
+    search = rows(text, "Validation accuracy")
+    assert search["private"] == ["0,1,2", "90.00", "86.67", "`tsv` 89.00"]
+    assert search[remedy] == ["0,1,2", "89.75", "89.00", "`tsv` 90.00"]
+    assert search["private_sam_rho0.05"] == ["0,1", "90.00", "95.00", "—"]
+    p_ta = stats.ttest_rel([88, 88.5, 89.5], [86, 87, 87]).pvalue  # +2, +1.5, +2.5: 0.0202
+    p_tsv = stats.ttest_rel([89, 88.5, 89.5], [88.5, 89, 89.5]).pvalue  # +0.5, −0.5, 0: 1.0
+    against = rows(text, "### DP-Merging's remedy against `private`")
+    assert against["task_arithmetic"] == ["0,1,2", "+2.00 +1.50 +2.50", "+2.00", f"{p_ta:.3g}",
+                                          f"{2 * p_ta:.3g} *", "-0.25"]
+    assert against["tsv"][1:5] == ["+0.50 -0.50 +0.00", "+0.00", f"{p_tsv:.3g}", f"{max(2 * p_ta, p_tsv):.3g}"]
+    assert "met by `private_align1e-3` for `task_arithmetic`." in text
+    assert "## Training settings judged on the merge, without DP" not in MergeGain().report(units)[REPORT]
+
+
 @pytest.mark.slow
 def test_the_study_merges_non_private_adapters_end_to_end(tmp_path, monkeypatch):
     """Tiny non-private adapters, stored as this study's units and kept where it keeps them: each method merges them
@@ -280,6 +315,7 @@ def test_the_study_merges_non_private_adapters_end_to_end(tmp_path, monkeypatch)
     for method in ("tsv", "dp_aware"):
         result = results[f"merge-non_private-seed0-{method}-rotten_tomatoes+election_tweets"]
         assert result["merge_seconds"] > 0 and sorted(result["evaluation"]["tasks"]) == sorted(TWO)
+        assert sorted(result["validation"]["tasks"]) == sorted(TWO)
     assert "## `non_private` (no DP)" in (tmp_path / "benchmarks" / "reports" / "merge_gain" / REPORT).read_text()
     staged, merged = work / "merges" / "non_private-seed0" / "runs", {}
     for floor in ("record", "none"):
