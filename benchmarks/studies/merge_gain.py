@@ -71,8 +71,7 @@ SEARCH_AXES: dict[str, tuple[str, ...]] = {  # DP-Merging's remedy and its neigh
     **{f"rank{r}": ("--lora_r", r, "--lora_alpha", str(2 * int(r))) for r in ("4", "16")},  # scaling α/r = 2 kept
 }
 """The training search judged on the merge: each axis an arm ``private_<axis>`` (floor: the private head) and its
-non-private twin ``non_private_<axis>`` (the same flags without DP), beside ``private_average25`` and
-``private_own_a``."""
+non-private twin ``non_private_<axis>`` (the same flags without DP)."""
 ARMS: dict[str, Arm] = {
     "private": Arm(floor="private_head"),  # LPFT_RECIPE: the lpft study's k2_b1024_t75_lr1e-2_head6_dpsgd
     "non_private": Arm(private=False, floor="non_private_head"),  # its twin: the same recipe without DP
@@ -317,11 +316,8 @@ def section(arm: str, epsilon: float | None, tasks: tuple[str, ...], found: dict
     return text + targets(found, versus)
 
 
-DP_MERGING_AXES = ("private_sam_rho", "private_align")
-"""The arms of DP-Merging's remedy (arXiv 2608.26655: DP-SAM, the alignment penalty), tested against ``private``."""
-TARGET_MERGED_GAIN, TARGET_INDIVIDUAL_COST = 1.0, 0.3
-"""A setting becomes a default when its merge beats DP-SGD's by ≥ 1 point (Holm) at ≤ 0.3 points of individual
-accuracy (test, task-averaged, paired over seeds)."""
+DP_MERGING_AXES = ("private_sam_rho", "private_align")  # DP-Merging's remedy (arXiv 2608.26655): DP-SAM, alignment
+TARGET_MERGED_GAIN, TARGET_INDIVIDUAL_COST = 1.0, 0.3  # a default: merge +1 point over DP-SGD's, ≤ 0.3 individual
 
 
 def split_average(unit: dict, split: str, score: str) -> float:
@@ -335,51 +331,46 @@ def search_section(groups: dict[tuple, list[dict]], epsilon: float | None, tasks
     other method's merged validation accuracy, the chosen arm (task arithmetic's merged validation accuracy, over
     the arms of the most seeds), then the best DP-Merging arm against DP-SGD's (``private``/``non_private``) on the
     test splits, per method paired over seeds with Holm over the methods."""
-    arms = [a for a in MERGED_ARMS if ARMS[a].private == (epsilon is not None)]
     merges = {a: {(u["method"], u["seed"]): u for u in groups.get((a, epsilon, tasks), []) if "validation" in u}
-              for a in arms}
+              for a in MERGED_ARMS if ARMS[a].private == (epsilon is not None)}
     merges = {a: found for a, found in merges.items() if found}
     if len(merges) < 2:
         return []
 
-    def mean_over_seeds(arm: str, method: str, split: str, score: str) -> tuple[list[int], float | None]:
-        seeds = sorted(seed for m, seed in merges[arm] if m == method)
-        values = [split_average(merges[arm][(method, seed)], split, score) for seed in seeds]
-        return seeds, statistics.mean(values) if values else None
+    def validation(arm: str, method: str, score: str = "merged") -> float | None:
+        values = [split_average(u, "validation", score) for (m, _), u in merges[arm].items() if m == method]
+        return statistics.mean(values) if values else None
 
-    rows, chosen_by = [], {}
+    seeds = {a: sorted(seed for m, seed in merges[a] if m == BASELINE) for a in merges}
+    rank = {a: (len(seeds[a]), validation(a, BASELINE) or -math.inf) for a in merges}
+    rows = []
     for arm in merges:
-        seeds, individual = mean_over_seeds(arm, BASELINE, "validation", "individual")
-        _, baseline = mean_over_seeds(arm, BASELINE, "validation", "merged")
-        others = {m: mean_over_seeds(arm, m, "validation", "merged")[1] for m in METHODS if m != BASELINE}
-        best = max((m for m in others if others[m] is not None), key=others.get, default=None)
-        chosen_by[arm] = (len(seeds), baseline)
-        rows.append([arm, seeds_cell(seeds), *("—" if v is None else f"{v:.2f}" for v in (individual, baseline)),
+        others = {m: v for m in METHODS if m != BASELINE and (v := validation(arm, m)) is not None}
+        best = max(others, key=others.get, default=None)
+        rows.append([arm, seeds_cell(seeds[arm]), *("—" if v is None else f"{v:.2f}" for v in (
+            validation(arm, BASELINE, "individual"), validation(arm, BASELINE))),
                      "—" if best is None else f"`{best}` {others[best]:.2f}"])
-    most = max(n for n, _ in chosen_by.values())
-    chosen = max((a for a, (n, v) in chosen_by.items() if n == most and v is not None),
-                 key=lambda a: chosen_by[a][1], default=None)
-    reference = "private" if epsilon is not None else "non_private"
-    title = f"at ε = {epsilon:g}" if epsilon is not None else "without DP (the twins)"
+    most = max(map(len, seeds.values()))
+    chosen = max((a for a in merges if seeds[a] and len(seeds[a]) == most), key=rank.get, default=None)
+    reference, title = ("private", f"at ε = {epsilon:g}") if epsilon is not None else ("non_private", "without DP")
     text = [f"## Training settings judged on the merge, {title}" + ("" if tasks == PACKAGED_TASKS else
                                                                      f" on {', '.join(tasks)}"), "",
             "Validation accuracy %, task-averaged, mean over seeds; the chosen arm has task arithmetic's best merged "
             f"validation accuracy among the arms of {most} seed(s): **`{chosen}`**.", "",
             table(["arm", "seeds", "individual (val)", "task arithmetic merged (val)", "best other merge (val)"],
                   rows), ""]
-    contenders = [a for a in merges if a.removeprefix("non_").startswith(DP_MERGING_AXES)]
-    remedy = max(contenders, key=lambda a: (chosen_by[a][0], chosen_by[a][1] or -math.inf), default=None)
+    remedy = max((a for a in merges if a.removeprefix("non_").startswith(DP_MERGING_AXES)), key=rank.get,
+                 default=None)
     if remedy is None or reference not in merges:
         return text
     compared = []
     for method in METHODS:
-        seeds = sorted({seed for m, seed in merges[remedy] if m == method}
-                       & {seed for m, seed in merges[reference] if m == method})
-        if seeds:
-            pairs = [(merges[remedy][(method, s)], merges[reference][(method, s)]) for s in seeds]
-            merged = [[split_average(u, "test", "merged") for u in pair] for pair in pairs]
-            individual = [[split_average(u, "test", "individual") for u in pair] for pair in pairs]
-            compared.append((method, seeds, [a - b for a, b in merged], paired_p(*zip(*merged)),
+        common = sorted(set.intersection(*({s for m, s in merges[a] if m == method} for a in (remedy, reference))))
+        pairs = [(merges[remedy][(method, s)], merges[reference][(method, s)]) for s in common]
+        if pairs:
+            merged, individual = ([[split_average(u, "test", score) for u in pair] for pair in pairs]
+                                  for score in ("merged", "individual"))
+            compared.append((method, common, [a - b for a, b in merged], paired_p(*zip(*merged)),
                              statistics.mean(a - b for a, b in individual)))
     adjusted = holm_adjusted([c[3] for c in compared])
     rows = [[m, seeds_cell(seeds), " ".join(f"{d:+.2f}" for d in diffs), f"{statistics.mean(diffs):+.2f}",
