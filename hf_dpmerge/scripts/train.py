@@ -262,9 +262,8 @@ def head_phase(script: ScriptArguments, config: DPSAMConfig, base_dir: Path, spe
                out: Path, resume: str | bool | None = None) -> list[dict]:
     """LP-FT's first phase (:func:`trains_head_phase`): the head alone on cached pooled features at ε₁ (unnoised
     without DP), copied into ``model``'s head; returns the phase for the accountant of the second ([] without DP or
-    LP-FT). When
-    resuming the second phase, the checkpoint holds the head phase's model and record: it is not trained again
-    (:func:`checkpoint_head_phase`)."""
+    LP-FT). When resuming the second phase, the checkpoint holds the head phase's model and record: it is not
+    trained again (:func:`checkpoint_head_phase`)."""
     if not trains_head_phase(script, config):
         return []
     if resume:  # without DP the checkpoint holds the head phase's head, and there is no phase to account
