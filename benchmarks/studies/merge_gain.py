@@ -342,13 +342,14 @@ def search_section(groups: dict[tuple, list[dict]], epsilon: float | None, tasks
         return statistics.mean(values) if values else None
 
     seeds = {a: sorted(seed for m, seed in merges[a] if m == BASELINE) for a in merges}
-    rank = {a: (len(seeds[a]), validation(a, BASELINE) or -math.inf) for a in merges}
+    baseline = {a: validation(a, BASELINE) for a in merges}
+    rank = {a: (len(seeds[a]), -math.inf if baseline[a] is None else baseline[a]) for a in merges}
     rows = []
     for arm in merges:
         others = {m: v for m in METHODS if m != BASELINE and (v := validation(arm, m)) is not None}
         best = max(others, key=others.get, default=None)
         rows.append([arm, seeds_cell(seeds[arm]), *("—" if v is None else f"{v:.2f}" for v in (
-            validation(arm, BASELINE, "individual"), validation(arm, BASELINE))),
+            validation(arm, BASELINE, "individual"), baseline[arm])),
                      "—" if best is None else f"`{best}` {others[best]:.2f}"])
     most = max(map(len, seeds.values()))
     chosen = max((a for a in merges if seeds[a] and len(seeds[a]) == most), key=rank.get, default=None)
@@ -373,8 +374,8 @@ def search_section(groups: dict[tuple, list[dict]], epsilon: float | None, tasks
             compared.append((method, common, [a - b for a, b in merged], paired_p(*zip(*merged)),
                              statistics.mean(a - b for a, b in individual)))
     adjusted = holm_adjusted([c[3] for c in compared])
-    rows = [[m, seeds_cell(seeds), " ".join(f"{d:+.2f}" for d in diffs), f"{statistics.mean(diffs):+.2f}",
-             *p_cells(p, adj), f"{cost:+.2f}"] for (m, seeds, diffs, p, cost), adj in zip(compared, adjusted)]
+    rows = [[m, seeds_cell(common), " ".join(f"{d:+.2f}" for d in diffs), f"{statistics.mean(diffs):+.2f}",
+             *p_cells(p, adj), f"{cost:+.2f}"] for (m, common, diffs, p, cost), adj in zip(compared, adjusted)]
     wins = [m for (m, _, diffs, _, cost), adj in zip(compared, adjusted) if adj is not None and adj < ALPHA
             and statistics.mean(diffs) >= TARGET_MERGED_GAIN and -cost <= TARGET_INDIVIDUAL_COST]
     return [*text, f"### DP-Merging's remedy against `{reference}`", "",

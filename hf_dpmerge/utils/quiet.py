@@ -24,18 +24,28 @@ def expected_warnings_ignored() -> Iterator[None]:
 
 
 @contextmanager
+def _errors_only(logging) -> Iterator[None]:
+    """``logging`` (transformers' or huggingface_hub's ``utils.logging``) at error level inside the block."""
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+@contextmanager
 def transformers_errors_only() -> Iterator[None]:
     """transformers' logging at error level and its progress bars off inside the block (restored after): its
     load report of a head we re-create or replace right after is noise."""
     from transformers.utils import logging
 
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
+    bars = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     try:
-        yield
+        with _errors_only(logging):
+            yield
     finally:
-        logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
 
@@ -46,9 +56,5 @@ def hub_errors_only() -> Iterator[None]:
     metadata block by design, which it would report."""
     from huggingface_hub.utils import logging
 
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
+    with _errors_only(logging):
         yield
-    finally:
-        logging.set_verbosity(verbosity)
