@@ -14,6 +14,7 @@ model's validation accuracy (:func:`search_section`); docs/benchmarks.md "Merge 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import statistics
@@ -32,6 +33,7 @@ from benchmarks.merging import (
     gain_retained,
     merge_config,
     packaged_parameters,
+    run_fingerprints,
     stage_runs,
     task_average,
     timed_merge,
@@ -39,6 +41,7 @@ from benchmarks.merging import (
 from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p, t_interval
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
+from hf_dpmerge.utils.io import write_text_atomic
 
 REPORT = "MERGE_GAIN.md"
 METHODS = (*merging.METHODS, *SPECTRAL_CONFIGS)
@@ -430,6 +433,7 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
         """A training unit (kept unless a floor), or a merge: the kept adapters staged afresh, merged (timed) and
         scored."""
         from hf_dpmerge.analysis.evaluation import evaluate_runs
+        from hf_dpmerge.analysis.evaluation_report import EvaluationReport
 
         s = unit.settings
         if "method" not in s:
@@ -443,10 +447,17 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
                               non_private=s["target_epsilon"] is None, parameters=s["merge_parameters"])
         merged = folder / "merged" / s["method"]
         seconds = timed_merge(config, folder / f"{s['method']}.yaml", merged, folder / "lora_cache")
-        evaluation, validation = (evaluate_runs(runs, merged, tasks, base_dir=runs / "base", split=split,
-                                                progress=False).to_dict() for split in ("test", "validation"))
+        fingerprints, scored = run_fingerprints(runs, tasks), {}
+        for split in ("test", "validation"):  # the adapters' scores kept beside them for the seed's next merges
+            kept = folder / f"adapters-{split}.json"
+            known = json.loads(kept.read_text()) if kept.is_file() else {}
+            reuse = EvaluationReport.from_dict(known["report"]) if known.get("adapters") == fingerprints else None
+            scored[split] = evaluate_runs(runs, merged, tasks, base_dir=runs / "base", split=split, progress=False,
+                                          reuse=reuse).to_dict()
+            if reuse is None:
+                write_text_atomic(kept, json.dumps({"adapters": fingerprints, "report": scored[split]}))
         shutil.rmtree(merged, ignore_errors=True)
-        return {"evaluation": evaluation, "validation": validation, "merge_seconds": seconds}
+        return {"evaluation": scored["test"], "validation": scored["validation"], "merge_seconds": seconds}
 
     def report(self, stored: list[dict[str, Any]]) -> dict[str, str]:
         """One section per (arm, ε, tasks) of the stored merges, private arms first, against the floors (this

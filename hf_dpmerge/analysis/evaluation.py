@@ -71,6 +71,7 @@ def evaluate_runs(
     floor_runs: str | os.PathLike | None = None,
     log=print,
     progress: bool = True,
+    reuse: EvaluationReport | None = None,
 ) -> EvaluationReport:
     """Evaluate ``<runs>/<task>/adapter`` (on ``<runs>/base``) and the merged model on each task's ``split``
     (test by default; validation when the scores select something, e.g. a merge weight).
@@ -85,13 +86,16 @@ def evaluate_runs(
     strongest baseline a user could run) and the base encoder with the adapter's own head is kept as ``own_head``.
     ``merged_dir`` must be a merge of the runs scored (:mod:`~hf_dpmerge.analysis.merged_origin`: not the base itself,
     its ``mergekit_config.yml`` merging each of them, every one trained on its base); it is refused before any
-    model is scored otherwise.
+    model is scored otherwise. ``reuse``: an earlier report of these same runs (same split, ``max_eval_samples`` and
+    floor kind) whose floor and individual scores are kept, so that only the merged model is scored (several
+    merges of one runs folder compared); the caller vouches that the adapters are unchanged since.
     """
     runs_dir, merged_dir = Path(runs_dir), Path(merged_dir)
     base_dir = runs_dir / BASE_DIR if base_dir is None else Path(base_dir)
     check_model_dirs(base_dir, merged_dir)
     check_is_merge(base_dir, merged_dir)
     device = resolve_device(device)
+    known = reused_scores(reuse, split, max_eval_samples, OWN_HEAD_FLOOR if floor_runs is None else PRIVATE_HEAD_FLOOR)
     results = []
     from tqdm.auto import tqdm
 
@@ -102,7 +106,9 @@ def evaluate_runs(
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
         examples = load_split(run, split, tok, max_samples=max_eval_samples, glue_path=glue_path)
         references = np.asarray(examples["labels"])
-        scores = {}
+        kept = known.get(run.task)
+        if kept is not None and kept.num_examples != len(examples):
+            raise ValueError(f"reuse: {run.task} was scored on {kept.num_examples} examples, not {len(examples)}")
         own_head = (load_merged_with_head, base_dir, run.adapter_dir)  # the base encoder with the adapter's head
         if floor_runs is None:
             floors = [("floor", *own_head)]
@@ -110,8 +116,9 @@ def evaluate_runs(
             private_head = private_head_run(Path(floor_runs), run).adapter_dir
             floors = [("own_head", *own_head), ("floor", load_individual_model, Path(floor_runs) / BASE_DIR,
                                                 private_head)]
-        for kind, loader, directory, adapter_dir in [*floors,
-                                                     ("individual", load_individual_model, base_dir, run.adapter_dir),
+        adapters = [*floors, ("individual", load_individual_model, base_dir, run.adapter_dir)]
+        scores = {} if kept is None else {"floor": kept.floor_metrics, "individual": kept.individual_metrics}
+        for kind, loader, directory, adapter_dir in [*(adapters if kept is None else []),
                                                      ("merged", load_merged_with_head, merged_dir, run.adapter_dir)]:
             model = loader(directory, adapter_dir, spec).to(device)
             logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
@@ -124,7 +131,7 @@ def evaluate_runs(
             individual=scores["individual"][spec.metric], merged=scores["merged"][spec.metric],
             num_examples=len(examples), individual_metrics=scores["individual"], merged_metrics=scores["merged"],
             floor=scores["floor"][spec.metric], floor_metrics=scores["floor"],
-            own_head=scores["own_head"][spec.metric] if "own_head" in scores else None,
+            own_head=scores["own_head"][spec.metric] if "own_head" in scores else getattr(kept, "own_head", None),
         )
         log(f"{run.task}: floor {result.floor:.4f}, individual {result.individual:.4f}, merged {result.merged:.4f} "
             f"({spec.metric}, n={len(examples)})")
@@ -132,6 +139,18 @@ def evaluate_runs(
     return EvaluationReport(results, merged_model=str(merged_dir), base_model=str(base_dir),
                             max_eval_samples=max_eval_samples, split=split,
                             floor_kind=OWN_HEAD_FLOOR if floor_runs is None else PRIVATE_HEAD_FLOOR)
+
+
+def reused_scores(reuse: EvaluationReport | None, split: str, max_eval_samples: int | None,
+                  floor_kind: str) -> dict[str, TaskEvaluation]:
+    """``reuse``'s task evaluations by task (none without it), refused (ValueError) when it scored another split,
+    sample cap or floor kind than the evaluation reusing it."""
+    if reuse is None:
+        return {}
+    found, wanted = (reuse.split, reuse.max_eval_samples, reuse.floor_kind), (split, max_eval_samples, floor_kind)
+    if found != wanted:
+        raise ValueError(f"reuse: the report scored (split, max_eval_samples, floor) = {found}, not {wanted}")
+    return {t.task: t for t in reuse.tasks}
 
 
 def private_head_run(floor_runs: Path, run: TaskRun) -> TaskRun:

@@ -335,6 +335,26 @@ def test_evaluate_refuses_runs_trained_on_another_base_than_the_merges(merge_run
     assert not output.exists()
 
 
+def test_a_reused_report_scores_only_the_merged_model_and_gives_the_full_evaluations_numbers(fake_runs, tmp_path,
+                                                                                           monkeypatch):
+    """reuse=: a second merge of the same runs, evaluated with the first one's report, runs one model per task (the
+    merge) and equals its evaluation from scratch; a report of another split is refused."""
+    from hf_dpmerge.analysis import evaluation
+
+    settings = dict(max_eval_samples=30, max_length=MAX_LENGTH, log=lambda line: None, progress=False)
+    first = evaluate_runs(fake_runs["runs"], fake_runs["merged"], **settings)
+    at_zero = shutil.copytree(fake_runs["base"], tmp_path / "at_zero")
+    (at_zero / "mergekit_config.yml").write_text(fake_merge_config({"bbc": 0.0, "election_tweets": 0.0}))
+    scratch = evaluate_runs(fake_runs["runs"], at_zero, **settings)
+    calls = []
+    monkeypatch.setattr(evaluation, "predict_logits", lambda *a, **k: calls.append(a) or predict_logits(*a, **k))
+    reused = evaluate_runs(fake_runs["runs"], at_zero, reuse=EvaluationReport.from_dict(first.to_dict()), **settings)
+    assert len(calls) == len(first.tasks) == 2
+    assert reused.to_dict() == scratch.to_dict()
+    with pytest.raises(ValueError, match="reuse: the report scored .*'test'.*not .*'validation'"):
+        evaluate_runs(fake_runs["runs"], at_zero, reuse=first, split="validation", **settings)
+
+
 def test_the_floor_is_the_private_head_when_floor_runs_are_given(fake_runs, tmp_path):
     """--floor_runs: the floor is the head-only release's score (its own base + its trained head), the adapter's
     own head on the base encoder moves to 'own head'; a floor at another ε is refused naming the flag."""

@@ -143,6 +143,7 @@ def test_a_merge_unit_stages_the_kept_adapters_and_tells_dp_aware_when_they_are_
 
     monkeypatch.setattr(merge_gain, "timed_merge", timed)
     monkeypatch.setattr("hf_dpmerge.analysis.evaluation.evaluate_runs", lambda *a, **k: Evaluation())
+    monkeypatch.setattr(merge_gain, "run_fingerprints", lambda runs, tasks: dict.fromkeys(tasks, "fingerprint"))
     work = tmp_path / "work"
     (work / "base").mkdir(parents=True)
     for arm, epsilon in (("private", 8.0), ("non_private", None)):
@@ -316,6 +317,12 @@ def test_the_study_merges_non_private_adapters_end_to_end(tmp_path, monkeypatch)
         result = results[f"merge-non_private-seed0-{method}-rotten_tomatoes+election_tweets"]
         assert result["merge_seconds"] > 0 and sorted(result["evaluation"]["tasks"]) == sorted(TWO)
         assert sorted(result["validation"]["tasks"]) == sorted(TWO)
+    tsv, dp_aware = (results[f"merge-non_private-seed0-{m}-{'+'.join(TWO)}"] for m in ("tsv", "dp_aware"))
+    for split in ("evaluation", "validation"):  # the second merge reused the first one's adapter scores
+        assert {t: s["individual"] for t, s in tsv[split]["tasks"].items()} == {
+            t: s["individual"] for t, s in dp_aware[split]["tasks"].items()}
+    assert sorted(p.name for p in (work / "merges" / "non_private-seed0").glob("adapters-*.json")) == [
+        "adapters-test.json", "adapters-validation.json"]
     assert "## `non_private` (no DP)" in (tmp_path / "benchmarks" / "reports" / "merge_gain" / REPORT).read_text()
     staged, merged = work / "merges" / "non_private-seed0" / "runs", {}
     for floor in ("record", "none"):
