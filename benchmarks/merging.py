@@ -31,15 +31,15 @@ METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
 """Each encoder merge method of the comparisons → its packaged config under ``merge_configs/``."""
-SPECTRAL_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi")}
-"""The spectral methods' packaged configs (merged by the merge_gain study, not by the comparisons)."""
+DATA_FREE_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi", "emr")}
+"""The spectral methods' and EMR's packaged configs (merged by the merge_gain study, not by the comparisons)."""
 
 
 def packaged_parameters(merge: str) -> dict[str, Any] | None:
-    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`, :data:`SPECTRAL_CONFIGS`)."""
+    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`, :data:`DATA_FREE_CONFIGS`)."""
     import yaml
 
-    name = {**MERGE_CONFIGS, **SPECTRAL_CONFIGS}[merge]
+    name = {**MERGE_CONFIGS, **DATA_FREE_CONFIGS}[merge]
     template = yaml.safe_load((REPO / "merge_configs" / name).read_text())
     if template["merge_method"] != merge:
         raise ValueError(f"merge_configs/{name} merges with {template['merge_method']}, not {merge}")

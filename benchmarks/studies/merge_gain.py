@@ -28,7 +28,7 @@ from benchmarks import harness, merging
 from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import (
-    SPECTRAL_CONFIGS,
+    DATA_FREE_CONFIGS,
     floor_average,
     gain_retained,
     merge_config,
@@ -44,7 +44,7 @@ from hf_dpmerge.data.tasks import PACKAGED_TASKS
 from hf_dpmerge.utils.io import write_text_atomic
 
 REPORT = "MERGE_GAIN.md"
-METHODS = (*merging.METHODS, *SPECTRAL_CONFIGS)
+METHODS = (*merging.METHODS, *DATA_FREE_CONFIGS)
 BASELINE = "task_arithmetic"
 REUSED_STUDIES = (("lpft", 1), ("headroom", 1))
 """(study, schema) whose stored MiniLM units a floor reuses when task, seed and flags are the floor's own."""

@@ -3,12 +3,14 @@
 Reads the runs layout of :mod:`hf_dpmerge.analysis.task_run`. For each task, on its test split (or the
 validation split, for choices made before the test split is touched), it scores the three models of
 :mod:`hf_dpmerge.analysis.task_models` — the floor (the base encoder with the task's own head), the individual
-adapter and the merged encoder with the task's head — into the report of
-:mod:`hf_dpmerge.analysis.evaluation_report` (gain retained, retention, interference).
+adapter and the merged encoder with the task's head (modulated for the task when the merge is ``emr``:
+:mod:`hf_dpmerge.analysis.emr_modulation`) — into the report of :mod:`hf_dpmerge.analysis.evaluation_report`
+(gain retained, retention, interference).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from hf_dpmerge.analysis.batching import length_sorted_batches
+from hf_dpmerge.analysis.emr_modulation import is_emr_merge, load_modulated_with_head, unified_delta
 from hf_dpmerge.analysis.evaluation_report import (
     OWN_HEAD_FLOOR,
     PRIVATE_HEAD_FLOOR,
@@ -101,6 +104,9 @@ def evaluate_runs(
 
     runs = task_runs(runs_dir, tasks, data_seed=data_seed, max_length=max_length, merged_dir=merged_dir)
     check_merges_runs(runs_dir, base_dir, merged_dir, runs)
+    load_merged = load_merged_with_head  # an emr root: each task on its modulated model (the release's)
+    if is_emr_merge(merged_dir):
+        load_merged = functools.partial(load_modulated_with_head, unified=unified_delta(base_dir, merged_dir))
     for run in tqdm(runs, desc="tasks", unit="task", disable=not progress):
         spec, record = run.spec, run.record
         tok = tokenizer or find_tokenizer([run.adapter_dir, base_dir, merged_dir])
@@ -119,7 +125,7 @@ def evaluate_runs(
         adapters = [*floors, ("individual", load_individual_model, base_dir, run.adapter_dir)]
         scores = {} if kept is None else {"floor": kept.floor_metrics, "individual": kept.individual_metrics}
         for kind, loader, directory, adapter_dir in [*(adapters if kept is None else []),
-                                                     ("merged", load_merged_with_head, merged_dir, run.adapter_dir)]:
+                                                     ("merged", load_merged, merged_dir, run.adapter_dir)]:
             model = loader(directory, adapter_dir, spec).to(device)
             logits = predict_logits(model, examples, tok, batch_size, f"{run.task} {kind}" if progress else None)
             predictions = predictions_from_logits(spec, logits)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hf_dpmerge.analysis.emr_modulation import is_emr_merge
 from hf_dpmerge.hub.model_card import MergeRecipe, build_model_card
 from hf_dpmerge.hub.staging import (
     STAGING_MARKER,
@@ -26,6 +27,7 @@ from hf_dpmerge.hub.staging import (
     staged_files,
 )
 from hf_dpmerge.records.fingerprint import adapter_fingerprint
+from hf_dpmerge.records.merge_base import merge_base_dir
 from hf_dpmerge.records.selection_record import find_selection_record
 from hf_dpmerge.records.statement import check_unseeded_release
 
@@ -99,6 +101,10 @@ def push_merged_model(
     base_checked = check_release_base(merged_dir, records, runs_base, local_roots)
     heads = {task: extract_head(task, adapter_dirs[task], records[task]) for task in adapter_dirs}
     shared = shares_encoder(merged_dir)
+    emr_base = None
+    if is_emr_merge(merged_dir) and (emr_base := merge_base_dir(merged_dir, runs_base, local_roots)) is None:
+        raise PushError(f"{merged_dir} is an emr merge: its task modulators are computed from its base, which is "
+                        "not found (pass --runs with the runs it merged, holding base/)")
     card = build_model_card(
         records,
         repo_id=repo_id,
@@ -115,7 +121,8 @@ def push_merged_model(
     )
     card_text = str(card)
     return release_staged(
-        lambda stage: stage_merged_release(stage, merged_dir, heads, adapter_dirs, card_text, shared), merged_dir,
+        lambda stage: stage_merged_release(stage, merged_dir, heads, adapter_dirs, card_text, shared, emr_base),
+        merged_dir,
         repo_id,
         private=private, dry_run=dry_run, token=token, commit_message=commit_message, staging_dir=staging_dir,
         endpoint=endpoint,

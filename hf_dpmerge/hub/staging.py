@@ -5,8 +5,11 @@ allow-listed files (``hf_dpmerge.records.release_files.RELEASE_ALLOW_LIST``): th
 directory's files other than its model, and per task ``<task>/dp_privacy.json`` byte for byte. Mean pooling: the
 merged encoder once at the root (``model.safetensors``, no classifier) and per ``<task>/`` its head
 (``head.safetensors``), remote code and a config naming ``../model.safetensors`` (``shared_encoder_weights``);
-[CLS] pooling: full stock task models (:mod:`hf_dpmerge.modeling.stock_release`). The root holds no config.json,
-so stock loaders refuse it instead of predicting with the base's random head; a task loads with
+[CLS] pooling: full stock task models (:mod:`hf_dpmerge.modeling.stock_release`). An ``emr`` merge adds δ_uni
+at the root (``unified_delta.safetensors``) and per task its masks and rescaler (``task_modulator.safetensors``),
+or, [CLS] pooling, modulates each task model's weights.
+The root holds no config.json, so stock loaders refuse it instead of predicting with the base's random head; a
+task loads with
 ``pipeline("text-classification", model=repo, model_kwargs={"subfolder": task}, trust_remote_code=True)``.
 See docs/design.md §10.
 """
@@ -18,6 +21,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
+from hf_dpmerge.analysis.emr_modulation import modulate_saved_task_model, run_modulator, unified_delta
 from hf_dpmerge.hub.model_card import HeadInfo
 from hf_dpmerge.modeling.task_head import TaskHeadError, task_head_state
 from hf_dpmerge.records.merge_base import check_trained_on, merge_base_dir
@@ -140,16 +144,25 @@ def stage_merged_release(
     adapters: Mapping[str, Path],
     card_text: str,
     shared_encoder: bool,
+    emr_base: Path | None = None,
 ) -> None:
     """Fill ``staging_dir`` with the release laid out as above; refuse it if it holds an unlisted file.
-    ``shared_encoder`` (:func:`hf_dpmerge.modeling.stock_release.shares_encoder`): the encoder once at the root."""
+    ``shared_encoder`` (:func:`hf_dpmerge.modeling.stock_release.shares_encoder`): the encoder once at the root.
+    ``emr_base``: the base of an ``emr`` merge, whose unified delta goes to the root and each task's modulator
+    beside its head, or modulates each whole task model (:mod:`hf_dpmerge.analysis.emr_modulation`)."""
     from hf_dpmerge.modeling.stock_release import (  # transformers: only when staging
         REMOTE_CODE_FILE,
         SHARED_ENCODER_FILE,
+        UNIFIED_DELTA_FILE,
         write_shared_encoder,
         write_task_head_folder,
         write_task_model,
+        write_unified_delta,
     )
+
+    unified = None if emr_base is None else unified_delta(emr_base, merged_dir)
+    if unified is not None and shared_encoder:
+        write_unified_delta(unified, staging_dir / UNIFIED_DELTA_FILE)
 
     for source in sorted(merged_dir.iterdir()):
         if source.is_file() and not _skipped(PurePosixPath(source.name)):
@@ -160,9 +173,13 @@ def stage_merged_release(
         task_dir = staging_dir / task
         labels = info.label_names
         if shared_encoder:
-            write_task_head_folder(merged_dir, head, labels, task_dir, f"../{SHARED_ENCODER_FILE}")
+            modulator = None if unified is None else run_modulator(adapters[task], unified)
+            write_task_head_folder(merged_dir, head, labels, task_dir, f"../{SHARED_ENCODER_FILE}", modulator,
+                                   f"../{UNIFIED_DELTA_FILE}")
         else:
             write_task_model(merged_dir, adapters[task], labels, task_dir)
+            if unified is not None:  # a whole task model: its weights modulated
+                modulate_saved_task_model(task_dir, adapters[task], unified)
         shutil.copyfile(adapters[task] / PRIVACY_RECORD_NAME, task_dir / PRIVACY_RECORD_NAME)
         if (task_dir / REMOTE_CODE_FILE).is_file():  # transformers reads remote code at the repo root
             shutil.copyfile(task_dir / REMOTE_CODE_FILE, staging_dir / REMOTE_CODE_FILE)

@@ -9,7 +9,8 @@ instead of the [CLS] → pooler path; the unknown ``model_type`` ``mean_pooling_
 a release without ``trust_remote_code=True`` rather than compute another function. A config's
 ``shared_encoder_weights`` (a weights file relative to its folder, e.g. ``../model.safetensors``) makes
 ``from_pretrained`` load that encoder and the folder's ``head.safetensors`` as one state dict, locally or from the
-Hub (then the peft adapter an Auto class was pointed at). See docs/design.md §10.
+Hub (then the peft adapter an Auto class was pointed at); ``task_modulator`` (an EMR merge) then modulates it
+with the root's unified delta: W_t = W_root + (λ_t·M_t − 1) ⊙ δ_uni (:func:`modulated`). See docs/design.md §10.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from transformers.utils import cached_file
 SHARED_ENCODER_KEY = "shared_encoder_weights"  # config.json: the encoder's weights file, relative to the task folder
 HEAD_WEIGHTS_FILE = "head.safetensors"  # a task folder's classifier head, beside its config.json
 HEAD_PREFIX = "classifier."
+TASK_MODULATOR_KEY = "task_modulator"  # config.json: the task's EMR masks and rescaler, relative to the task folder
+UNIFIED_DELTA_KEY = "unified_delta"  # config.json: the EMR root's unified delta δ_uni, relative to the task folder
+MODULATOR_SCALE = "__rescaler__"  # the rescaler λ_t's entry in a task modulator file (weights never bear the name)
 _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision")
 
 
@@ -64,6 +68,31 @@ def release_file(location: str | os.PathLike, subfolder: str, relative: str, hub
     return cached_file(str(location), name, subfolder=folder, **hub)
 
 
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as uint8 bytes, eight entries per byte (most significant bit first, zero-padded)."""
+    bits = torch.nn.functional.pad(mask.flatten().to(torch.uint8), (0, -mask.numel() % 8)).view(-1, 8)
+    return (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_mask(packed: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The boolean mask of ``shape`` that :func:`pack_mask` packed."""
+    bits = (packed.unsqueeze(1) >> torch.arange(7, -1, -1, dtype=torch.uint8)) & 1
+    return bits.flatten()[: shape.numel()].view(shape).bool()
+
+
+def modulated(state: dict[str, torch.Tensor], unified: dict[str, torch.Tensor],
+              modulator: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EMR's task model from the root's weights ``state`` (W_root = W_0 + δ_uni): every weight of ``unified`` (δ_uni)
+    becomes W_root + (λ_t·M_t − 1) ⊙ δ_uni = W_0 + λ_t·M_t ⊙ δ_uni, with ``modulator`` the task's packed masks M_t
+    (:func:`pack_mask`) and its rescaler λ_t (``MODULATOR_SCALE``); a weight without a mask reverts to W_0."""
+    scale = float(modulator[MODULATOR_SCALE])
+    result = dict(state)
+    for name, delta in unified.items():
+        mask = unpack_mask(modulator[name], delta.shape) if name in modulator else torch.zeros_like(delta, dtype=bool)
+        result[name] = (state[name] + (scale * mask - 1) * delta).to(state[name].dtype)
+    return result
+
+
 class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
     """``BertForSequenceClassification`` whose classifier reads the masked token mean instead of [CLS]."""
 
@@ -87,6 +116,10 @@ class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
         encoder = load_file(release_file(location, subfolder, relative, hub))
         state = {key: value for key, value in encoder.items() if not key.startswith(HEAD_PREFIX)}
         state.update(load_file(release_file(location, subfolder, HEAD_WEIGHTS_FILE, hub)))
+        if getattr(config, TASK_MODULATOR_KEY, None):
+            state = modulated(state, load_file(release_file(location, subfolder, config.unified_delta, hub)),
+                              load_file(release_file(location, subfolder, config.task_modulator, hub)))
+            config.task_modulator = config.unified_delta = None
         rest = {key: value for key, value in kwargs.items() if key not in (*_HUB_KWARGS, "subfolder", "config")}
         adapter_kwargs = dict(rest.pop("adapter_kwargs", None) or {})
         adapter = adapter_kwargs.pop("_adapter_model_path", None)  # Auto classes pointed at a peft adapter

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 from hf_dpmerge.modeling import modeling_mean_pooling_bert as remote_code
 from hf_dpmerge.modeling.mean_pooling import CLASSIFIER_POOLING_KEY, load_sequence_classifier
 from hf_dpmerge.modeling.task_head import attach_head, task_head_state
+from hf_dpmerge.modeling.task_modulator import save_task_modulator
 from hf_dpmerge.utils.adapter_files import ADAPTER_BASE_DIR, set_adapter_base
 from hf_dpmerge.utils.io import apply_open_modes
 from hf_dpmerge.utils.quiet import transformers_errors_only
@@ -35,6 +36,8 @@ REMOTE_CODE_FILE = Path(remote_code.__file__).name  # records.release_files allo
 REMOTE_MODEL_TYPE = remote_code.MeanPoolingBertConfig.model_type
 HEAD_WEIGHTS_FILE = remote_code.HEAD_WEIGHTS_FILE  # records.release_files allow-lists it as */head.safetensors
 SHARED_ENCODER_FILE = "model.safetensors"  # a release's root: the merged encoder, staged once for every task
+UNIFIED_DELTA_FILE = "unified_delta.safetensors"  # an emr release's root: δ_uni (records.release_files allow-lists it)
+TASK_MODULATOR_FILE = "task_modulator.safetensors"  # an emr release's <task>/ modulator (allow-listed there too)
 _MODULE = REMOTE_CODE_FILE.removesuffix(".py")
 AUTO_MAP = {
     "AutoConfig": f"{_MODULE}.{remote_code.MeanPoolingBertConfig.__name__}",
@@ -149,6 +152,12 @@ def shares_encoder(encoder_dir: str | os.PathLike) -> bool:
     return config.get(CLASSIFIER_POOLING_KEY) == "mean"
 
 
+def write_unified_delta(unified: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """An emr release's δ_uni (:mod:`hf_dpmerge.analysis.emr_modulation`) in one safetensors file at its root."""
+    save_file({name: delta.contiguous() for name, delta in unified.items()}, str(path), metadata={"format": "pt"})
+    apply_open_modes(path)  # safetensors writes 0600
+
+
 def write_shared_encoder(encoder_dir: str | os.PathLike, path: str | os.PathLike) -> None:
     """``encoder_dir``'s weights without its classifier, in one safetensors file (a release's root)."""
     model = load_sequence_classifier(encoder_dir)
@@ -177,11 +186,13 @@ def write_stock_base(base_dir: str | os.PathLike, directory: str | os.PathLike) 
 def write_task_head_folder(
     encoder_dir: str | os.PathLike, head: Mapping[str, torch.Tensor], label_names: Sequence[str],
     directory: str | os.PathLike, shared_encoder: str,
+    modulator: tuple[Mapping[str, torch.Tensor], float] | None = None, unified_delta: str | None = None,
 ) -> None:
     """A task folder that takes its encoder from ``shared_encoder`` (a path relative to ``directory``): the release
     config naming it, ``head`` (an adapter's :func:`task_head_state`) in ``head.safetensors``, the remote code and
     the tokenizer. Stock ``from_pretrained(..., trust_remote_code=True)`` loads it as :func:`write_task_model`'s
-    folder."""
+    folder. An emr release's task also gets its ``modulator`` (masks, rescaler) in ``task_modulator.safetensors``,
+    its config naming that file and the root's ``unified_delta`` (relative to ``directory``)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = stock_config(json.loads((Path(encoder_dir) / "config.json").read_text()), label_names)
@@ -195,6 +206,10 @@ def write_task_head_folder(
         raise ValueError(f"{directory.name}: the head has {head[weight].shape[0]} outputs for {len(label_names)} "
                          "labels")
     save_file(dict(head), str(directory / HEAD_WEIGHTS_FILE), metadata={"format": "pt"})
+    if modulator is not None:
+        save_task_modulator(directory / TASK_MODULATOR_FILE, *modulator)
+        config[remote_code.TASK_MODULATOR_KEY] = TASK_MODULATOR_FILE
+        config[remote_code.UNIFIED_DELTA_KEY] = unified_delta
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     shutil.copyfile(remote_code.__file__, directory / REMOTE_CODE_FILE)
     copy_tokenizer(encoder_dir, directory)

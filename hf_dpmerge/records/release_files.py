@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
 
 REMOTE_CODE_FILE = "modeling_mean_pooling_bert.py"  # the file hf_dpmerge/modeling/ ships as a release's remote code
+UNIFIED_DELTA_FILE = "unified_delta.safetensors"  # an emr release's root: δ_uni, which its task modulators scale
+TASK_MODULATOR_FILE = "task_modulator.safetensors"  # an emr release's <task>/: the task's packed masks and rescaler
 
 # Everything a release may hold (an adapter folder, what DPSAMTrainer.push_to_hub or `hf-dpmerge push` uploads),
 # as repository paths with shell wildcards per path component. Logs, trainer_state.json, training_args.bin
@@ -50,6 +52,8 @@ RELEASE_ALLOW_LIST = (
     # the remote code of the mean-pooling head (hf_dpmerge.modeling.stock_release.REMOTE_CODE_FILE), and the head
     # of an adapter folder that is its own stock base, its encoder read from the runs' shared base (HEAD_WEIGHTS_FILE)
     REMOTE_CODE_FILE, "head.safetensors",
+    # an emr merge's unified delta (root) and per-task modulators: functions of the released adapters and the merge
+    UNIFIED_DELTA_FILE, f"*/{TASK_MODULATOR_FILE}",
     # task models for stock loaders, one folder level down: a merged release's <task>/ (its head alone when the
     # encoder is staged once at the root, hf_dpmerge.modeling.stock_release.HEAD_WEIGHTS_FILE), and a multi-adapter
     # release's <task>/ adapter (LoRA + head) on the base at the root (hf_dpmerge.hub.multi_adapter)

@@ -7,8 +7,8 @@ When the merged inputs are laid out as training writes them (``<runs>/<task>/enc
 encoder with that task's head and labels (:func:`hf_dpmerge.modeling.stock_release.write_task_model`) and the
 task's ``dp_privacy.json``, so ``pipeline("text-classification", model=out, model_kwargs={"subfolder": task},
 trust_remote_code=True)`` computes what ``hf-dpmerge evaluate`` scores. The remote code also goes to
-``<out>/`` (transformers reads it at the root when given a subfolder). Causal-LM adapters get no folder: the
-merged causal LM is the whole model.
+``<out>/`` (transformers reads it at the root when given a subfolder); an ``emr`` root's task folders hold each
+task's modulated model (:mod:`hf_dpmerge.analysis.emr_modulation`). Causal-LM adapters get no folder.
 
 Once the task folders are written, the root's head is removed (:func:`drop_root_head`): the root is the merged
 encoder, and a stock ``AutoModelForSequenceClassification`` loading it reports a newly initialised head instead
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from mergekit.config import MergeConfiguration
 
-from hf_dpmerge.merging.inputs import task_adapters
+from hf_dpmerge.analysis.emr_modulation import EMR_METHOD, modulate_saved_task_model, unified_delta
+from hf_dpmerge.merging.inputs import input_directory, task_adapters
 from hf_dpmerge.modeling.stock_release import REMOTE_CODE_FILE, release_label_names, write_task_model
 from hf_dpmerge.records.record import CAUSAL_LM, PRIVACY_RECORD_NAME, PrivacyRecord
 
@@ -44,11 +45,16 @@ def write_task_folders(merged_dir: str | Path, config: MergeConfiguration) -> li
     """Write ``<merged_dir>/<task>/`` for every task of :func:`task_adapters`; the tasks written."""
     merged_dir = Path(merged_dir)
     written = []
+    unified = None
+    if config.merge_method == EMR_METHOD and config.base_model is not None:
+        unified = unified_delta(input_directory(config.base_model), merged_dir)
     for task, adapter in task_adapters(config).items():
         record = PrivacyRecord.load(adapter)
         if record.extra.get("model_kind") == CAUSAL_LM:  # a merged causal LM is whole: no per-task head
             continue
         write_task_model(merged_dir, adapter, label_names(task, adapter, record), merged_dir / task)
+        if unified is not None:
+            modulate_saved_task_model(merged_dir / task, adapter, unified)
         shutil.copyfile(adapter / PRIVACY_RECORD_NAME, merged_dir / task / PRIVACY_RECORD_NAME)
         if (merged_dir / task / REMOTE_CODE_FILE).is_file():
             shutil.copyfile(merged_dir / task / REMOTE_CODE_FILE, merged_dir / REMOTE_CODE_FILE)

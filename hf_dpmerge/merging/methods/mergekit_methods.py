@@ -1,6 +1,6 @@
-"""The mergekit 0.1.5 methods ``cauchy_poe``, ``dp_aware`` and the spectral ``tsv``, ``iso_c``, ``iso_cts``,
-``wudi``: parameter specs and per-tensor kernels (the maths: :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.tsv`,
-:mod:`.iso`, :mod:`.wudi`).
+"""The mergekit 0.1.5 methods ``cauchy_poe``, ``dp_aware``, the spectral ``tsv``, ``iso_c``, ``iso_cts``, ``wudi``
+and ``emr``: parameter specs and per-tensor kernels (the maths: :mod:`.cauchy_poe`, :mod:`.dp_aware`, :mod:`.tsv`,
+:mod:`.iso`, :mod:`.wudi`, :mod:`.emr`).
 
 Importing this module registers them with mergekit, as mergekit's own registry does for its methods.
 mergekit calls :meth:`merge_group` once per output tensor with the base and the inputs of that tensor.
@@ -46,6 +46,7 @@ from hf_dpmerge.merging.inputs import (
 )
 from hf_dpmerge.merging.methods.cauchy_poe import cauchy_poe_merge
 from hf_dpmerge.merging.methods.dp_aware import dp_aware_merge, lora_factor_estimate
+from hf_dpmerge.merging.methods.emr import emr_elect
 from hf_dpmerge.merging.methods.spectral import TaskVector, merged_as_matrix
 from hf_dpmerge.merging.methods.wudi import Solver
 
@@ -327,8 +328,39 @@ class WUDIMethod(_SpectralMethod):
         )
 
 
+class EMRMethod(_TaskVectorMethod):
+    """EMR-Merging's elected root W_0 + λ·τ_uni (:mod:`hf_dpmerge.merging.methods.emr`), every tensor elementwise;
+    τ_i exactly from an input's LoRA factors when it has them (else W_i − W_0). Its per-task masks and rescalers
+    are added where the root meets the tasks' heads: ``hf-dpmerge evaluate`` and ``push``."""
+
+    name = "emr"
+    pretty_name = "EMR-Merging (elect, mask, rescale)"
+    reference_url = "https://arxiv.org/abs/2405.17461"
+
+    def __init__(self) -> None:
+        super().__init__((_shared("lambda", float, 1.0),))
+
+    def needs_noise(self, shared: Mapping[str, Any], per_model: Mapping[str, Any]) -> bool:
+        return False
+
+    def merge(
+        self, name: str, base: torch.Tensor, entries: tuple[TensorEntry, ...], parameters: Mapping[str, Any]
+    ) -> torch.Tensor:
+        task_vectors = []
+        for entry in entries:
+            factors = input_lora_factors(entry.id, name)
+            if factors is not None:
+                left, right = (f.double().to(base.device) for f in factors.delta_factors())
+                task_vectors.append(left @ right)
+            elif bool((entry.tensor != base).any()):  # τ_i = 0 (a weight no adapter touches) elects nothing
+                task_vectors.append(entry.tensor.double() - base.double())
+        if not task_vectors:
+            return base
+        return (base.double() + parameters["lambda"] * emr_elect(task_vectors)).to(base.dtype)
+
+
 METHODS: tuple[_TaskVectorMethod, ...] = (
-    CauchyPoEMethod(), DPAwareMethod(), TSVMethod(), IsoCMethod(), IsoCTSMethod(), WUDIMethod(),
+    CauchyPoEMethod(), DPAwareMethod(), TSVMethod(), IsoCMethod(), IsoCTSMethod(), WUDIMethod(), EMRMethod(),
 )
 _known = {method.spec.name for method in registered_methods()}
 for _method in METHODS:
