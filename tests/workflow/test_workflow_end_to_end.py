@@ -68,34 +68,45 @@ def test_readme_flow_on_tiny_settings(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_main_command_script_on_tiny_settings(tmp_path):
-    """examples/quickstart.sh (the README's main command) end to end, on a tiny model and two tasks."""
+def test_the_quick_start_and_the_full_run_on_tiny_settings(tmp_path):
+    """examples/quickstart.sh (the README's quick start) end to end on a tiny model: rotten_tomatoes trained, a
+    released election_tweets (adapter and head, trained here on the same tiny base into examples/released/) merged
+    beside it; then examples/full_run.sh training both tasks of a trimmed dp.yaml, merged as one adapter."""
     base_model = save_tiny_bert(tmp_path / "tiny-base")
     project = tmp_path / "project"
     for folder in ("examples", "merge_configs"):
         shutil.copytree(REPO / folder, project / folder)
-    trim_merge_config(project / "merge_configs" / "dp.yaml")
-    done = run(["bash", "examples/quickstart.sh", "--model_name_or_path", str(base_model), *TINY_TRAINING],
-               cwd=project, TASKS=TASKS)
+    released = project / "examples" / "released"
+    shutil.rmtree(released)
+    tiny = ["--model_name_or_path", str(base_model), *TINY_TRAINING]
+    for runs, flags in (("runs", []), ("runs_floor", ["--train_lora", "false"])):
+        run([sys.executable, "examples/train_glue.py", "--tasks", "election_tweets", "--runs_dir",
+             str(released / runs), *flags, *tiny], cwd=project)
+    done = run(["bash", "examples/quickstart.sh", *tiny], cwd=project)
     assert "retention" in done.stdout and "average" in done.stdout  # the printed table
     results = json.loads((project / "runs" / "eval" / "results.json").read_text())
-    assert set(results["tasks"]) == set(TASKS.split(","))
+    assert sorted(results["tasks"]) == ["election_tweets", "rotten_tomatoes"]
     assert results["floor_kind"] == "private_head" and "own head" in done.stdout  # the floor: runs_floor's heads
-    assert all((project / "runs_floor" / task / "adapter" / "dp_privacy.json").is_file() for task in TASKS.split(","))
+    for runs in ("runs", "runs_floor"):  # the released task as released, beside the one trained here
+        assert (project / runs / "election_tweets" / "adapter" / "dp_privacy.json").read_bytes() == (
+            released / runs / "election_tweets" / "adapter" / "dp_privacy.json").read_bytes()
+        assert (project / runs / "rotten_tomatoes" / "adapter" / "dp_privacy.json").is_file()
     card = (project / "merged-hub" / "README.md").read_text()
-    assert "rotten_tomatoes" in card and "bbc_news" in card and "-DP" in card
+    assert "rotten_tomatoes" in card and "election_tweets" in card and "-DP" in card
     staged = project / "merged-hub"
     assert (staged / "model.safetensors").is_file()  # the merged encoder, once
-    assert (staged / "bbc_news" / "head.safetensors").is_file()  # the task's head, its folder loads the encoder
-    assert not (staged / "bbc_news" / "model.safetensors").exists()
-    assert json.loads((project / "merged-hub" / "bbc_news" / "config.json").read_text())["num_labels"] == 5
+    assert (staged / "election_tweets" / "head.safetensors").is_file()  # the task's head, its folder loads the encoder
+    assert not (staged / "election_tweets" / "model.safetensors").exists()
+    assert json.loads((staged / "election_tweets" / "config.json").read_text())["num_labels"] == 2
     # a second run refuses to overwrite the merged model it made
     again = subprocess.run(["bash", "examples/quickstart.sh"], cwd=project, capture_output=True, text=True)
     assert again.returncode == 1 and "merged already exists" in again.stderr
-    # AS_ADAPTER=1: the same training, merged in factor space into one peft adapter (no evaluate, no push)
-    adapter = run(["bash", "examples/quickstart.sh", "--overwrite", "--model_name_or_path", str(base_model),
-                   *TINY_TRAINING], cwd=project, TASKS=TASKS, AS_ADAPTER="1", MERGED="merged-adapter")
+    # the full run: the tasks trained here only, merged in factor space into one peft adapter (no evaluate, push)
+    trim_merge_config(project / "merge_configs" / "dp.yaml")
+    adapter = run(["bash", "examples/full_run.sh", "--overwrite", *tiny], cwd=project, TASKS=TASKS, AS_ADAPTER="1",
+                  MERGED="merged-adapter")
     assert "merged adapter written to merged-adapter" in adapter.stdout and "retention" not in adapter.stdout
     written = sorted(p.name for p in (project / "merged-adapter").iterdir())
     assert written == ["README.md", "adapter_config.json", "adapter_merge.json", "adapter_model.safetensors",
                        "mergekit_config.yml"]
+    assert json.loads((project / "runs" / "bbc_news" / "adapter" / "dp_privacy.json").read_text())["task"] == "bbc_news"

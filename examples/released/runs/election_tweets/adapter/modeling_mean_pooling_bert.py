@@ -1,0 +1,138 @@
+"""Mean-pooling BERT sequence classifier, as remote code for stock transformers (``trust_remote_code=True``).
+
+Copied verbatim next to ``config.json`` in every release (``auto_map`` points at it), so it imports torch and
+transformers only, never hf_dpmerge. The classifier reads the masked token mean
+
+    h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1)        (m = attention mask, h_t = last hidden states)
+
+instead of the [CLS] → pooler path; the unknown ``model_type`` ``mean_pooling_bert`` makes stock loaders refuse
+a release without ``trust_remote_code=True`` rather than compute another function. A config's
+``shared_encoder_weights`` (a weights file relative to its folder, e.g. ``../model.safetensors``) makes
+``from_pretrained`` load that encoder and the folder's ``head.safetensors`` as one state dict, locally or from the
+Hub (then the peft adapter an Auto class was pointed at). See docs/design.md §10.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import BertConfig, BertForSequenceClassification, PretrainedConfig
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import cached_file
+
+SHARED_ENCODER_KEY = "shared_encoder_weights"  # config.json: the encoder's weights file, relative to the task folder
+HEAD_WEIGHTS_FILE = "head.safetensors"  # a task folder's classifier head, beside its config.json
+HEAD_PREFIX = "classifier."
+_HUB_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision")
+
+
+class MeanPoolingBertConfig(BertConfig):
+    """``BertConfig`` under its own ``model_type``, so stock Auto classes need the remote code to load it."""
+
+    model_type = "mean_pooling_bert"
+
+
+def masked_mean(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1) over the sequence axis (all tokens when no mask is given)."""
+    if attention_mask is None:
+        return hidden_states.mean(dim=1)
+    mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)
+    return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def release_file(location: str | os.PathLike, subfolder: str, relative: str, hub: dict[str, Any]) -> str:
+    """The file ``relative`` (a path from the task folder ``location``/``subfolder``): a local path when
+    ``location`` is a folder, else downloaded from the Hub repository ``location`` (``hub``: its options)."""
+    if os.path.isdir(location):
+        path = os.path.normpath(os.path.join(location, subfolder, relative))
+        if not os.path.isfile(path):
+            raise OSError(
+                f"{path} does not exist: the task folder's config.json takes its encoder from {relative!r} "
+                f"({SHARED_ENCODER_KEY}); load it inside the release or runs folder it belongs to (download the whole "
+                "release, not only the task folder)"
+            )
+        return path
+    in_repo = posixpath.normpath(posixpath.join(subfolder, relative))
+    if in_repo == ".." or in_repo.startswith("../") or posixpath.isabs(in_repo):
+        raise OSError(f"{SHARED_ENCODER_KEY}={relative!r} points outside the repository {location}")
+    folder, name = posixpath.split(in_repo)
+    return cached_file(str(location), name, subfolder=folder, **hub)
+
+
+class MeanPoolingBertForSequenceClassification(BertForSequenceClassification):
+    """``BertForSequenceClassification`` whose classifier reads the masked token mean instead of [CLS]."""
+
+    config_class = MeanPoolingBertConfig
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any):
+        """Stock ``from_pretrained``; a task folder whose config names ``shared_encoder_weights`` loads that
+        encoder (its ``classifier.*`` dropped) with the folder's ``head.safetensors``. The loaded model's config
+        no longer names the shared file, so ``save_pretrained`` writes a complete model."""
+        location, config = pretrained_model_name_or_path, kwargs.get("config")
+        subfolder = kwargs.get("subfolder") or ""
+        hub = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+        if location is None or not (config is None or isinstance(config, PretrainedConfig)):
+            return super().from_pretrained(location, *model_args, **kwargs)
+        if config is None:
+            config = cls.config_class.from_pretrained(location, subfolder=subfolder, **hub)
+        relative = getattr(config, SHARED_ENCODER_KEY, None)
+        if not relative:
+            return super().from_pretrained(location, *model_args, **kwargs)
+        encoder = load_file(release_file(location, subfolder, relative, hub))
+        state = {key: value for key, value in encoder.items() if not key.startswith(HEAD_PREFIX)}
+        state.update(load_file(release_file(location, subfolder, HEAD_WEIGHTS_FILE, hub)))
+        rest = {key: value for key, value in kwargs.items() if key not in (*_HUB_KWARGS, "subfolder", "config")}
+        adapter_kwargs = dict(rest.pop("adapter_kwargs", None) or {})
+        adapter = adapter_kwargs.pop("_adapter_model_path", None)  # Auto classes pointed at a peft adapter
+        setattr(config, SHARED_ENCODER_KEY, None)
+        model = super().from_pretrained(None, *model_args, config=config, state_dict=state, **rest)
+        if adapter is not None:  # transformers loads an adapter only on top of a named checkpoint: load it here
+            model.load_adapter(adapter, adapter_name=kwargs.get("adapter_name") or "default",
+                               adapter_kwargs=adapter_kwargs)
+        return model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        kwargs.pop("return_dict", None)
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(masked_mean(outputs.last_hidden_state, attention_mask)))
+        loss = None if labels is None else self._loss(logits, labels)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        problem = self.config.problem_type
+        if problem is None:
+            integer = labels.dtype in (torch.long, torch.int)
+            problem = "regression" if self.num_labels == 1 else (
+                "single_label_classification" if integer else "multi_label_classification"
+            )
+            self.config.problem_type = problem
+        if problem == "regression":
+            return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+        if problem == "single_label_classification":
+            return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
