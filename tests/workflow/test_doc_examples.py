@@ -1,5 +1,5 @@
 """Every Python block of README.md and docs/*.md runs as written, in a fresh interpreter, in a folder holding
-what the block says it comes after (a block after the README's main command finds a ``merged-hub/`` there, and one
+what the block says it comes after (a block after the README's quick start finds a ``merged-hub/`` there, and one
 after ``push --multi_adapter`` a ``multi-adapter-hub/``, built from tiny models: the block's code, not the models,
 is under test)."""
 
