@@ -10,8 +10,9 @@
 # Extra arguments go to train_glue.py (e.g. --target_epsilon 4). TASKS (trained here), RELEASED (copied from
 # examples/released/, "" for none), MERGE_CONFIG and MERGED override the defaults; examples/full_run.sh trains four
 # tasks instead. Outputs: runs/, runs_floor/, merged/, merged-hub/. AS_ADAPTER=1 merges in factor space instead
-# (hf-dpmerge merge --as-adapter): MERGED is then one LoRA adapter (the shared A, the merged B, no head; stock
-# PeftModel.from_pretrained(base, MERGED)), and steps 4-5, which read a merged model, are skipped.
+# (hf-dpmerge merge --as-adapter; a method with a factor-space form, not the quick start's emr): MERGED is then one
+# LoRA adapter (the shared A, the merged B, no head; stock PeftModel.from_pretrained(base, MERGED)), and steps 4-5,
+# which read a merged model, are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}"
