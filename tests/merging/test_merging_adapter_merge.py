@@ -181,6 +181,7 @@ NOT_EXACT = {  # packaged config -> the parameter the refusal names and why no m
     "safe_merge": ("percentile=50.0", "its entry mask keeps dense coordinates of each ΔW, not a change of B"),
     "wudi": ("solver='adam'", "Adam's per-coordinate steps on the dense ΔW leave the shared A's row space"),
     "emr": ("merge_method 'emr'", "the elected τ_uni takes each dense coordinate from one task: not low-rank"),
+    "quickstart": ("merge_method 'emr'", "the quick start merges with emr"),
 }
 
 
