@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors.torch import load_file, save_file
 
 from hf_dpmerge.analysis.task_models import load_merged_with_head
@@ -20,7 +19,7 @@ from hf_dpmerge.lora import load_saved_adapter
 from hf_dpmerge.modeling.modeling_mean_pooling_bert import modulated
 from hf_dpmerge.modeling.task_modulator import modulator_tensors, task_modulator
 from hf_dpmerge.records.fingerprint import directory_base_tensors, saved_tensor_names
-from hf_dpmerge.records.run_folders import MERGE_CONFIG_NAME
+from hf_dpmerge.records.merge_base import merged_config
 from hf_dpmerge.utils.io import apply_open_modes
 
 EMR_METHOD = "emr"
@@ -28,8 +27,7 @@ EMR_METHOD = "emr"
 
 def is_emr_merge(merged_dir: str | os.PathLike) -> bool:
     """Whether ``merged_dir``'s ``mergekit_config.yml`` merged with ``emr``."""
-    config = Path(merged_dir) / MERGE_CONFIG_NAME
-    data = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
+    data = merged_config(merged_dir)
     return isinstance(data, dict) and data.get("merge_method") == EMR_METHOD
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hf_dpmerge.data.dataset_source import DatasetSource
 from hf_dpmerge.data.tasks import GLUE_TASKS, TaskSpec, get_task_spec
+from hf_dpmerge.records.merge_base import merged_config
 from hf_dpmerge.records.record import CAUSAL_LM, PrivacyRecord
 from hf_dpmerge.records.run_folders import ADAPTER_DIR, MERGE_CONFIG_NAME, is_peft_adapter, run_adapters
 
@@ -55,12 +56,10 @@ def merged_tasks(runs_dir: str | os.PathLike, merged_dir: str | os.PathLike) -> 
     """The run folders whose adapter or model the merged model's ``mergekit_config.yml`` names, in its order
     (None when the merged model has no such file). A path names run folder ``t`` when one of its parts is
     ``t`` and ``<runs>/t/adapter/`` is a run's adapter (``runs/t/encoder_adapter`` → ``t``)."""
-    import yaml
-
     config_path = Path(merged_dir) / MERGE_CONFIG_NAME
     if not config_path.is_file():
         return None
-    data = yaml.safe_load(config_path.read_text()) or {}
+    data = merged_config(merged_dir) or {}
     sources = list(data.get("models") or [])
     sources += [source for part in data.get("slices") or [] for source in part.get("sources") or []]
     known = set(discover_tasks(runs_dir))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -19,13 +20,18 @@ from hf_dpmerge.records.record import PrivacyRecord
 from hf_dpmerge.records.run_folders import MERGE_CONFIG_NAME
 
 
+def merged_config(merged_dir: str | os.PathLike) -> Any:
+    """The parsed ``mergekit_config.yml`` of a merge output (None when it has none)."""
+    config = Path(merged_dir) / MERGE_CONFIG_NAME
+    return yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
+
+
 def merge_base_dir(merged_dir: str | os.PathLike, default: str | os.PathLike | None,
                    roots: Sequence[str | os.PathLike] = ()) -> Path | None:
     """The base directory ``merged_dir`` was merged from: the ``base_model`` of its ``mergekit_config.yml`` when that
     is a local directory (as written, else under one of ``roots``: where a relative path was written from), else
     ``default`` when it is a directory; None when neither is."""
-    config = Path(merged_dir) / MERGE_CONFIG_NAME
-    data = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
+    data = merged_config(merged_dir)
     named = data.get("base_model") if isinstance(data, dict) else None
     if isinstance(named, str):
         for candidate in (Path(named), *(Path(root) / named for root in roots)):
