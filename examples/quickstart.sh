@@ -35,11 +35,13 @@ for task in ${RELEASED//,/ }; do
     fi
   done
 done
+for task in ${RELEASED//,/ }; do  # checked above: copied only where missing
+  for runs in runs runs_floor; do
+    mkdir -p "$runs" && { [ -e "$runs/$task" ] || cp -r "examples/released/$runs/$task" "$runs/$task"; }
+  done
+done
 
 accelerate launch --quiet --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" "$@"
-for task in ${RELEASED//,/ }; do
-  [ -e "runs/$task" ] || cp -r "examples/released/runs/$task" "runs/$task"
-done
 if [ "${AS_ADAPTER:-0}" = 1 ]; then
   hf-dpmerge merge "$MERGE_CONFIG" "$MERGED" --as-adapter
   exit 0
@@ -47,8 +49,5 @@ fi
 mergekit-yaml "$MERGE_CONFIG" "$MERGED" --lora-merge-cache runs/lora-cache
 accelerate launch --quiet --cpu --num_processes 1 examples/train_glue.py --tasks "$TASKS" --train_lora false \
   --runs_dir runs_floor "$@"
-for task in ${RELEASED//,/ }; do
-  [ -e "runs_floor/$task" ] || cp -r "examples/released/runs_floor/$task" "runs_floor/$task"
-done
 hf-dpmerge evaluate --runs runs --merged "$MERGED" --tasks "$ALL" --floor_runs runs_floor
 hf-dpmerge push "$MERGED" --runs runs --tasks "$ALL" --eval_json runs/eval/results.json --dry-run
