@@ -31,31 +31,34 @@ METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
 """Each encoder merge method of the comparisons → its packaged config under ``merge_configs/``."""
-DATA_FREE_CONFIGS = {method: f"{method}.yaml" for method in ("tsv", "iso_c", "iso_cts", "wudi", "emr")}
-"""The spectral methods' and EMR's packaged configs (merged by the merge_gain study, not by the comparisons)."""
+DATA_FREE_CONFIGS = {name: f"{name}.yaml" for name in ("tsv", "iso_c", "iso_cts", "wudi", "wudi_least_squares", "emr")}
+"""The spectral methods' and EMR's packaged configs (merged by the merge_gain study, not by the comparisons), by
+name: a config's name is its method's, or the method's with the setting it fixes (``wudi_least_squares``)."""
+
+
+def packaged_config(merge: str) -> dict[str, Any]:
+    """``merge``'s packaged config under ``merge_configs/`` (:data:`MERGE_CONFIGS`, :data:`DATA_FREE_CONFIGS`)."""
+    import yaml
+
+    return yaml.safe_load((REPO / "merge_configs" / {**MERGE_CONFIGS, **DATA_FREE_CONFIGS}[merge]).read_text())
 
 
 def packaged_parameters(merge: str) -> dict[str, Any] | None:
-    """The parameters of ``merge``'s packaged config (:data:`MERGE_CONFIGS`, :data:`DATA_FREE_CONFIGS`)."""
-    import yaml
-
-    name = {**MERGE_CONFIGS, **DATA_FREE_CONFIGS}[merge]
-    template = yaml.safe_load((REPO / "merge_configs" / name).read_text())
-    if template["merge_method"] != merge:
-        raise ValueError(f"merge_configs/{name} merges with {template['merge_method']}, not {merge}")
-    return template.get("parameters")
+    """The parameters of ``merge``'s packaged config."""
+    return packaged_config(merge).get("parameters")
 
 
 def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: bool = False,
                  parameters: dict | None = None) -> dict[str, Any]:
-    """``merge_configs/<method>.yaml`` with its base and inputs replaced (its parameters, or ``parameters``); for
+    """``merge``'s packaged config with its base and inputs replaced (its parameters, or ``parameters``); for
     non-private adapters, ``dp_aware`` is told so (``allow_non_private: true``), as it requires."""
     from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
 
+    method = packaged_config(merge)["merge_method"]
     parameters = packaged_parameters(merge) if parameters is None else parameters
-    if non_private and merge == "dp_aware":
+    if non_private and method == "dp_aware":
         parameters = {**(parameters or {}), "allow_non_private": True}
-    return mergekit_config(merge, base_dir, [lora_reference(base_dir, a) for a in adapters], parameters=parameters)
+    return mergekit_config(method, base_dir, [lora_reference(base_dir, a) for a in adapters], parameters=parameters)
 
 
 def run_merge(config: dict, config_path: Path, merged: Path, lora_cache: Path) -> None:

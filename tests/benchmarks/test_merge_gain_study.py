@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import harness
-from benchmarks.merging import packaged_parameters
+from benchmarks.merging import merge_config, packaged_parameters
 from benchmarks.studies import lpft, merge_gain
 from benchmarks.studies.merge_gain import REPORT, MergeGain, merge_unit, training_unit
 from benchmarks.training import NON_PRIVATE_FLAGS
@@ -161,6 +161,16 @@ def test_a_merge_unit_stages_the_kept_adapters_and_tells_dp_aware_when_they_are_
     for arm in ("private", "private_head"):
         MergeGain().run(training_unit(A, arm, 0, 8.0), work)
     assert trained == [(A, True), (A, False)]  # adapters kept for the merges, floors not
+
+
+def test_a_config_named_for_the_setting_it_fixes_merges_with_its_method(tmp_path):
+    """``wudi_least_squares`` is merge_configs/wudi_least_squares.yaml: method ``wudi``, the exact solver; ``wudi``
+    stays the paper's Adam steps."""
+    config = merge_config("wudi_least_squares", tmp_path / "base", [tmp_path / A / "encoder_adapter"])
+    assert config["merge_method"] == "wudi" and config["parameters"]["solver"] == "least_squares"
+    assert merge_config("wudi", tmp_path / "base", [tmp_path / A / "encoder_adapter"])["parameters"]["solver"] == "adam"
+    assert plan(tmp_path, "--seeds", "0", "--arms", "private", "--methods", "wudi_least_squares")[-1].settings[
+        "merge_parameters"] == packaged_parameters("wudi_least_squares")
 
 
 # Hand-worked: floors A 80, B 90 (task average 85); individual A 84, B 96 (90): a gain of 5 points on average.
