@@ -31,9 +31,11 @@ METHODS = ("task_arithmetic", "ties", "dp_aware", "cauchy_poe")
 MERGE_CONFIGS = {"task_arithmetic": "task_arithmetic.yaml", "ties": "ties.yaml", "cauchy_poe": "cauchy_poe.yaml",
                  "dp_aware": "dp.yaml"}
 """Each encoder merge method of the comparisons → its packaged config under ``merge_configs/``."""
-DATA_FREE_CONFIGS = {name: f"{name}.yaml" for name in ("tsv", "iso_c", "iso_cts", "wudi", "wudi_least_squares", "emr")}
+DATA_FREE_CONFIGS = {name: f"{name}.yaml" for name in ("tsv", "tsv_no_floor", "iso_c", "iso_c_no_floor", "iso_cts",
+                                                         "wudi", "wudi_least_squares", "emr")}
 """The spectral methods' and EMR's packaged configs (merged by the merge_gain study, not by the comparisons), by
-name: a config's name is its method's, or the method's with the setting it fixes (``wudi_least_squares``)."""
+name: a config's name is its method's, or the method's with the setting it changes (``tsv_no_floor``: the paper's
+TSV-M, no DP noise floor; ``wudi_least_squares``: WUDI's exact minimiser)."""
 
 
 def packaged_config(merge: str) -> dict[str, Any]:
