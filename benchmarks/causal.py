@@ -13,11 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from benchmarks.merging import DATA_FREE_CONFIGS, packaged_config
+
 REPO = Path(__file__).resolve().parent.parent
 GENERATION_SAMPLES = 200
 NON_PRIVATE = ["--dp", "false", "--sam_mode", "none", "--align_lambda", "0"]
 CONFIGS = {"task_arithmetic": "causal_task_arithmetic.yaml", "ties": "causal_ties.yaml", "dp_aware": "causal_dp.yaml",
            "cauchy_poe": "causal_cauchy_poe.yaml"}
+DATA_FREE = tuple(name for name in DATA_FREE_CONFIGS if name != "emr")
+"""The encoder's packaged data-free configs a causal merge takes as they are: their parameters name no model. Not
+``emr``: its per-task modulated models are not the one merged LM these studies score."""
 
 
 def run(command: list[str], cwd: Path, log: Path) -> float:
@@ -138,18 +143,28 @@ def score_kept_generation(work_dir: Path, kept: Path) -> dict:
     return {"unit": kept.name, "task": task_dir.name, **scores}
 
 
-def causal_parameters(method: str) -> dict | None:
-    """The parameters of ``method``'s packaged causal config (:data:`CONFIGS`)."""
+def causal_config(merge: str) -> dict:
+    """``merge``'s packaged config: its causal one (:data:`CONFIGS`), else the encoder's data-free one
+    (:data:`DATA_FREE`)."""
     import yaml
 
-    return yaml.safe_load((REPO / "merge_configs" / CONFIGS[method]).read_text()).get("parameters")
+    if merge in CONFIGS:
+        return yaml.safe_load((REPO / "merge_configs" / CONFIGS[merge]).read_text())
+    if merge not in DATA_FREE:
+        raise KeyError(f"{merge}: not a causal merge ({', '.join((*CONFIGS, *DATA_FREE))})")
+    return packaged_config(merge)
 
 
-def merge_config(method: str, runs: Path, tasks: list[str], parameters: dict | None) -> dict:
-    """A mergekit config of ``method`` with ``parameters`` over ``runs``' base and task adapters."""
+def causal_parameters(merge: str) -> dict | None:
+    """The parameters of ``merge``'s packaged config (:func:`causal_config`)."""
+    return causal_config(merge).get("parameters")
+
+
+def merge_config(merge: str, runs: Path, tasks: list[str], parameters: dict | None) -> dict:
+    """A mergekit config of ``merge``'s method with ``parameters`` over ``runs``' base and task adapters."""
     from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
 
-    return mergekit_config(method, runs / "base",
+    return mergekit_config(causal_config(merge)["merge_method"], runs / "base",
                            [lora_reference(runs / "base", runs / task / "adapter") for task in tasks],
                            parameters=parameters)
 

@@ -152,7 +152,7 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
     seeds = sorted({s for (_, s, _) in by})
     rows, comparisons, p_values = [], [], []
-    for method in METHODS:
+    for method in dict.fromkeys([*METHODS, *(u["method"] for u in units)]):  # the comparisons' four, then any other
         for trainer in TRAINERS:
             cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
             if not cells:

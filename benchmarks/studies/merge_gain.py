@@ -29,23 +29,30 @@ from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import (
     DATA_FREE_CONFIGS,
-    floor_average,
-    gain_retained,
     merge_config,
     packaged_parameters,
     run_fingerprints,
     stage_runs,
-    task_average,
     timed_merge,
 )
-from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p, t_interval
+from benchmarks.nai import (
+    BASELINE,
+    Scores,
+    Versus,
+    against_baseline,
+    defined_mean,
+    scores,
+    seeds_cell,
+    tables,
+    verdict,
+)
+from benchmarks.significance import ALPHA, holm_adjusted, p_cells, paired_p
 from benchmarks.training import NON_PRIVATE_FLAGS, train_unit
 from hf_dpmerge.data.tasks import PACKAGED_TASKS
 from hf_dpmerge.utils.io import write_text_atomic
 
 REPORT = "MERGE_GAIN.md"
 METHODS = (*merging.METHODS, *DATA_FREE_CONFIGS)
-BASELINE = "task_arithmetic"
 REUSED_STUDIES = (("lpft", 1), ("headroom", 1))
 """(study, schema) whose stored MiniLM units a floor reuses when task, seed and flags are the floor's own."""
 HEAD_FLAGS = ("--train_lora", "false")
@@ -149,96 +156,6 @@ def reused_floors() -> dict[tuple[str, int, tuple[str, ...]], float]:
     return found
 
 
-@dataclass(frozen=True)
-class Scores:
-    """One method's merges of one (arm, ε), per seed (sorted): task-averaged floor, individual, merged (%) and NAI,
-    the per-task floor, individual (%) and NAI, and the merge's wall seconds."""
-
-    seeds: list[int]
-    floor: list[float]
-    individual: list[float]
-    merged: list[float]
-    nai: list[float]
-    task_floor: dict[str, list[float]]
-    task_individual: dict[str, list[float]]
-    task_nai: dict[str, list[float]]
-    seconds: list[float]
-
-    def at(self, seeds: list[int], values: str) -> list[float]:
-        return [getattr(self, values)[self.seeds.index(s)] for s in seeds]
-
-    def common(self, other: Scores) -> list[int]:
-        return sorted(set(self.seeds) & set(other.seeds))
-
-
-def scores(units: list[dict], floors: dict[tuple[str, int], float]) -> Scores:
-    """One method's merge units (settings | result, one per seed) on the seeds whose floors are all stored."""
-    units = sorted((u for u in units if not math.isnan(floor_average(u, floors))), key=lambda u: u["seed"])
-    floor = [floor_average(u, floors) for u in units]
-    individual, merged = ([task_average(u, score) for u in units] for score in ("individual", "merged"))
-    tasks = units[0]["tasks"] if units else []
-    task_floor = {t: [floors[(t, u["seed"])] for u in units] for t in tasks}
-    task_score = {score: {t: [100 * u["evaluation"]["tasks"][t][score] for u in units] for t in tasks}
-                  for score in ("individual", "merged")}
-    return Scores([u["seed"] for u in units], floor, individual, merged,
-                  [gain_retained(*s) for s in zip(floor, individual, merged)], task_floor, task_score["individual"],
-                  {t: [gain_retained(*s) for s in zip(task_floor[t], task_score["individual"][t],
-                                                      task_score["merged"][t])] for t in tasks},
-                  [u["merge_seconds"] for u in units])
-
-
-@dataclass(frozen=True)
-class Versus:
-    """A method against task arithmetic on the seeds both merged: merged − task arithmetic per seed (points), the
-    paired t p-value and its Holm adjustment over the methods compared, NAI − task arithmetic's per seed, and the
-    mean ratio of merge times."""
-
-    seeds: list[int]
-    diffs: list[float]
-    p: float | None
-    adjusted: float | None
-    nai_gaps: list[float]
-    time_ratio: float
-
-
-def against_baseline(found: dict[str, Scores]) -> dict[str, Versus]:
-    baseline = found.get(BASELINE)
-    if baseline is None:
-        return {}
-    seeds = {m: s.common(baseline) for m, s in found.items() if m != BASELINE and s.common(baseline)}
-    merged = {m: (found[m].at(seeds[m], "merged"), baseline.at(seeds[m], "merged")) for m in seeds}
-    p_values = [paired_p(*merged[m]) for m in seeds]
-    return {m: Versus(seeds[m], [a - b for a, b in zip(*merged[m])], p, adjusted,
-                      [a - b for a, b in zip(found[m].at(seeds[m], "nai"), baseline.at(seeds[m], "nai"))],
-                      statistics.mean(a / b for a, b in zip(found[m].at(seeds[m], "seconds"),
-                                                            baseline.at(seeds[m], "seconds"))))
-            for m, p, adjusted in zip(seeds, p_values, holm_adjusted(p_values))}
-
-
-def share_cell(values: list[float], unit: str = "%") -> str:
-    """A mean over seeds of shares (NAI or its differences) in percent, with its 95 % t interval: ``57 % [41, 73]``;
-    undefined when a seed's adapters do not beat the floor (NaN)."""
-    if not values:
-        return "—"
-    if any(math.isnan(v) for v in values):
-        return "— (individual ≤ floor)"
-    interval = t_interval(values)
-    return f"{100 * statistics.mean(values):.0f} {unit}" + (
-        " (1 seed, no CI)" if interval is None else f" [{100 * interval[0]:.0f}, {100 * interval[1]:.0f}]")
-
-
-def seeds_cell(seeds: list[int]) -> str:
-    return ",".join(map(str, seeds))
-
-
-def defined_mean(values: list[float]) -> float | None:
-    return None if not values or any(math.isnan(v) for v in values) else statistics.mean(values)
-
-
-def verdict(met: bool | None) -> str:
-    return {True: "holds", False: "does not hold", None: "not yet measured"}[met]
-
-
 def targets(found: dict[str, Scores], versus: dict[str, Versus]) -> list[str]:
     """The targets block of a private section: the best method other than task arithmetic by mean NAI, and every
     method's merge time."""
@@ -272,51 +189,18 @@ def targets(found: dict[str, Scores], versus: dict[str, Versus]) -> list[str]:
 
 def section(arm: str, epsilon: float | None, tasks: tuple[str, ...], found: dict[str, Scores],
             twin_found: dict[str, Scores] | None) -> list[str]:
-    """One (arm, ε, tasks) section: per method the task averages and NAI, NAI per task, each method against task
-    arithmetic and, for a private arm, the drop against its non-private twin (``twin_found``) and the targets."""
+    """One (arm, ε, tasks) section: :func:`benchmarks.nai.tables` and, for a private arm, the drop against its
+    non-private twin (``twin_found``) and the targets."""
     floor = ARMS[arm].floor
     text = [f"## `{arm}` " + ("(no DP)" if epsilon is None else f"at ε = {epsilon:g}")
             + ("" if tasks == PACKAGED_TASKS else f" on {', '.join(tasks)}"), ""]
     found = {m: s for m, s in found.items() if s.seeds}
     if not found:
         return [*text, f"No merge whose floors (`{floor}`) are all stored.", ""]
-    rows = [[m, seeds_cell(s.seeds), *(f"{statistics.mean(v):.1f}" for v in (s.floor, s.individual, s.merged)),
-             f"{statistics.mean(a - b for a, b in zip(s.merged, s.floor)):+.2f}", share_cell(s.nai)]
-            for m, s in found.items()]
-    first = next(iter(found))
-    task_rows = [[t, f"{statistics.mean(found[first].task_floor[t]):.1f}",
-                  f"{statistics.mean(found[first].task_individual[t]):.1f}",
-                  *(share_cell(s.task_nai[t]) for s in found.values())] for t in found[first].task_nai]
-    text += [f"Floor: `{floor}`, the same seed" + ("" if epsilon is None else " and ε") + ". Test accuracy % "
-             "averaged over the tasks, means over seeds; NAI from each seed's task-averaged scores.", "",
-             table(["method", "seeds", "floor", "individual", "merged", "merged − floor (points)", "NAI [95 % CI]"],
-                   rows), "",
-             "### NAI per task", "",
-             f"Floor and individual: means over `{first}`'s seeds (every method merges the same adapters).", "",
-             table(["task", "floor", "individual", *found], task_rows), ""]
-    versus = against_baseline(found)
-    if versus:
-        text += ["### Against task arithmetic", "",
-                 "Task-averaged merged accuracy, paired over seeds (points), Holm over the methods compared; merge "
-                 "time (`hf-dpmerge merge`, LoRA cache built first) as a multiple of task arithmetic's on the same "
-                 "adapters, mean over seeds.", "",
-                 table(["method", "seeds", "merged − task arithmetic per seed", "mean", "p (paired t, seeds)",
-                        f"Holm-adjusted p (* < {ALPHA})", "NAI − task arithmetic's", "merge time × task arithmetic"],
-                       [[m, seeds_cell(v.seeds), " ".join(f"{d:+.2f}" for d in v.diffs),
-                         f"{statistics.mean(v.diffs):+.2f}", *p_cells(v.p, v.adjusted),
-                         share_cell(v.nai_gaps, "points"), f"{v.time_ratio:.1f}×"] for m, v in versus.items()]), ""]
+    note = f"Floor: `{floor}`, the same seed" + ("" if epsilon is None else " and ε") + ". Test accuracy %."
     if epsilon is None:
-        return text
-    drops = [[m, seeds_cell(seeds), share_cell(s.at(seeds, "nai")), share_cell(twin_found[m].at(seeds, "nai")),
-              share_cell([a - b for a, b in zip(twin_found[m].at(seeds, "nai"), s.at(seeds, "nai"))], "points")]
-             for m, s in found.items() if twin_found and m in twin_found
-             for seeds in [s.common(twin_found[m])] if seeds]
-    text += ["### DP-induced mergeability drop", "",
-             *([f"NAI of the non-private twin `{twin(arm)}` − this arm's, paired over seeds.", "",
-                table(["method", "seeds", "NAI", "twin's NAI", "drop [95 % CI]"], drops)] if drops else
-               [f"Not yet measured: the non-private twin (`{twin(arm)}`) has no stored merge of these methods and "
-                "seeds."]), ""]
-    return text + targets(found, versus)
+        return text + tables(found, note)
+    return text + tables(found, note, twin(arm), twin_found) + targets(found, against_baseline(found))
 
 
 DP_MERGING_AXES = ("private_sam_rho", "private_align")  # DP-Merging's remedy (arXiv 2608.26655): DP-SAM, alignment
