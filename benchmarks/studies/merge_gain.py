@@ -32,6 +32,7 @@ from benchmarks.merging import (
     merge_config,
     packaged_parameters,
     run_fingerprints,
+    run_merge,
     stage_runs,
     timed_merge,
 )
@@ -131,13 +132,32 @@ def training_unit(task: str, arm: str, seed: int, epsilon: float | None) -> Unit
                  "flags": flags(arm, epsilon, task)})
 
 
+def tasks_suffix(tasks: list[str]) -> str:
+    """What a merge or geometry unit's name adds for tasks other than the packaged six."""
+    return "" if tuple(tasks) == PACKAGED_TASKS else "-" + "+".join(tasks)
+
+
 def merge_unit(arm: str, seed: int, epsilon: float | None, method: str, tasks: list[str]) -> Unit:
-    """One merge of the seed's adapters of ``arm``; the tasks join the name unless they are the packaged six."""
+    """One merge of the seed's adapters of ``arm``."""
     epsilon = epsilon if ARMS[arm].private else None
-    suffix = "" if tuple(tasks) == PACKAGED_TASKS else "-" + "+".join(tasks)
-    return Unit(f"merge-{cell(arm, epsilon)}-seed{seed}-{method}{suffix}",
+    return Unit(f"merge-{cell(arm, epsilon)}-seed{seed}-{method}{tasks_suffix(tasks)}",
                 {"arm": arm, "seed": seed, "target_epsilon": epsilon, "flags": flags(arm, epsilon),
                  "method": method, "tasks": tasks, "merge_parameters": packaged_parameters(method)})
+
+
+GEOMETRY = {"method": BASELINE, "split": "validation", "max_samples": 256, "rho": 0.05}
+"""DP-Merging's two geometric quantities (arXiv 2608.26655 §3.2; ``hf-dpmerge diagnose``) per arm and seed, on each
+task's seeded stratified validation subset of ``max_samples``: each adapter's drift ‖ΔW‖_F/‖W_0‖_F and sharpness
+L(w + ρ∇L/‖∇L‖) − L(w), and the interference of the task-arithmetic merge, the merge gap L(w_merge) − L(w_t). The
+Hessian's top eigenvalue is left out (its power iteration costs about 20 passes per task)."""
+
+
+def geometry_unit(arm: str, seed: int, epsilon: float | None, tasks: list[str]) -> Unit:
+    """The :data:`GEOMETRY` of the seed's adapters of ``arm``."""
+    epsilon = epsilon if ARMS[arm].private else None
+    return Unit(f"geometry-{cell(arm, epsilon)}-seed{seed}{tasks_suffix(tasks)}",
+                {"arm": arm, "seed": seed, "target_epsilon": epsilon, "flags": flags(arm, epsilon), "tasks": tasks,
+                 "geometry": {**GEOMETRY, "merge_parameters": packaged_parameters(GEOMETRY["method"])}})
 
 
 def kept_run(work_dir: Path, unit: Unit) -> Path:
@@ -276,6 +296,48 @@ def search_section(groups: dict[tuple, list[dict]], epsilon: float | None, tasks
                                         else "not met."), ""]
 
 
+def geometry(runs: Path, folder: Path, tasks: list[str], settings: dict[str, Any], non_private: bool) -> dict:
+    """:data:`GEOMETRY` of the staged ``runs``: each task's drift, sharpness and the merge gap of ``settings``'
+    merge (written under ``folder``, removed afterwards), and their task averages."""
+    from hf_dpmerge.analysis.diagnostics import diagnose_runs
+
+    config = merge_config(settings["method"], runs / "base", [runs / t / "encoder_adapter" for t in tasks],
+                          non_private=non_private, parameters=settings["merge_parameters"])
+    merged = folder / "merged" / "geometry"
+    run_merge(config, folder / "geometry.yaml", merged, folder / "lora_cache")
+    try:
+        report = diagnose_runs(runs, merged, tasks, split=settings["split"], max_samples=settings["max_samples"],
+                               rho=settings["rho"], hessian_iterations=0, log=lambda line: None)
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
+    keys = ("drift", "sharpness", "merge_gap")
+    return {"tasks": {t.task: {k: t.summary()[k] for k in keys} for t in report.tasks},
+            "average": {k: report.averages()[k] for k in keys}}
+
+
+def geometry_section(units: list[dict[str, Any]]) -> list[str]:
+    """Per (arm, ε, tasks): the task-averaged drift, sharpness and merge gap, means over seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for unit in units:
+        s = unit["settings"]
+        groups.setdefault((s["arm"], s["target_epsilon"], tuple(s["tasks"])), []).append(unit)
+    if not groups:
+        return []
+    rows = [[f"`{arm}`" + ("" if epsilon is None else f" ε = {epsilon:g}")
+             + ("" if tasks == PACKAGED_TASKS else f" ({', '.join(tasks)})"),
+             seeds_cell(sorted(u["settings"]["seed"] for u in found)),
+             *(f"{statistics.mean(u['result']['average'][k] for u in found):.4g}"
+               for k in ("drift", "sharpness", "merge_gap"))]
+            for (arm, epsilon, tasks), found in sorted(groups.items(), key=lambda g: list(ARMS).index(g[0][0]))]
+    settings = units[0]["settings"]["geometry"]
+    return ["## Geometry: drift and interference", "",
+            f"DP-Merging's two quantities (§3.2; `hf-dpmerge diagnose`), on each task's seeded stratified validation "
+            f"subset of {settings['max_samples']} rows: drift ‖ΔW‖_F/‖W_0‖_F of each adapter, its sharpness "
+            f"L(w + ρ∇L/‖∇L‖) − L(w) at ρ = {settings['rho']:g}, and the merge gap L(w_merge) − L(w_t) of the "
+            f"`{settings['method']}` merge (the interference); task averages, means over seeds.", "",
+            table(["arm", "seeds", "drift", "sharpness", "merge gap"], rows), ""]
+
+
 class MergeGain(harness.Study, name="merge_gain", schema=1):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tasks", default=",".join(PACKAGED_TASKS))
@@ -287,7 +349,7 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
 
     def plan(self, args: argparse.Namespace) -> list[Unit]:
         """Per seed, its training units (floors other studies stored left out; a stored adapter whose kept folder is
-        gone marked to rerun while a merge of it is still missing), then its merges."""
+        gone marked to rerun while a merge of it is still missing), then its merges and their geometry."""
         tasks = listed(args.tasks, PACKAGED_TASKS, "--tasks")
         arms, methods = listed(args.arms, MERGED_ARMS, "--arms"), listed(args.methods, METHODS, "--methods")
         epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -298,7 +360,8 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
             merges: dict[str, Unit] = {}
             for arm in arms:
                 for epsilon in epsilons if ARMS[arm].private else [None]:
-                    cell_merges = [merge_unit(arm, seed, epsilon, m, tasks) for m in methods]
+                    cell_merges = [*(merge_unit(arm, seed, epsilon, m, tasks) for m in methods),
+                                   geometry_unit(arm, seed, epsilon, tasks)]
                     pending = any(store.load(u) is None for u in cell_merges)
                     for task in tasks:
                         unit = training_unit(task, arm, seed, epsilon)
@@ -314,19 +377,21 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
         return units
 
     def run(self, unit: Unit, work_dir: Path) -> dict[str, Any]:
-        """A training unit (kept unless a floor), or a merge: the kept adapters staged afresh, merged (timed) and
-        scored."""
+        """A training unit (kept unless a floor); a merge: the kept adapters staged afresh, merged (timed) and
+        scored; or their geometry."""
         from hf_dpmerge.analysis.evaluation import evaluate_runs
         from hf_dpmerge.analysis.evaluation_report import EvaluationReport
 
         s = unit.settings
-        if "method" not in s:
+        if "task" in s:
             return train_unit(s["task"], s["flags"], s["seed"], work_dir, unit.name, keep=bool(ARMS[s["arm"]].floor))
         tasks = s["tasks"]
         folder = work_dir / "merges" / f"{cell(s['arm'], s['target_epsilon'])}-seed{s['seed']}"
         shutil.rmtree(folder / "runs", ignore_errors=True)  # never a copy of an adapter retrained since
         runs = stage_runs(folder / "runs", work_dir / "base", {
             t: kept_run(work_dir, training_unit(t, s["arm"], s["seed"], s["target_epsilon"])) for t in tasks})
+        if "geometry" in s:
+            return geometry(runs, folder, tasks, s["geometry"], non_private=s["target_epsilon"] is None)
         config = merge_config(s["method"], runs / "base", [runs / t / "encoder_adapter" for t in tasks],
                               non_private=s["target_epsilon"] is None, parameters=s["merge_parameters"])
         merged = folder / "merged" / s["method"]
@@ -348,7 +413,7 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
         study's, else the reused ones)."""
         floors = reused_floors() | {(u["settings"]["task"], u["settings"]["seed"], tuple(u["settings"]["flags"])):
                                     100 * u["result"]["test"]["accuracy"] for u in stored
-                                    if "method" not in u["settings"]}
+                                    if "task" in u["settings"]}
         groups: dict[tuple[str, float | None, tuple[str, ...]], list[dict]] = {}
         for unit in stored:
             s = unit["settings"]
@@ -368,6 +433,7 @@ class MergeGain(harness.Study, name="merge_gain", schema=1):
             arm_scores(twin(arm), None, tasks) if twin(arm) and epsilon is not None else None)]
         sections += [line for epsilon, tasks in dict.fromkeys((g[1], g[2]) for g in order)
                      for line in search_section(groups, epsilon, tasks)]
+        sections += geometry_section([u for u in stored if "geometry" in u["settings"]])
         text = ["# What merges keep of what private adapters add", "",
                 f"Generated by `python -m benchmarks.studies.merge_gain --report-only` from {len(stored)} stored "
                 "units. Test accuracy %, whole test splits. NAI = (merged − floor) / (individual − floor): the "

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from scipy import stats
@@ -51,9 +52,9 @@ def test_each_seed_trains_its_adapters_and_floors_then_merges_them(tmp_path, mon
                  "task_arithmetic,tsv")
     seed0 = [f"{t}-{c}-seed0" for c in ("private-eps8", "private_head-eps8", "private-eps4", "private_head-eps4",
                                         "non_private", "non_private_head") for t in TWO]
-    seed0 += [f"merge-{c}-seed0-{m}-rotten_tomatoes+election_tweets" for c in ("private-eps8", "private-eps4",
-                                                                               "non_private")
-              for m in ("task_arithmetic", "tsv")]  # the non-private arm once, whatever the ε
+    seed0 += [f"{kind}-{c}-seed0{m}-rotten_tomatoes+election_tweets" for c in ("private-eps8", "private-eps4",
+                                                                                "non_private")
+              for kind, m in (("merge", "-task_arithmetic"), ("merge", "-tsv"), ("geometry", ""))]  # non-private once
     assert [u.name for u in units] == seed0 + [n.replace("seed0", "seed1") for n in seed0]
     by = {u.name: u.settings for u in units}
     assert by["rotten_tomatoes-private-eps4-seed0"]["flags"] == ["--target_epsilon", "4"]
@@ -64,8 +65,8 @@ def test_each_seed_trains_its_adapters_and_floors_then_merges_them(tmp_path, mon
     tsv = by["merge-non_private-seed0-tsv-rotten_tomatoes+election_tweets"]
     assert tsv["merge_parameters"] == packaged_parameters("tsv") and tsv["tasks"] == TWO
     assert not any(u.rerun for u in units)  # nothing stored: every unit is to run anyway
-    assert plan(tmp_path, "--seeds", "0", "--arms", "private", "--methods", "wudi")[-1].name == \
-        "merge-private-eps8-seed0-wudi"  # the six packaged tasks: no suffix
+    assert [u.name for u in plan(tmp_path, "--seeds", "0", "--arms", "private", "--methods", "wudi")[-2:]] == \
+        ["merge-private-eps8-seed0-wudi", "geometry-private-eps8-seed0"]  # the six packaged tasks: no suffix
     with pytest.raises(ValueError, match="--arms: unknown"):
         plan(tmp_path, "--arms", "private_head")  # a floor comes with its arm, it is never merged
 
@@ -127,6 +128,8 @@ def test_a_stored_adapter_whose_kept_folder_is_gone_is_retrained_while_a_merge_n
     listed = capsys.readouterr().out.splitlines()
     assert f"done  {A}-private-eps8-seed0" in listed and f"todo  {B}-private-eps8-seed0" in listed
     store.save(merge_unit("private", 0, 8.0, "task_arithmetic", TWO), {"merge_seconds": 1.0})
+    assert {u.name: u.rerun for u in plan(tmp_path, *argv)}[f"{B}-private-eps8-seed0"]  # the geometry needs it
+    store.save(merge_gain.geometry_unit("private", 0, 8.0, TWO), {"average": {}})
     assert not any(u.rerun for u in plan(tmp_path, *argv))  # every merge of it stored: nothing needs it
 
 
@@ -169,8 +172,48 @@ def test_a_config_named_for_the_setting_it_fixes_merges_with_its_method(tmp_path
     config = merge_config("wudi_least_squares", tmp_path / "base", [tmp_path / A / "encoder_adapter"])
     assert config["merge_method"] == "wudi" and config["parameters"]["solver"] == "least_squares"
     assert merge_config("wudi", tmp_path / "base", [tmp_path / A / "encoder_adapter"])["parameters"]["solver"] == "adam"
-    assert plan(tmp_path, "--seeds", "0", "--arms", "private", "--methods", "wudi_least_squares")[-1].settings[
+    assert plan(tmp_path, "--seeds", "0", "--arms", "private", "--methods", "wudi_least_squares")[-2].settings[
         "merge_parameters"] == packaged_parameters("wudi_least_squares")
+
+
+def test_the_geometry_unit_diagnoses_the_task_arithmetic_merge_on_validation_and_reports_means(tmp_path,
+                                                                                               monkeypatch):
+    """The staged adapters merged by the packaged task arithmetic, diagnosed on each task's validation subset
+    without the Hessian, the merged model removed; the report's row is the mean over seeds of the task averages."""
+    seen = {}
+
+    def merge(config, config_path, merged, lora_cache):
+        seen["config"] = config
+        merged.mkdir(parents=True)
+
+    def diagnose(runs, merged, tasks, **options):
+        seen["diagnosed"] = (merged.is_dir(), tasks, options)
+        rows = [SimpleNamespace(task=t, summary=lambda i=i: {"drift": 0.1 * (i + 1), "sharpness": 0.01,
+                                                            "merge_gap": 0.2 * (i + 1),
+                                                            "hessian_top_eigenvalue": None})
+                for i, t in enumerate(tasks)]
+        return SimpleNamespace(tasks=rows, averages=lambda: {"drift": 0.15, "sharpness": 0.01, "merge_gap": 0.3,
+                                                             "hessian_top_eigenvalue": None})
+
+    monkeypatch.setattr(merge_gain, "run_merge", merge)
+    monkeypatch.setattr("hf_dpmerge.analysis.diagnostics.diagnose_runs", diagnose)
+    work = tmp_path / "work"
+    (work / "base").mkdir(parents=True)
+    for task in TWO:
+        (merge_gain.kept_run(work, training_unit(task, "private", 1, 8.0)) / "encoder_adapter").mkdir(parents=True)
+    unit = merge_gain.geometry_unit("private", 1, 8.0, TWO)
+    result = MergeGain().run(unit, work)
+    assert result == {"tasks": {A: {"drift": 0.1, "sharpness": 0.01, "merge_gap": 0.2},
+                                B: {"drift": 0.2, "sharpness": 0.01, "merge_gap": 0.4}},
+                      "average": {"drift": 0.15, "sharpness": 0.01, "merge_gap": 0.3}}
+    assert seen["config"]["merge_method"] == "task_arithmetic"
+    assert seen["config"]["parameters"] == packaged_parameters("task_arithmetic")
+    assert seen["diagnosed"] == (True, TWO, {"split": "validation", "max_samples": 256, "rho": 0.05,
+                                             "hessian_iterations": 0, "log": seen["diagnosed"][2]["log"]})
+    assert not (work / "merges" / "private-eps8-seed1" / "merged" / "geometry").exists()
+    other = {"average": {"drift": 0.25, "sharpness": 0.03, "merge_gap": 0.5}}
+    text = MergeGain().report([stored(unit, result), stored(merge_gain.geometry_unit("private", 2, 8.0, TWO), other)])
+    assert "| `private` ε = 8 (rotten_tomatoes, election_tweets) | 1,2 | 0.2 | 0.02 | 0.4 |" in text[REPORT]
 
 
 # Hand-worked: floors A 80, B 90 (task average 85); individual A 84, B 96 (90): a gain of 5 points on average.
