@@ -5,6 +5,7 @@ values."""
 
 import argparse
 import dataclasses
+import math
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -376,7 +377,11 @@ def test_the_study_merges_non_private_adapters_end_to_end(tmp_path, monkeypatch)
             t: s["individual"] for t, s in dp_aware[split]["tasks"].items()}
     assert sorted(p.name for p in (work / "merges" / "non_private-seed0").glob("adapters-*.json")) == [
         "adapters-test.json", "adapters-validation.json"]
-    assert "## `non_private` (no DP)" in (tmp_path / "benchmarks" / "reports" / "merge_gain" / REPORT).read_text()
+    report = (tmp_path / "benchmarks" / "reports" / "merge_gain" / REPORT).read_text()
+    assert "## `non_private` (no DP)" in report and "## Geometry: drift and interference" in report
+    geometry = results[f"geometry-non_private-seed0-{'+'.join(TWO)}"]
+    assert sorted(geometry["tasks"]) == sorted(TWO) and geometry["average"]["drift"] > 0
+    assert all(math.isfinite(geometry["tasks"][t][k]) for t in TWO for k in ("sharpness", "merge_gap"))
     staged, merged = work / "merges" / "non_private-seed0" / "runs", {}
     for floor in ("record", "none"):
         config = merge_config("tsv", staged / "base", [staged / t / "encoder_adapter" for t in TWO],
