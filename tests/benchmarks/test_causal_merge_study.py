@@ -159,3 +159,28 @@ def test_the_nai_sections_give_intervals_the_twins_drop_and_the_smollm2_targets(
     below = {**merged, **{("dp_sgd", s, "tsv"): (0.52, 0.55, 0.62) for s in range(3)}}  # RT 52 < TA's 55
     assert "`tsv` below on rotten_tomatoes | does not hold |" in CausalMerge().report(
         stored_units(below, THREE, floors, individual))[f"MERGE-{'+'.join(THREE)}.md"]
+
+
+def test_every_data_free_merge_runs_on_causal_adapters_that_train_a(tmp_path: Path):
+    """Each data-free config, as the study merges it, over two tiny Llama adapters with A trained (as the causal
+    script trains them): a plain causal LM whose weights moved from the base."""
+    import torch
+    from safetensors.torch import load_file
+
+    from benchmarks.merging import run_merge
+    from tests.utils.merging_builders import save_shared_a_adapter
+    from tests.utils.tiny_models import save_tiny_llama
+
+    runs = tmp_path / "runs_causal"
+    save_tiny_llama(runs / "base")
+    tasks = ["rotten_tomatoes", "election_tweets"]
+    for seed, task in enumerate(tasks, start=1):
+        save_shared_a_adapter(runs, task, 2, seed, a_seed=None, causal=True)
+    base = load_file(runs / "base" / "model.safetensors")
+    for name in DATA_FREE:
+        merged = tmp_path / "merged" / name
+        run_merge(merge_config(name, runs, tasks, causal_parameters(name)), tmp_path / f"{name}.yaml", merged,
+                  tmp_path / "lora_cache")
+        weights = load_file(merged / "model.safetensors")
+        moved = max(float((weights[k] - base[k]).abs().max()) for k in base if "v_proj" in k)
+        assert moved > 1e-4 and all(torch.isfinite(w).all() for w in weights.values()), name
