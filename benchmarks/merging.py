@@ -151,7 +151,7 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
     """The report (markdown) from the stored merge units and each (task, seed)'s floor in %."""
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
     seeds = sorted({s for (_, s, _) in by})
-    rows, comparisons, p_values = [], [], []
+    rows = []
     for method in dict.fromkeys([*METHODS, *(u["method"] for u in units)]):  # the comparisons' four, then any other
         for trainer in TRAINERS:
             cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
@@ -165,16 +165,9 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
             rows.append([method, trainer, ",".join(str(c["seed"]) for c in cells), f"{fl:.1f}", f"{ind:.1f}",
                          f"{mer:.1f}", f"{ind - mer:+.2f}", f"{100 * mer / ind:.1f}",
                          f"below {floor_label}" if gain != gain else f"{100 * gain:.0f} %"])
-        paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
-        if paired:
-            score = {(tr, s): task_average(by[(tr, s, method)], "merged") for tr in TRAINERS for s in paired}
-            ours, theirs = ([score[(tr, s)] for s in paired] for tr in ("dp_merging", "dp_sgd"))
-            diffs = [a - b for a, b in zip(ours, theirs)]
-            comparisons.append([method, ",".join(map(str, paired)), " ".join(f"{d:+.2f}" for d in diffs),
-                                f"{statistics.mean(diffs):+.2f}"])
-            p_values.append(paired_p(ours, theirs))
-    for row, p, adjusted in zip(comparisons, p_values, holm_adjusted(p_values)):
-        row += p_cells(p, adjusted)
+    comparisons = [[row["method"], ",".join(map(str, row["seeds"])), " ".join(f"{d:+.2f}" for d in row["differences"]),
+                    f"{statistics.mean(row['differences']):+.2f}", *p_cells(row["p"], row["holm"])]
+                   for row in trainer_differences(units)]
     text = [f"# {title}", "", *preamble, "",
             "## Per method and trainer", "",
             table(["method", "trainer", "seeds", floor_label, "individual", "merged",
@@ -184,3 +177,39 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
                             f"Holm-adjusted p (* < {ALPHA})"], comparisons), "",
             footer, ""]
     return "\n".join(text)
+
+
+def trainer_differences(units: list[dict]) -> list[dict[str, Any]]:
+    """Per method (:data:`METHODS` first, then any other merged): DP-Merging − DP-SGD in task-averaged merged
+    accuracy on the seeds both trainers merged (points, per seed), the paired t p-value (None below two seeds) and
+    its Holm adjustment over the methods."""
+    by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
+    seeds = sorted({s for (_, s, _) in by})
+    rows = []
+    for method in dict.fromkeys([*METHODS, *(u["method"] for u in units)]):
+        paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
+        if paired:
+            ours, theirs = ([task_average(by[(tr, s, method)], "merged") for s in paired]
+                            for tr in ("dp_merging", "dp_sgd"))
+            rows.append({"method": method, "seeds": paired, "differences": [a - b for a, b in zip(ours, theirs)],
+                         "p": paired_p(ours, theirs)})
+    for row, adjusted in zip(rows, holm_adjusted([row["p"] for row in rows])):
+        row["holm"] = adjusted
+    return rows
+
+
+def trainer_evidence(units: list[dict], floors: Mapping[tuple[str, int], float]) -> dict[str, Any]:
+    """The paper's question as ``hf-dpmerge recommend`` cites it: the tasks, the seeds every method paired, each
+    trainer's task-averaged individual accuracy and the floor (%, means over those seeds), and per method the mean
+    DP-Merging − DP-SGD merged difference (points) with its p-value and Holm adjustment
+    (:func:`trainer_differences`)."""
+    rows = trainer_differences(units)
+    seeds = sorted(set.intersection(*(set(row["seeds"]) for row in rows))) if rows else []
+    first = {(u["trainer"], u["seed"]): u for u in reversed(units)}  # any merge holds its seed's individual scores
+    return {"tasks": list(units[0]["tasks"]) if units else [], "seeds": seeds,
+            "individual": {tr: round(statistics.mean(task_average(first[(tr, s)], "individual") for s in seeds), 2)
+                           for tr in TRAINERS} if seeds else {},
+            "floor": round(statistics.mean(floor_average(first[("dp_sgd", s)], floors) for s in seeds), 2)
+            if seeds else None,
+            "methods": {row["method"]: {"difference": round(statistics.mean(row["differences"]), 2),
+                                        "p": row["p"], "holm": row["holm"]} for row in rows}}

@@ -18,6 +18,7 @@ SmolLM2 targets; docs/causal-lm.md.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import statistics
@@ -29,7 +30,7 @@ from benchmarks import harness
 from benchmarks.causal import DATA_FREE, add_kept_arguments, causal_parameters, kept_runs, merge_config, scores
 from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
-from benchmarks.merging import METHODS, comparison, stage_runs, timed_merge
+from benchmarks.merging import METHODS, comparison, stage_runs, timed_merge, trainer_evidence
 from benchmarks.nai import BASELINE, Scores, defined_mean, seeds_cell, tables, verdict
 from benchmarks.nai import scores as nai_scores
 
@@ -39,6 +40,8 @@ TRAINERS = {"dp_sgd": (CANDIDATE, 8.0), "dp_merging": (f"{CANDIDATE}+dp_merging"
             "non_private": (CANDIDATE, math.inf)}
 """Trainer → (causal_recipe candidate, ε) of its kept adapters; ``non_private`` is ``dp_sgd``'s twin."""
 TWINS = {"dp_sgd": "non_private"}
+EVIDENCE = "hf_dpmerge/merging/data/dp_merging_causal.json"
+"""What ``hf-dpmerge recommend``'s trainer advice reads from this study (:meth:`CausalMerge.exports`)."""
 MERGES = (*METHODS, *DATA_FREE)
 TASKS = ("election_tweets", "bbc_news")
 """The default tasks: the paper's question as first stored; units of other ``--tasks`` carry them in their names."""
@@ -190,6 +193,17 @@ class CausalMerge(harness.Study, name="causal_merge", schema=1):
                          "the encoder's data-free configs (tsv.yaml, …), as stored (λ = 1, not tuned).") \
                 + "\n".join(["", *gain_sections(group, floors)])
         return files or {"MERGE.md": "# Merging private SmolLM2 adapters\n\nNo merge unit is stored yet.\n"}
+
+    def exports(self, stored: list[dict[str, Any]]) -> dict[str, str]:
+        """``hf-dpmerge recommend``'s evidence on the trainer: the paper's question on each task set."""
+        units, floors = merge_units(stored)
+        task_sets = dict.fromkeys(tuple(u["tasks"]) for u in units)
+        return {EVIDENCE: json.dumps({
+            "testbed": f"SmolLM2-135M, the causal recipe `{CANDIDATE}` against `{TRAINERS['dp_merging'][0]}`",
+            "floor": "the zero-shot base",
+            "comparisons": [{"report": f"benchmarks/reports/causal_merge/MERGE{suffix(tasks)}.md", "epsilon": 8.0,
+                             **trainer_evidence([u for u in units if tuple(u["tasks"]) == tasks], floors)}
+                            for tasks in task_sets]}, indent=1, ensure_ascii=False) + "\n"}
 
 
 if __name__ == "__main__":

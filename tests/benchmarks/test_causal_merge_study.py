@@ -184,3 +184,10 @@ def test_every_data_free_merge_runs_on_causal_adapters_that_train_a(tmp_path: Pa
         weights = load_file(merged / "model.safetensors")
         moved = max(float((weights[k] - base[k]).abs().max()) for k in base if "v_proj" in k)
         assert moved > 1e-4 and all(torch.isfinite(w).all() for w in weights.values()), name
+
+
+def test_recommend_reads_the_export_of_the_stored_units():
+    """What ``hf-dpmerge recommend``'s trainer advice reads is this study's export of the committed units."""
+    study = CausalMerge()
+    for path, text in study.exports(harness.stored(study.name, study.schema)).items():
+        assert (harness.REPO / path).read_text() == text, path

@@ -3,6 +3,7 @@
 
 import argparse
 import dataclasses
+import json
 
 import pytest
 from scipy import stats
@@ -69,6 +70,34 @@ def test_the_merge_report_compares_trainers_per_seed_with_holm_and_gain_over_the
     merged_sgd = sum(score[("dp_sgd", s)] for s in (1, 2, 3)) / 3
     assert f"| {head:.1f} | {individual:.1f} | {merged_sgd:.1f} |" in sgd
     assert f"{100 * (merged_sgd - head) / (individual - head):.0f} %" in sgd
+
+
+def test_the_export_gives_recommend_the_comparison_of_the_default_recipe_at_each_epsilon(monkeypatch):
+    """Hand-worked: heads 78/88 (83), individual 82/90 (86) for both trainers; DP-Merging − DP-SGD merged is
+    +1.00, +1.50, +1.50 on seeds 1–3 for every method, so each mean is +1.33 with the same paired p, Holm over
+    four; the earlier recipe's units are left out."""
+    merged = {("dp_sgd", 1): (0.80, 0.88), ("dp_sgd", 2): (0.79, 0.87), ("dp_sgd", 3): (0.81, 0.88),
+              ("dp_merging", 1): (0.81, 0.89), ("dp_merging", 2): (0.81, 0.88), ("dp_merging", 3): (0.82, 0.90)}
+    units = [merge_unit(tr, s, m, (0.82, 0.90), merged[(tr, s)]) for (tr, s) in merged for m in METHODS]
+    units += [merge_unit("dp_sgd", 1, "ties", (0.5, 0.5), (0.5, 0.5), recipe="k2_b1024_t75_lr3e-3_head6_dpsgd")]
+    with_lpft_units(monkeypatch, [lpft_unit(t, lpft.HEAD, s, h) for s in (1, 2, 3)
+                                  for t, h in zip(TWO_TASKS, (0.78, 0.88))])
+    exported = json.loads(LpftMerge().exports(units)[lpft_merge.EVIDENCE])
+    (comparison,) = exported["comparisons"]
+    score = {k: 100 * sum(v) / 2 for k, v in merged.items()}
+    p = stats.ttest_rel([score[("dp_merging", s)] for s in (1, 2, 3)], [score[("dp_sgd", s)] for s in (1, 2, 3)])
+    assert comparison["seeds"] == [1, 2, 3] and comparison["tasks"] == list(TWO_TASKS)
+    assert comparison["individual"] == {"dp_sgd": 86.0, "dp_merging": 86.0} and comparison["floor"] == 83.0
+    assert comparison["methods"]["ties"] == {"difference": 1.33, "p": pytest.approx(p.pvalue),
+                                             "holm": pytest.approx(holm([p.pvalue] * len(METHODS))[0])}
+    assert comparison["report"] == f"benchmarks/reports/lpft_merge/{REPORT}"
+
+
+def test_recommend_reads_the_export_of_the_stored_units():
+    """What ``hf-dpmerge recommend``'s trainer advice reads is this study's export of the committed units."""
+    study = LpftMerge()
+    for path, text in study.exports(harness.stored(study.name, study.schema)).items():
+        assert (harness.REPO / path).read_text() == text, path
 
 
 def test_the_merge_report_states_the_largest_as_adapter_deviation_per_method_and_trainer(monkeypatch):

@@ -4,7 +4,8 @@ Measured on the adapters (post-processing, no privacy cost): the cosine and sign
 task vectors (:mod:`hf_dpmerge.merging.planning.task_similarity`), each task vector's noise-to-signal ratio
 √(Σᵢⱼ Var(ΔWᵢⱼ)) / ‖τ‖_F from its record (:mod:`hf_dpmerge.noise.variance`, docs/design.md §6), and the
 trainer and ε each record names. :data:`RULES` map them to advice, citing only figures read from
-``data/benchmark_evidence.json`` (:data:`EVIDENCE`) and ``data/recipe_floor_gap.json`` (:data:`RECIPE_FLOOR_GAP`):
+``data/benchmark_evidence.json`` (:data:`EVIDENCE`), ``data/recipe_floor_gap.json`` (:data:`RECIPE_FLOOR_GAP`) and
+``data/dp_merging_*.json`` (:data:`TRAINER_EVIDENCE`):
 the merge measured at the nearest ε and an interference at least the adapters', the head-only comparison first
 where the floor won there or in the LP-FT benchmark. A measurement within :data:`TOLERANCE` of a threshold does
 not cross it; outside the measured range a rule says so instead of extrapolating.
@@ -39,6 +40,11 @@ RECIPE_FLOOR_GAP: dict[str, Any] = json.loads(
     resources.files("hf_dpmerge.merging").joinpath("data", "recipe_floor_gap.json").read_text(encoding="utf-8"))
 """The measured gap between the default recipe's DP adapters and a private head on the frozen encoder, per measured
 ε (exported by ``benchmarks/studies/lpft.py`` with LPFT.md; a test keeps it equal to the stored units)."""
+TRAINER_EVIDENCE: list[dict[str, Any]] = [
+    json.loads(resources.files("hf_dpmerge.merging").joinpath("data", name).read_text(encoding="utf-8"))
+    for name in ("dp_merging_lpft.json", "dp_merging_causal.json")]
+"""DP-Merging − DP-SGD adapters, merged, per testbed and ε (exported by ``benchmarks/studies/lpft_merge.py`` and
+``causal_merge.py`` with their reports; tests keep them equal to the stored units)."""
 MEASURED_EPSILONS = sorted({e for e in [*EVIDENCE["quality"]["epsilons"],
                                         *(row["epsilon"] for row in EVIDENCE["settings"])] if e is not None})
 NOISE_TO_SIGNAL_FLOOR = 0.05
@@ -242,12 +248,26 @@ def _names(m: Measurements, trainer: str) -> str:
     return ", ".join(n for n, t in zip(m.names, m.trainers, strict=True) if t == trainer)
 
 
-def _geometry() -> str:
-    g, gain = QUALITY["geometry_eps4"], QUALITY["dp_merging_gain_eps4"]
-    return (f"in {QUALITY['report']} at ε = 4 DP-Merging cut sharpness {g['sharpness'][0]} → {g['sharpness'][1]}, "
-            f"top Hessian eigenvalue {g['hessian_top_eigenvalue'][0]} → {g['hessian_top_eigenvalue'][1]}, LoRA drift "
-            f"{g['drift_ratio']}× and the ties merge gap {g['ties_merge_gap'][0]} → {g['ties_merge_gap'][1]}, at the "
-            "same ε; merged accuracy " + ", ".join(f"{v:+.1f} points with {k}" for k, v in gain.items()))
+def dp_merging_gains() -> list[str]:
+    """Each merge that DP-Merging's adapters made significantly more accurate than DP-SGD's (Holm-adjusted p <
+    0.05 over the methods of one comparison), as ``"<testbed>, ε = <ε>: <method>"``; none so far."""
+    return [f"{evidence['testbed']}, ε = {c['epsilon']:g}: {method}" for evidence in TRAINER_EVIDENCE
+            for c in evidence["comparisons"] for method, row in c["methods"].items()
+            if row["difference"] > 0 and row["holm"] is not None and row["holm"] < 0.05]
+
+
+def _dp_merging_measured() -> str:
+    parts = []
+    for evidence in TRAINER_EVIDENCE:
+        for c in evidence["comparisons"]:
+            methods = ", ".join(f"{method} {row['difference']:+.2f}"
+                                + ("" if row["holm"] is None else f" (Holm p {row['holm']:.2g})")
+                                for method, row in c["methods"].items())
+            parts.append(f"{evidence['testbed']}, ε = {c['epsilon']:g}, seeds {', '.join(map(str, c['seeds']))} "
+                         f"({c['report']}): DP-Merging − DP-SGD merged {methods}; the adapters alone "
+                         f"{c['individual']['dp_merging']:.1f} vs {c['individual']['dp_sgd']:.1f}")
+    return ("DP-Merging's step (DP-SAT + alignment) made no merge significantly more accurate in the benchmarks "
+            "(task-averaged points, paired over seeds): " + "; ".join(parts))
 
 
 def _private_merges() -> str:
@@ -273,19 +293,19 @@ RULES: tuple[Rule, ...] = (
          "when you need one set of weights, the task is unknown at inference, or the model is generative (one LM "
          "answering any prompt)",
          _release_because),
-    Rule("trainer", "retrain_dp_sgd_with_dp_merging",
-         lambda m: "dp_sgd" in m.trainers,
-         "retrain the DP-SGD adapters with the DP-Merging trainer (sam_mode dp_sat, align_lambda 0.05)",
-         lambda m: f"{_names(m, 'dp_sgd')} trained with DP-SGD (no SAM, λ = 0); {_geometry()}"),
-    Rule("trainer", "keep_dp_merging",
-         lambda m: m.any_private and all(t in ("dp_merging", "non_private") for t in m.trainers),
-         "keep the DP-Merging trainer",
-         lambda m: f"every private adapter ({_names(m, 'dp_merging')}) already trained with DP-SAT/alignment, "
-                   "the benchmark's flatter, less drifting setting"),
+    Rule("trainer", "keep_dp_sgd",
+         lambda m: "dp_sgd" in m.trainers and "dp_merging" not in m.trainers,
+         "keep the DP-SGD trainer (the training default: --sam_mode none --align_lambda 0)",
+         lambda m: f"{_names(m, 'dp_sgd')} trained with DP-SGD; {_dp_merging_measured()}"),
+    Rule("trainer", "train_next_with_dp_sgd",
+         lambda m: "dp_merging" in m.trainers,
+         "train the next adapters with DP-SGD (the default: --sam_mode none --align_lambda 0); retraining on the same "
+         "data composes its ε with the released one",
+         lambda m: f"{_names(m, 'dp_merging')} trained with DP-SAT/alignment; {_dp_merging_measured()}"),
     Rule("trainer", "non_private",
          lambda m: m.all_non_private,
          "no DP trainer advice: the adapters are not private",
-         lambda m: "no adapter's record says dp; DP-Merging's geometry gains are a DP effect in the benchmark"),
+         lambda m: "no adapter's record says dp"),
     Rule("merge", "noisy_private_dp_aware",
          lambda m: m.any_private and "unknown" not in m.trainers
          and not below(m.max_noise_to_signal, NOISE_TO_SIGNAL_FLOOR),
