@@ -3,9 +3,10 @@
 Per seed: for each arm (train_glue.py flags on its defaults, the private LP-FT recipe) and ε, one kept training unit
 per task and its floor (the head alone; the lpft and headroom studies' stored heads where their flags match), then
 one unit per merge method: the seed's adapters merged by ``merge_configs/<method>.yaml``, timed, and scored
-individually and merged on the whole test and validation splits. Report: ``benchmarks/reports/merge_gain/
-MERGE_GAIN.md``, one section per arm and ε judged against the targets, and the training search judged on the merged
-model's validation accuracy (:func:`search_section`); docs/benchmarks.md "Merge gain".
+individually and merged on the whole test and validation splits, and one geometry unit (:data:`GEOMETRY`). Report:
+``benchmarks/reports/merge_gain/MERGE_GAIN.md``, one section per arm and ε judged against the targets, the training
+search judged on the merged model's validation accuracy (:func:`search_section`) and each arm's geometry;
+docs/benchmarks.md "Merge gain".
 
     python -m benchmarks.studies.merge_gain --plan --seeds 0 --arms private,non_private
     python -m benchmarks.studies.merge_gain --epsilons 8,4 --methods task_arithmetic,tsv,iso_cts
