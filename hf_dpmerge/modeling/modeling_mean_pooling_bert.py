@@ -42,9 +42,13 @@ class MeanPoolingBertConfig(BertConfig):
 
 
 def masked_mean(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1) over the sequence axis (all tokens when no mask is given)."""
+    """h̄ = Σ_t m_t·h_t / max(Σ_t m_t, 1) over the sequence axis (all tokens when no mask is given). m is the
+    [b, T] 0/1 padding mask, or, as BertModel takes either, read off a prepared additive [b, 1, 1|T, T] mask: the
+    keys its last query row attends (entries 0)."""
     if attention_mask is None:
         return hidden_states.mean(dim=1)
+    if attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, 0, -1, :] == 0
     mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)
     return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 

@@ -8,7 +8,7 @@ import torch
 from hf_dpmerge.modeling.per_example_loss import per_example_loss
 from hf_dpmerge.modeling.sam_ascent import ascent_step, perturbed
 from hf_dpmerge.training.dp.privatizer import GradientPrivatizer
-from tests.utils.tiny_models import tiny_tokenizer
+from tests.utils.tiny_models import tiny_bert, tiny_tokenizer
 from tests.utils.training_helpers import collate, lm_dataset, make_trainer
 
 
@@ -194,3 +194,47 @@ def test_automatic_clipping_is_recorded_with_sensitivity_one(tmp_path):
     trainer.train()
     record = trainer.privacy_record()
     assert record.max_grad_norm == 1.0 and record.extra["clipping"] == {"mode": "automatic", "gamma": 0.02}
+
+
+def test_per_example_sam_on_the_mean_pooling_classifier_matches_a_naive_loop(tmp_path):
+    """The packaged encoders' head pools by the padding mask: per-example SAM (torch.func, a prepared additive
+    mask) gives each padded example its gradient at its own ascent point w + ρ·g_i/‖g_i‖, clipped, as a loop over
+    unpadded examples with the plain mask does."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_dpmerge.modeling.mean_pooling import MeanPoolingBertForSequenceClassification
+
+    torch.manual_seed(0)
+    encoder = MeanPoolingBertForSequenceClassification(tiny_bert().config)
+    model = get_peft_model(encoder, LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                               modules_to_save=["classifier"], task_type="SEQ_CLS"))
+    rho, clip = 0.5, 0.05
+    trainer = make_trainer(tmp_path, model=model, noise_multiplier=0.0, per_sample_max_grad_norm=clip,
+                           physical_batch_size=3, sam_mode="per_example", sam_rho=rho)
+    model.train()
+    rows = [0, 1, 2, 3, 5, 6, 9]  # different lengths: padding inside micro-batches of 3
+    released, _ = trainer._query(model, collate(trainer, rows))
+    params, tok = trainer._params, tiny_tokenizer()
+    expected = [torch.zeros_like(p) for p in params]
+    for i in rows:
+        features = dict(tok(trainer.train_dataset[i]["text"], return_tensors="pt"))
+        label = torch.tensor([trainer.train_dataset[i]["label"]])
+
+        def gradient(features=features, label=label):
+            return torch.autograd.grad(per_example_loss(model(**features).logits, label).sum(), params)
+
+        first = gradient()
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in first))
+        with torch.no_grad():
+            for p, g in zip(params, first):
+                p.add_(rho * g / norm)
+        ascended = gradient()
+        with torch.no_grad():
+            for p, g in zip(params, first):
+                p.sub_(rho * g / norm)
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in ascended))
+        for total, g in zip(expected, ascended):
+            total.add_(min(1.0, clip / (norm.item() + 1e-6)) * g)
+    for got, want in zip(released, expected):
+        want = want / trainer.expected_batch_size
+        assert torch.linalg.norm(got - want) <= 1e-4 * torch.linalg.norm(want) + 1e-9
