@@ -209,6 +209,16 @@ def test_the_trainer_advice_agrees_with_the_exported_comparisons() -> None:
     assert "SmolLM2-135M" in why and "task_arithmetic -5.91 (Holm p 0.022)" in why
 
 
+def test_a_significant_dp_merging_gain_would_be_named(monkeypatch) -> None:
+    comparison = {"report": "r.md", "epsilon": 4.0, "seeds": [0, 1, 2], "individual": {"dp_sgd": 80.0,
+                  "dp_merging": 79.0}, "methods": {"ties": {"difference": 1.2, "p": 0.004, "holm": 0.016},
+                                                   "task_arithmetic": {"difference": 0.9, "p": 0.04, "holm": 0.08}}}
+    monkeypatch.setattr(mr, "TRAINER_EVIDENCE", [{"testbed": "X", "comparisons": [comparison]}])
+    assert mr.dp_merging_gains() == ["X, ε = 4: ties"]
+    why = next(item for item in mr.recommend(_measurements(["dp_sgd", "dp_sgd"])) if item.topic == "trainer").because
+    assert "made X, ε = 4: ties significantly more accurate" in why
+
+
 def test_recommend_command_prints_measurements_and_reasons(tmp_path: Path, capsys) -> None:
     runs = tmp_path / "runs"
     save_runs_base(runs)
