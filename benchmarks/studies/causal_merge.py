@@ -155,7 +155,7 @@ class CausalMerge(harness.Study, name="causal_merge", schema=1):
         """Score the zero-shot base, each adapter alone, or the tasks' adapters merged by one method (timed)."""
         s = unit.settings
         cell = work_dir / ((ZERO_SHOT if s["trainer"] is None else f"{s['trainer']}-seed{s['seed']}")
-                           + suffix(s["tasks"]))
+                           + suffix(s["tasks"]).replace("+", "-"))  # no "+" in a path: mergekit reads base+adapter
         candidate, epsilon = TRAINERS[s["trainer"] or "dp_sgd"]  # the zero-shot reads only base/ (and split seeds)
         runs = stage_runs(cell / "runs_causal", self.base,
                           {t: self.kept[(t, candidate, epsilon, s["seed"])] for t in s["tasks"]})

@@ -243,15 +243,15 @@ def test_the_merge_benchmark_scores_what_hf_dpmerge_evaluate_scores(project, tmp
     individual and task-arithmetic units equal ``hf-dpmerge evaluate``'s floor, individual and merged scores of
     ``mergekit-yaml``'s merge of the same packaged config on the same rows, whichever trainer name holds them."""
     from benchmarks import harness
-    from benchmarks.studies.causal_merge import TRAINERS, CausalMerge
+    from benchmarks.studies.causal_merge import TRAINERS, CausalMerge, suffix
 
     kept = []
-    for candidate in TRAINERS.values():
+    for candidate, epsilon in TRAINERS.values():
         for task in TASKS:
-            name = f"{task}-{candidate}-test-eps8-seed0"  # the causal_recipe study's unit, its kept folder
+            name = f"{task}-{candidate}-test-eps{epsilon:g}-seed0"  # the causal_recipe study's unit, its kept folder
             shutil.copytree(project / "runs_causal" / task, tmp_path / "kept" / name / task)
             kept.append({"name": name, "settings": {"stage": "train", "task": task, "candidate": candidate,
-                                                    "split": "test", "epsilon": 8.0, "seed": 0}, "result": {}})
+                                                    "split": "test", "epsilon": epsilon, "seed": 0}, "result": {}})
     monkeypatch.setattr(harness, "stored", lambda study, schema: kept)
     assert harness.main(CausalMerge(), [
         "--kept", str(tmp_path / "kept"), "--base", str(project / "runs_causal" / "base"), "--tasks", ",".join(TASKS),
@@ -260,14 +260,16 @@ def test_the_merge_benchmark_scores_what_hf_dpmerge_evaluate_scores(project, tmp
     units = {u["name"]: u["result"] for u in harness.Store(tmp_path / "units", CausalMerge.schema).results()}
     assert len(units) == 1 + 2 * len(TRAINERS)
     expected = json.loads((project / "eval" / "causal_task_arithmetic" / "results.json").read_text())["tasks"]
+    tail = suffix(TASKS)  # not the study's default tasks: their names carry them
     for task in TASKS:
-        assert units["zero_shot"]["scores"][task]["accuracy"] == pytest.approx(expected[task]["floor"], abs=1e-12)
+        assert units[f"zero_shot{tail}"]["scores"][task]["accuracy"] == pytest.approx(expected[task]["floor"],
+                                                                                     abs=1e-12)
         for trainer in TRAINERS:
-            scores = {what: units[f"{trainer}-seed0-{what}"]["scores"][task]
+            scores = {what: units[f"{trainer}-seed0-{what}{tail}"]["scores"][task]
                       for what in ("individual", "task_arithmetic")}
             assert scores["individual"]["accuracy"] == pytest.approx(expected[task]["individual"], abs=1e-12)
             assert scores["task_arithmetic"]["accuracy"] == pytest.approx(expected[task]["merged"], abs=1e-12)
             assert scores["task_arithmetic"]["num_examples"] == expected[task]["num_examples"]
     assert not any(str(tmp_path) in p.read_text() for p in (tmp_path / "units").glob("*.json"))  # no local path
-    report = tmp_path / "benchmarks" / "reports" / "causal_merge" / "MERGE.md"
+    report = tmp_path / "benchmarks" / "reports" / "causal_merge" / f"MERGE{tail}.md"
     assert "| task_arithmetic | 0 | +0.00 | +0.00 | — | — |" in report.read_text()
