@@ -56,8 +56,9 @@ def merge_config(merge: str, base_dir: Path, adapters: list[Path], non_private: 
     non-private adapters, ``dp_aware`` is told so (``allow_non_private: true``), as it requires."""
     from hf_dpmerge.merging.merge_config import lora_reference, mergekit_config
 
-    method = packaged_config(merge)["merge_method"]
-    parameters = packaged_parameters(merge) if parameters is None else parameters
+    template = packaged_config(merge)
+    method = template["merge_method"]
+    parameters = template.get("parameters") if parameters is None else parameters
     if non_private and method == "dp_aware":
         parameters = {**(parameters or {}), "allow_non_private": True}
     return mergekit_config(method, base_dir, [lora_reference(base_dir, a) for a in adapters], parameters=parameters)
@@ -152,7 +153,7 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
     seeds = sorted({s for (_, s, _) in by})
     rows = []
-    for method in dict.fromkeys([*METHODS, *(u["method"] for u in units)]):  # the comparisons' four, then any other
+    for method in merged_methods(units):
         for trainer in TRAINERS:
             cells = [by[(trainer, s, method)] for s in seeds if (trainer, s, method) in by]
             if not cells:
@@ -179,14 +180,19 @@ def comparison(units: list[dict], floors: Mapping[tuple[str, int], float], *, ti
     return "\n".join(text)
 
 
+def merged_methods(units: list[dict]) -> list[str]:
+    """The methods the comparisons report: :data:`METHODS` first, then any other the units merged."""
+    return list(dict.fromkeys([*METHODS, *(u["method"] for u in units)]))
+
+
 def trainer_differences(units: list[dict]) -> list[dict[str, Any]]:
-    """Per method (:data:`METHODS` first, then any other merged): DP-Merging − DP-SGD in task-averaged merged
+    """Per method (:func:`merged_methods`): DP-Merging − DP-SGD in task-averaged merged
     accuracy on the seeds both trainers merged (points, per seed), the paired t p-value (None below two seeds) and
     its Holm adjustment over the methods."""
     by = {(u["trainer"], u["seed"], u["method"]): u for u in units}
     seeds = sorted({s for (_, s, _) in by})
     rows = []
-    for method in dict.fromkeys([*METHODS, *(u["method"] for u in units)]):
+    for method in merged_methods(units):
         paired = [s for s in seeds if all((tr, s, method) in by for tr in TRAINERS)]
         if paired:
             ours, theirs = ([task_average(by[(tr, s, method)], "merged") for s in paired]
