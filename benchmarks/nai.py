@@ -85,6 +85,13 @@ def against_baseline(found: dict[str, Scores]) -> dict[str, Versus]:
             for m, p, adjusted in zip(seeds, p_values, holm_adjusted(p_values))}
 
 
+def best_method(found: dict[str, Scores], candidates=None) -> str | None:
+    """The method of the highest mean NAI among ``candidates`` (default: every method but task arithmetic), those
+    with an undefined NAI left out; None when there is none."""
+    nai = {m: defined_mean(found[m].nai) for m in (candidates if candidates is not None else found) if m != BASELINE}
+    return max((m for m in nai if nai[m] is not None), key=nai.get, default=None)
+
+
 def share_cell(values: list[float], unit: str = "%") -> str:
     """A mean over seeds of shares (NAI or its differences) in percent, with its 95 % t interval: ``57 % [41, 73]``;
     undefined when a seed's adapters do not beat the floor (NaN)."""

@@ -31,7 +31,7 @@ from benchmarks.causal import DATA_FREE, add_kept_arguments, causal_parameters, 
 from benchmarks.harness import Unit, listed
 from benchmarks.markdown import table
 from benchmarks.merging import METHODS, comparison, stage_runs, timed_merge, trainer_evidence
-from benchmarks.nai import BASELINE, Scores, defined_mean, seeds_cell, tables, verdict
+from benchmarks.nai import BASELINE, Scores, best_method, defined_mean, seeds_cell, tables, verdict
 from benchmarks.nai import scores as nai_scores
 
 CANDIDATE = "b1600_t12_lr1e-2"
@@ -79,21 +79,21 @@ def merge_units(stored: list[dict[str, Any]]) -> tuple[list[dict], dict[tuple[st
 def targets(found: dict[str, Scores]) -> list[str]:
     """The SmolLM2 targets of a private trainer: the best method other than task arithmetic by mean NAI, and each
     task's merged accuracy against task arithmetic's on the seeds both merged (means over those seeds)."""
-    nai = {m: defined_mean(s.nai) for m, s in found.items() if m != BASELINE}
-    best = max((m for m in nai if nai[m] is not None), key=nai.get, default=None)
+    best = best_method(found)
     nai_target, task_target = f"NAI ≥ {100 * TARGET_NAI:.0f} % on average", "no task below task arithmetic"
     if best is None:
         return ["### Targets", "", table(["target", "value", "verdict"], [[nai_target, "—", verdict(None)],
                                                                           [task_target, "—", verdict(None)]]), ""]
     chosen, baseline = found[best], found.get(BASELINE)
+    mean_nai = defined_mean(chosen.nai)
     seeds = chosen.common(baseline) if baseline else []
 
     def task_mean(s: Scores, task: str) -> float:
         return statistics.mean(s.task_merged[task][s.seeds.index(seed)] for seed in seeds)
 
     below = [t for t in chosen.task_merged if seeds and task_mean(chosen, t) < task_mean(baseline, t)]
-    rows = [[nai_target, f"`{best}` {100 * nai[best]:.0f} % on seeds {seeds_cell(chosen.seeds)}",
-             verdict(nai[best] >= TARGET_NAI)],
+    rows = [[nai_target, f"`{best}` {100 * mean_nai:.0f} % on seeds {seeds_cell(chosen.seeds)}",
+             verdict(mean_nai >= TARGET_NAI)],
             [task_target, "—" if not seeds else f"`{best}` below on {', '.join(below)}" if below
              else f"`{best}` on no task, seeds {seeds_cell(seeds)}", verdict(None if not seeds else not below)]]
     return ["### Targets", "",

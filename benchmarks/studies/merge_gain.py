@@ -42,6 +42,7 @@ from benchmarks.nai import (
     Scores,
     Versus,
     against_baseline,
+    best_method,
     defined_mean,
     scores,
     seeds_cell,
@@ -182,7 +183,7 @@ def targets(found: dict[str, Scores], versus: dict[str, Versus]) -> list[str]:
     """The targets block of a private section: the best method other than task arithmetic by mean NAI, and every
     method's merge time."""
     nai = {m: defined_mean(s.nai) for m, s in found.items()}
-    best = max((m for m in versus if nai[m] is not None), key=nai.get, default=None)
+    best = best_method(found, versus)
     nai_target, floor_target = "NAI ≥ 60 % and ≥ task arithmetic + 20 points", "merged ≥ floor + 0.5 points"
     if best is None or defined_mean(versus[best].nai_gaps) is None:
         rows = [[nai_target, "—", verdict(None)], [floor_target, "—", verdict(None)]]
